@@ -1,0 +1,7 @@
+//! Routing decisions for the LLMKube gateway filters, as plain Rust.
+//!
+//! Nothing here touches the proxy-wasm ABI: the wasm layer moves bytes and headers in and out,
+//! these modules decide. That keeps the same decision whichever host runs it (Envoy's V8, the
+//! wasmtime test harness, the ext_proc server) and lets every rule be unit-tested natively.
+
+pub mod config;

@@ -1,0 +1,1 @@
+// proxy-wasm layer: filled in below.

@@ -5,3 +5,4 @@
 //! wasmtime test harness, the ext_proc server) and lets every rule be unit-tested natively.
 
 pub mod config;
+pub mod scan;

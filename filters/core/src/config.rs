@@ -175,7 +175,10 @@ fn default_max_body_bytes() -> u64 {
     DEFAULT_MAX_BODY_BYTES
 }
 fn default_inference_paths() -> Vec<String> {
-    DEFAULT_INFERENCE_PATHS.iter().map(|s| s.to_string()).collect()
+    DEFAULT_INFERENCE_PATHS
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 fn default_models_path() -> String {
     DEFAULT_MODELS_PATH.to_string()
@@ -206,7 +209,11 @@ impl PluginConfig {
         ]
         .iter()
         .map(|s| s.to_ascii_lowercase())
-        .chain(self.extra_stamped_headers.iter().map(|s| s.to_ascii_lowercase()))
+        .chain(
+            self.extra_stamped_headers
+                .iter()
+                .map(|s| s.to_ascii_lowercase()),
+        )
         .collect();
         names.sort();
         names.dedup();

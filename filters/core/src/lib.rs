@@ -5,4 +5,8 @@
 //! wasmtime test harness, the ext_proc server) and lets every rule be unit-tested natively.
 
 pub mod config;
+pub mod errors;
+pub mod glob;
+pub mod models;
+pub mod router;
 pub mod scan;

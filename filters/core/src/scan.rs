@@ -27,11 +27,17 @@ pub type Span = (usize, usize);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScanError {
     /// Not JSON: `at` is the byte offset, `what` says what was wrong there.
-    Invalid { at: usize, what: &'static str },
+    Invalid {
+        at: usize,
+        what: &'static str,
+    },
     TooDeep,
     NotObject,
     /// The same key twice in one object. `key` is printable-escaped and cut for the message.
-    DuplicateKey { key: String, top_level: bool },
+    DuplicateKey {
+        key: String,
+        top_level: bool,
+    },
     MissingModel,
     ModelNotString,
 }
@@ -232,7 +238,9 @@ impl Scanner {
                             state = State::AfterValue;
                         }
                         Some(_) => return Err(invalid(p.i, "expected a JSON value")),
-                        None => return Err(invalid(p.i, "unexpected end of body, expected a value")),
+                        None => {
+                            return Err(invalid(p.i, "unexpected end of body, expected a value"))
+                        }
                     }
                     if at_top && top_key == TopKey::Model && model.is_none() {
                         model_not_string = true;
@@ -452,7 +460,10 @@ impl<'a> Parser<'a> {
             self.i += lit.len();
             Ok(())
         } else {
-            Err(invalid(self.i, "invalid literal (expected true, false or null)"))
+            Err(invalid(
+                self.i,
+                "invalid literal (expected true, false or null)",
+            ))
         }
     }
 
@@ -487,7 +498,10 @@ impl<'a> Parser<'a> {
                 i += 1;
             }
             if !matches!(b.get(i), Some(b'0'..=b'9')) {
-                return Err(invalid(i, "invalid number: digits must follow the exponent"));
+                return Err(invalid(
+                    i,
+                    "invalid number: digits must follow the exponent",
+                ));
             }
             while matches!(b.get(i), Some(b'0'..=b'9')) {
                 i += 1;
@@ -664,21 +678,35 @@ mod tests {
     #[test]
     fn reads_model_and_stream() {
         assert_eq!(
-            scan(r#"{"model":"qwen3-8b","stream":true,"messages":[{"role":"user","content":"hi"}]}"#),
+            scan(
+                r#"{"model":"qwen3-8b","stream":true,"messages":[{"role":"user","content":"hi"}]}"#
+            ),
             Ok(("qwen3-8b".into(), true))
         );
         assert_eq!(
             scan(" {\n\"messages\": [], \"model\" : \"m\" } \n"),
             Ok(("m".into(), false))
         );
-        assert_eq!(scan(r#"{"model":"m","stream":"true"}"#), Ok(("m".into(), false)));
-        assert_eq!(scan(r#"{"model":"m","stream":false}"#), Ok(("m".into(), false)));
+        assert_eq!(
+            scan(r#"{"model":"m","stream":"true"}"#),
+            Ok(("m".into(), false))
+        );
+        assert_eq!(
+            scan(r#"{"model":"m","stream":false}"#),
+            Ok(("m".into(), false))
+        );
     }
 
     #[test]
     fn decodes_escaped_model_and_keys() {
-        assert_eq!(scan(r#"{"mo\u0064el":"a\/b\u00e9"}"#), Ok(("a/bé".into(), false)));
-        assert_eq!(scan(r#"{"model":"\ud83d\ude00x"}"#), Ok(("😀x".into(), false)));
+        assert_eq!(
+            scan(r#"{"mo\u0064el":"a\/b\u00e9"}"#),
+            Ok(("a/bé".into(), false))
+        );
+        assert_eq!(
+            scan(r#"{"model":"\ud83d\ude00x"}"#),
+            Ok(("😀x".into(), false))
+        );
     }
 
     #[test]
@@ -698,7 +726,10 @@ mod tests {
         assert_eq!(scan(r#"{"model":5}"#), Err(ScanError::ModelNotString));
         assert_eq!(scan(r#"{"model":null}"#), Err(ScanError::ModelNotString));
         assert_eq!(scan(r#"{"model":["a"]}"#), Err(ScanError::ModelNotString));
-        assert_eq!(scan(r#"{"model":{"a":"b"}}"#), Err(ScanError::ModelNotString));
+        assert_eq!(
+            scan(r#"{"model":{"a":"b"}}"#),
+            Err(ScanError::ModelNotString)
+        );
         assert_eq!(scan(r#"{"model":""}"#), Err(ScanError::MissingModel));
         assert_eq!(scan(r#"{}"#), Err(ScanError::MissingModel));
     }
@@ -713,7 +744,9 @@ mod tests {
             (r#"{"model":"a","m":{"k":{"z":1,"z":1}}}"#, false),
         ] {
             match scan(body) {
-                Err(ScanError::DuplicateKey { top_level, .. }) => assert_eq!(top_level, top, "{body}"),
+                Err(ScanError::DuplicateKey { top_level, .. }) => {
+                    assert_eq!(top_level, top, "{body}")
+                }
                 other => panic!("{body}: {other:?}"),
             }
         }
@@ -730,14 +763,26 @@ mod tests {
         let ok = format!("{}\"end\":1}}}}", body);
         assert!(scan(&ok).is_ok(), "{ok}");
         let dup = format!("{}\"k7\":1}}}}", body);
-        assert!(matches!(scan(&dup), Err(ScanError::DuplicateKey { top_level: false, .. })));
+        assert!(matches!(
+            scan(&dup),
+            Err(ScanError::DuplicateKey {
+                top_level: false,
+                ..
+            })
+        ));
         // Many top-level keys, the duplicate far apart.
         let mut top = String::from(r#"{"model":"m","#);
         for k in 0..40 {
             top.push_str(&format!(r#""t{k}":true,"#));
         }
         top.push_str(r#""model":"x"}"#);
-        assert!(matches!(scan(&top), Err(ScanError::DuplicateKey { top_level: true, .. })));
+        assert!(matches!(
+            scan(&top),
+            Err(ScanError::DuplicateKey {
+                top_level: true,
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -796,7 +841,11 @@ mod tests {
 
     #[test]
     fn deep_nesting_is_bounded_without_recursion() {
-        let deep = format!("{{\"model\":\"m\",\"a\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        let deep = format!(
+            "{{\"model\":\"m\",\"a\":{}{}}}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
         assert_eq!(scan(&deep), Err(ScanError::TooDeep));
         let ok = format!(
             "{{\"model\":\"m\",\"a\":{}{}}}",
@@ -808,7 +857,10 @@ mod tests {
 
     #[test]
     fn huge_numbers_are_just_numbers() {
-        let body = format!("{{\"model\":\"m\",\"n\":{}e99999,\"f\":-0.5E+3}}", "9".repeat(10_000));
+        let body = format!(
+            "{{\"model\":\"m\",\"n\":{}e99999,\"f\":-0.5E+3}}",
+            "9".repeat(10_000)
+        );
         assert!(scan(&body).is_ok());
     }
 
@@ -830,7 +882,9 @@ mod tests {
         let body = r#"{"model":"llama-3-70b","messages":[{"role":"system","content":"Be brief. \"quoted\" \u00e9"},{"role":"user","content":"日本語 and numbers 1.5e3 -0 [1,2,{\"x\":null}]"}],"temperature":0.7,"max_tokens":128,"stream":false,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{}}}}]}"#;
         let mut s = Scanner::new();
         for cut in 0..=body.len() {
-            let Some(prefix) = body.get(..cut) else { continue };
+            let Some(prefix) = body.get(..cut) else {
+                continue;
+            };
             let ours = s.scan(prefix.as_bytes()).is_ok();
             let theirs = serde_json::from_str::<serde_json::Value>(prefix).is_ok();
             assert_eq!(ours, theirs, "prefix of {cut} bytes: {prefix}");

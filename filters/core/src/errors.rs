@@ -1,0 +1,178 @@
+//! Client-facing errors in OpenAI's shape, with the status and code of `shared/interface.md`.
+//! Messages name the field or limit involved so a client can act on them.
+
+use crate::scan::ScanError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u32,
+    pub kind: &'static str,
+    pub code: &'static str,
+    pub param: Option<&'static str>,
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(status: u32, kind: &'static str, code: &'static str, message: String) -> Self {
+        ApiError {
+            status,
+            kind,
+            code,
+            param: None,
+            message,
+        }
+    }
+
+    fn param(mut self, p: &'static str) -> Self {
+        self.param = Some(p);
+        self
+    }
+
+    pub fn from_scan(e: &ScanError) -> Self {
+        match e {
+            ScanError::Invalid { at, what } => ApiError::new(
+                400,
+                INVALID_REQUEST,
+                "invalid_json",
+                format!("request body is not valid JSON: {what} at byte {at}"),
+            ),
+            ScanError::TooDeep => ApiError::new(
+                400,
+                INVALID_REQUEST,
+                "invalid_json",
+                format!(
+                    "request body nests deeper than {} levels",
+                    crate::scan::MAX_DEPTH
+                ),
+            ),
+            ScanError::NotObject => ApiError::new(
+                400,
+                INVALID_REQUEST,
+                "invalid_json",
+                "request body must be a JSON object".into(),
+            ),
+            ScanError::DuplicateKey { key, top_level } => ApiError::new(
+                400,
+                INVALID_REQUEST,
+                "duplicate_key",
+                if *top_level {
+                    format!("request body has the top-level key {key:?} more than once")
+                } else {
+                    format!("request body has the key {key:?} more than once in one object")
+                },
+            ),
+            ScanError::MissingModel => ApiError::new(
+                400,
+                INVALID_REQUEST,
+                "missing_model",
+                "request body has no non-empty string field \"model\"".into(),
+            )
+            .param("model"),
+            ScanError::ModelNotString => ApiError::new(
+                400,
+                INVALID_REQUEST,
+                "missing_model",
+                "request field \"model\" must be a string".into(),
+            )
+            .param("model"),
+        }
+    }
+
+    pub fn body_too_large(limit: u64) -> Self {
+        ApiError::new(
+            413,
+            INVALID_REQUEST,
+            "request_too_large",
+            format!("request body exceeds the limit of {limit} bytes"),
+        )
+    }
+
+    pub fn empty_body() -> Self {
+        ApiError::new(
+            400,
+            INVALID_REQUEST,
+            "invalid_json",
+            "request body is empty; a JSON object with \"model\" is required".into(),
+        )
+    }
+
+    pub fn model_not_found(model: &str) -> Self {
+        ApiError::new(
+            404,
+            INVALID_REQUEST,
+            "model_not_found",
+            format!(
+                "no rule, backend name or default route serves model {:?}",
+                crate::scan::printable(model)
+            ),
+        )
+        .param("model")
+    }
+
+    pub fn fail_closed(message: String) -> Self {
+        ApiError::new(503, API_ERROR, "fail_closed", message)
+    }
+
+    /// `{"error":{"message":…,"type":…,"param":…,"code":…}}`
+    pub fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }))
+        .unwrap_or_else(|_| b"{\"error\":{\"message\":\"internal error\",\"type\":\"api_error\",\"param\":null,\"code\":\"internal\"}}".to_vec())
+    }
+}
+
+pub const INVALID_REQUEST: &str = "invalid_request_error";
+pub const API_ERROR: &str = "api_error";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_openai_shape() {
+        let e = ApiError::model_not_found("gpt-\u{7}x");
+        let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+        assert_eq!(e.status, 404);
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["param"], "model");
+        assert_eq!(
+            v["error"]["message"],
+            "no rule, backend name or default route serves model \"gpt-?x\""
+        );
+        let t = ApiError::body_too_large(1024);
+        let v: serde_json::Value = serde_json::from_slice(&t.body()).unwrap();
+        assert_eq!(t.status, 413);
+        assert!(v["error"]["param"].is_null());
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1024 bytes"));
+    }
+
+    #[test]
+    fn scan_errors_map_to_documented_codes() {
+        let code = |e: ScanError| ApiError::from_scan(&e).code;
+        assert_eq!(
+            code(ScanError::Invalid { at: 1, what: "x" }),
+            "invalid_json"
+        );
+        assert_eq!(code(ScanError::TooDeep), "invalid_json");
+        assert_eq!(code(ScanError::NotObject), "invalid_json");
+        assert_eq!(
+            code(ScanError::DuplicateKey {
+                key: "model".into(),
+                top_level: true
+            }),
+            "duplicate_key"
+        );
+        assert_eq!(code(ScanError::MissingModel), "missing_model");
+        assert_eq!(code(ScanError::ModelNotString), "missing_model");
+    }
+}

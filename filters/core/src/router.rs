@@ -1,0 +1,539 @@
+//! The rule engine: which backend serves a request, per the ModelRouter semantics.
+//!
+//! Order: rules in declaration order (first match wins, every set condition must hold), then
+//! `BackendNameMatch` (a backend whose displayName, else name, equals the model), then
+//! `defaultRoute`, else 404. On top of that the sensitive-data guard: a request whose
+//! classification is sensitive is served only by `tier: local` backends, whatever route it took;
+//! if its route has none, it gets 503 `fail_closed` instead of leaving the cluster.
+
+use crate::config::{PluginConfig, Strategy, TaskComplexity, Tier};
+use crate::errors::ApiError;
+use crate::glob::Glob;
+use hashbrown::HashMap;
+
+#[derive(Debug)]
+pub struct Router {
+    pub config: PluginConfig,
+    backends: Vec<Backend>,
+    rules: Vec<Rule>,
+    by_model: HashMap<String, usize>,
+    default_route: Option<usize>,
+    sensitive: Vec<String>,
+    classification_header: String,
+    complexity_header: String,
+    /// Lower-cased names of every request header a decision may read.
+    needed_headers: Vec<String>,
+    models_body: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub struct Backend {
+    pub name: String,
+    pub tier: Tier,
+    pub capabilities: Vec<String>,
+    pub weight: u32,
+    pub external_model: Option<String>,
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug)]
+pub struct Rule {
+    pub name: String,
+    globs: Vec<Glob>,
+    headers: Vec<(String, String)>,
+    complexity: Option<TaskComplexity>,
+    classes: Vec<String>,
+    /// The rule's backends that advertise every required capability, in declared order.
+    pub candidates: Vec<usize>,
+    pub fail_closed: bool,
+    pub strategy: Strategy,
+    pub timeout_ms: Option<u64>,
+}
+
+/// The request headers a decision reads: only the names `Router::needed_headers` lists,
+/// lower-cased, with every value a client sent (repeats included).
+#[derive(Debug, Default, Clone)]
+pub struct RequestHeaders {
+    pairs: Vec<(String, String)>,
+}
+
+impl RequestHeaders {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn clear(&mut self) {
+        self.pairs.clear();
+    }
+
+    pub fn push(&mut self, lower_name: String, value: String) {
+        self.pairs.push((lower_name, value));
+    }
+
+    fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.pairs
+            .iter()
+            .filter(move |(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Values of a list-valued header: repeated headers and comma-separated items, trimmed and
+    /// lower-cased.
+    fn items<'a>(&'a self, name: &'a str) -> impl Iterator<Item = String> + 'a {
+        self.all(name).flat_map(|v| {
+            v.split(',')
+                .map(|s| s.trim().to_ascii_lowercase())
+                .filter(|s| !s.is_empty())
+        })
+    }
+}
+
+/// Where a request goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Index of the matched rule; `None` when BackendNameMatch or the default route served.
+    pub rule: Option<usize>,
+    /// The backend to try first.
+    pub backend: usize,
+    /// The request carries a sensitive classification: only local backends may serve it.
+    pub sensitive: bool,
+}
+
+impl Router {
+    /// Compiles a plugin config. Errors name what is wrong; the filter refuses to start on them.
+    pub fn new(config: PluginConfig) -> Result<Router, String> {
+        let mut index: HashMap<&str, usize> = HashMap::new();
+        for (i, b) in config.backends.iter().enumerate() {
+            if index.insert(b.name.as_str(), i).is_some() {
+                return Err(format!("backend {:?} is declared twice", b.name));
+            }
+        }
+        let lookup = |name: &str, what: &str| {
+            index
+                .get(name)
+                .copied()
+                .ok_or_else(|| format!("{what} names unknown backend {name:?}"))
+        };
+        let backends: Vec<Backend> = config
+            .backends
+            .iter()
+            .map(|b| Backend {
+                name: b.name.clone(),
+                tier: b.tier,
+                capabilities: b.capabilities.clone(),
+                weight: b.weight,
+                external_model: b.external_model.clone(),
+                timeout_ms: b.timeout_ms,
+            })
+            .collect();
+        let mut rules = Vec::with_capacity(config.rules.len());
+        for r in &config.rules {
+            let mut globs = Vec::with_capacity(r.models.len());
+            for m in &r.models {
+                globs.push(Glob::new(m).map_err(|e| format!("rule {:?}: {e}", r.name))?);
+            }
+            let mut candidates = Vec::with_capacity(r.backends.len());
+            for name in &r.backends {
+                let i = lookup(name, &format!("rule {:?}", r.name))?;
+                let caps = &backends[i].capabilities;
+                if r.required_capabilities.iter().all(|c| caps.contains(c)) {
+                    candidates.push(i);
+                }
+            }
+            rules.push(Rule {
+                name: r.name.clone(),
+                globs,
+                headers: r
+                    .headers
+                    .iter()
+                    .map(|h| (h.name.to_ascii_lowercase(), h.value.clone()))
+                    .collect(),
+                complexity: r.task_complexity,
+                classes: r
+                    .data_classification
+                    .iter()
+                    .map(|c| c.to_ascii_lowercase())
+                    .collect(),
+                candidates,
+                fail_closed: r.fail_closed,
+                strategy: r.strategy,
+                timeout_ms: r.timeout_ms,
+            });
+        }
+        let default_route = match &config.default_route {
+            Some(name) => Some(lookup(name, "defaultRoute")?),
+            None => None,
+        };
+        drop(index);
+        let mut by_model = HashMap::new();
+        for (i, b) in config.backends.iter().enumerate() {
+            by_model
+                .entry(b.display_name.clone().unwrap_or_else(|| b.name.clone()))
+                .or_insert(i);
+        }
+        let classification_header = config.classification_header.to_ascii_lowercase();
+        let complexity_header = config.complexity_header.to_ascii_lowercase();
+        let mut needed_headers = vec![classification_header.clone(), complexity_header.clone()];
+        for r in &rules {
+            needed_headers.extend(r.headers.iter().map(|(n, _)| n.clone()));
+        }
+        needed_headers.sort();
+        needed_headers.dedup();
+        let models_body = crate::models::models_body(&config);
+        Ok(Router {
+            sensitive: config
+                .sensitive_classifications
+                .iter()
+                .map(|c| c.to_ascii_lowercase())
+                .collect(),
+            backends,
+            rules,
+            by_model,
+            default_route,
+            classification_header,
+            complexity_header,
+            needed_headers,
+            models_body,
+            config,
+        })
+    }
+
+    pub fn needed_headers(&self) -> &[String] {
+        &self.needed_headers
+    }
+
+    pub fn backend(&self, i: usize) -> &Backend {
+        &self.backends[i]
+    }
+
+    pub fn rule(&self, i: usize) -> &Rule {
+        &self.rules[i]
+    }
+
+    /// The `/v1/models` response body, built once at config load.
+    pub fn models_body(&self) -> &[u8] {
+        &self.models_body
+    }
+
+    pub fn decide(&self, model: &str, headers: &RequestHeaders) -> Result<Decision, ApiError> {
+        let classes: Vec<String> = headers.items(&self.classification_header).collect();
+        let sensitive = classes.iter().any(|c| self.sensitive.contains(c));
+        let complexity = headers
+            .all(&self.complexity_header)
+            .next()
+            .map(|v| v.trim().to_ascii_lowercase());
+
+        for (ri, rule) in self.rules.iter().enumerate() {
+            if !self.rule_matches(rule, model, headers, &classes, complexity.as_deref()) {
+                continue;
+            }
+            return match self.first_allowed(&rule.candidates, sensitive) {
+                Some(backend) => Ok(Decision {
+                    rule: Some(ri),
+                    backend,
+                    sensitive,
+                }),
+                None => Err(self.refuse_sensitive(&classes, &format!("rule {:?}", rule.name))),
+            };
+        }
+        if self.config.default_route_strategy
+            == crate::config::DefaultRouteStrategy::BackendNameMatch
+        {
+            if let Some(&b) = self.by_model.get(model) {
+                return self.unruled(b, sensitive, &classes, "the backend named by the model");
+            }
+        }
+        match self.default_route {
+            Some(b) => self.unruled(b, sensitive, &classes, "the default route"),
+            None => Err(ApiError::model_not_found(model)),
+        }
+    }
+
+    fn rule_matches(
+        &self,
+        rule: &Rule,
+        model: &str,
+        headers: &RequestHeaders,
+        classes: &[String],
+        complexity: Option<&str>,
+    ) -> bool {
+        // A rule whose backends lack the required capabilities can never serve: it never matches.
+        if rule.candidates.is_empty() {
+            return false;
+        }
+        if !rule.globs.is_empty() && !rule.globs.iter().any(|g| g.matches(model)) {
+            return false;
+        }
+        if let Some(want) = rule.complexity {
+            if complexity != Some(want.as_str()) {
+                return false;
+            }
+        }
+        if !rule.classes.is_empty() && !classes.iter().any(|c| rule.classes.contains(c)) {
+            return false;
+        }
+        rule.headers
+            .iter()
+            .all(|(name, value)| headers.all(name).any(|v| v == value))
+    }
+
+    fn first_allowed(&self, candidates: &[usize], sensitive: bool) -> Option<usize> {
+        candidates
+            .iter()
+            .copied()
+            .find(|&b| !sensitive || self.backends[b].tier == Tier::Local)
+    }
+
+    fn unruled(
+        &self,
+        backend: usize,
+        sensitive: bool,
+        classes: &[String],
+        what: &str,
+    ) -> Result<Decision, ApiError> {
+        if sensitive && self.backends[backend].tier != Tier::Local {
+            return Err(self.refuse_sensitive(classes, what));
+        }
+        Ok(Decision {
+            rule: None,
+            backend,
+            sensitive,
+        })
+    }
+
+    fn refuse_sensitive(&self, classes: &[String], route: &str) -> ApiError {
+        let class = classes
+            .iter()
+            .find(|c| self.sensitive.contains(c))
+            .map(String::as_str)
+            .unwrap_or("sensitive");
+        ApiError::fail_closed(format!(
+            "request classified {class:?} may only be served by local-tier backends, and {route} has none"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(extra: serde_json::Value) -> Router {
+        let mut cfg = serde_json::json!({
+            "router": "llm/demo",
+            "backends": [
+                {"name": "qwen-small", "display_name": "qwen3-8b", "capabilities": ["tools"]},
+                {"name": "llama-big", "capabilities": ["tools", "long-context"]},
+                {"name": "vision-local", "capabilities": ["vision"]},
+                {"name": "gpt", "tier": "cloud", "external_model": "gpt-5", "capabilities": ["tools", "vision"]}
+            ],
+            "default_route": "qwen-small",
+            "rules": [
+                {"name": "regulated", "data_classification": ["PII", "phi"], "fail_closed": true,
+                 "backends": ["llama-big", "qwen-small"]},
+                {"name": "research", "headers": [{"name": "X-Team", "value": "research"}], "backends": ["gpt", "llama-big"]},
+                {"name": "hard", "task_complexity": "complex", "backends": ["llama-big"]},
+                {"name": "qwen", "models": ["qwen3-*"], "backends": ["qwen-small"]},
+                {"name": "see", "models": ["vis-*"], "required_capabilities": ["vision"], "backends": ["llama-big", "gpt", "vision-local"]},
+                {"name": "impossible", "models": ["never"], "required_capabilities": ["teleport"], "backends": ["gpt"]}
+            ]
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            cfg[k] = v.clone();
+        }
+        Router::new(serde_json::from_value(cfg).unwrap()).unwrap()
+    }
+
+    fn hdrs(pairs: &[(&str, &str)]) -> RequestHeaders {
+        let mut h = RequestHeaders::new();
+        for (n, v) in pairs {
+            h.push(n.to_ascii_lowercase(), v.to_string());
+        }
+        h
+    }
+
+    fn pick(r: &Router, model: &str, h: &[(&str, &str)]) -> (Option<String>, String) {
+        let d = r.decide(model, &hdrs(h)).unwrap();
+        (
+            d.rule.map(|i| r.rule(i).name.clone()),
+            r.backend(d.backend).name.clone(),
+        )
+    }
+
+    fn rule_backend(rule: &str, backend: &str) -> (Option<String>, String) {
+        (Some(rule.to_string()), backend.to_string())
+    }
+
+    #[test]
+    fn first_matching_rule_wins_in_order() {
+        let r = router(serde_json::json!({}));
+        // Both "regulated" and "qwen" match; the earlier one wins.
+        assert_eq!(
+            pick(&r, "qwen3-8b", &[("x-llmkube-classification", "pii")]),
+            rule_backend("regulated", "llama-big")
+        );
+        assert_eq!(
+            pick(&r, "qwen3-8b", &[]),
+            rule_backend("qwen", "qwen-small")
+        );
+        assert_eq!(
+            pick(&r, "qwen3-8b", &[("x-llmkube-task-complexity", "complex")]),
+            rule_backend("hard", "llama-big")
+        );
+    }
+
+    #[test]
+    fn classification_is_compared_lower_cased_and_any_value_counts() {
+        let r = router(serde_json::json!({}));
+        assert_eq!(
+            pick(&r, "m", &[("x-llmkube-classification", "PhI")]),
+            rule_backend("regulated", "llama-big")
+        );
+        // A second header or a list item cannot hide a sensitive class.
+        assert_eq!(
+            pick(
+                &r,
+                "m",
+                &[
+                    ("x-llmkube-classification", "public"),
+                    ("x-llmkube-classification", "pii")
+                ]
+            ),
+            rule_backend("regulated", "llama-big")
+        );
+        assert_eq!(
+            pick(&r, "m", &[("x-llmkube-classification", "public, pii")]),
+            rule_backend("regulated", "llama-big")
+        );
+    }
+
+    #[test]
+    fn header_rules_match_names_case_insensitively_and_values_exactly() {
+        let r = router(serde_json::json!({}));
+        assert_eq!(
+            pick(&r, "m", &[("x-team", "research")]),
+            rule_backend("research", "gpt")
+        );
+        assert_eq!(
+            pick(&r, "m", &[("X-TEAM", "research")]),
+            rule_backend("research", "gpt")
+        );
+        assert_eq!(
+            pick(&r, "m", &[("x-team", "Research")]),
+            (None, "qwen-small".into())
+        );
+    }
+
+    #[test]
+    fn required_capabilities_filter_backends_and_can_disable_a_rule() {
+        let r = router(serde_json::json!({}));
+        // llama-big lacks vision: never tried, not even first.
+        assert_eq!(pick(&r, "vis-1", &[]), rule_backend("see", "gpt"));
+        // Sensitive + capability: only the local vision backend qualifies... but the
+        // regulated rule comes first.
+        // A rule no backend can serve never matches: falls to the default route.
+        assert_eq!(pick(&r, "never", &[]), (None, "qwen-small".into()));
+    }
+
+    #[test]
+    fn backend_name_match_uses_display_name_then_name() {
+        let r = router(serde_json::json!({"default_route_strategy": "BackendNameMatch"}));
+        assert_eq!(pick(&r, "llama-big", &[]), (None, "llama-big".into()));
+        assert_eq!(pick(&r, "gpt", &[]), (None, "gpt".into()));
+        // qwen-small is published as qwen3-8b; its name no longer addresses it by name match,
+        // but the qwen rule covers it anyway.
+        assert_eq!(
+            pick(&r, "qwen3-8b", &[]),
+            rule_backend("qwen", "qwen-small")
+        );
+        assert_eq!(pick(&r, "unknown", &[]), (None, "qwen-small".into()));
+        // Static strategy ignores names.
+        let s = router(serde_json::json!({}));
+        assert_eq!(pick(&s, "gpt", &[]), (None, "qwen-small".into()));
+    }
+
+    #[test]
+    fn no_route_is_404_model_not_found() {
+        let r = router(serde_json::json!({"default_route": null}));
+        let e = r.decide("unknown", &hdrs(&[])).unwrap_err();
+        assert_eq!((e.status, e.code), (404, "model_not_found"));
+    }
+
+    #[test]
+    fn sensitive_requests_never_get_a_cloud_backend() {
+        // A cloud default route and name match: a sensitive request gets 503, not the cloud.
+        let r = router(serde_json::json!({
+            "default_route": "gpt",
+            "default_route_strategy": "BackendNameMatch",
+            "sensitive_classifications": ["secret"],
+        }));
+        for model in ["gpt", "unknown"] {
+            let e = r
+                .decide(model, &hdrs(&[("x-llmkube-classification", "SECRET")]))
+                .unwrap_err();
+            assert_eq!((e.status, e.code), (503, "fail_closed"), "{model}");
+        }
+        // A non-fail-closed rule naming cloud first: the local backend behind it serves.
+        assert_eq!(
+            pick(
+                &r,
+                "m",
+                &[
+                    ("x-team", "research"),
+                    ("x-llmkube-classification", "secret")
+                ]
+            ),
+            rule_backend("research", "llama-big")
+        );
+        // Not sensitive: the cloud default serves.
+        assert_eq!(pick(&r, "unknown", &[]), (None, "gpt".into()));
+    }
+
+    #[test]
+    fn config_errors_name_the_problem() {
+        let bad = serde_json::json!({
+            "router": "x", "backends": [{"name": "a"}],
+            "rules": [{"name": "r", "backends": ["zzz"]}]
+        });
+        let e = Router::new(serde_json::from_value(bad).unwrap()).unwrap_err();
+        assert!(e.contains("rule \"r\"") && e.contains("\"zzz\""), "{e}");
+        let glob = serde_json::json!({
+            "router": "x", "backends": [{"name": "a"}],
+            "rules": [{"name": "r", "models": ["x[a"], "backends": ["a"]}]
+        });
+        assert!(Router::new(serde_json::from_value(glob).unwrap()).is_err());
+        let unknown = serde_json::json!({"router": "x", "backends": [], "surprise": 1});
+        assert!(serde_json::from_value::<PluginConfig>(unknown).is_err());
+    }
+
+    #[test]
+    fn models_list_publishes_display_names_and_model_info() {
+        let r = router(serde_json::json!({}));
+        let v: serde_json::Value = serde_json::from_slice(r.models_body()).unwrap();
+        let ids: Vec<&str> = v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["qwen3-8b", "llama-big", "vision-local", "gpt"]);
+        assert!(v["data"][0].get("input_modalities").is_none());
+        let r = router(serde_json::json!({"backends": [
+            {"name": "v", "capabilities": ["vision"], "model_info": {"context_length": 32768}},
+            {"name": "t", "model_info": {"output_modalities": ["text", "audio"]}}
+        ], "default_route": "v", "rules": []}));
+        let v: serde_json::Value = serde_json::from_slice(r.models_body()).unwrap();
+        assert_eq!(v["data"][0]["context_length"], 32768);
+        assert_eq!(
+            v["data"][0]["input_modalities"],
+            serde_json::json!(["text", "image"])
+        );
+        assert_eq!(
+            v["data"][1]["input_modalities"],
+            serde_json::json!(["text"])
+        );
+        assert_eq!(
+            v["data"][1]["output_modalities"],
+            serde_json::json!(["text", "audio"])
+        );
+    }
+}

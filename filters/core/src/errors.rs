@@ -109,21 +109,45 @@ impl ApiError {
         .param("model")
     }
 
+    pub fn invalid_model(max: usize) -> Self {
+        ApiError::new(
+            400,
+            INVALID_REQUEST,
+            "invalid_model",
+            format!(
+                "request field \"model\" must be at most {max} bytes without control characters"
+            ),
+        )
+        .param("model")
+    }
+
     pub fn fail_closed(message: String) -> Self {
         ApiError::new(503, API_ERROR, "fail_closed", message)
     }
 
-    /// `{"error":{"message":…,"type":…,"param":…,"code":…}}`
+    /// `{"error":{"message":…,"type":…,"param":…,"code":…}}`, in OpenAI's field order.
     pub fn body(&self) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }))
-        .unwrap_or_else(|_| b"{\"error\":{\"message\":\"internal error\",\"type\":\"api_error\",\"param\":null,\"code\":\"internal\"}}".to_vec())
+        #[derive(serde::Serialize)]
+        struct Inner<'a> {
+            message: &'a str,
+            #[serde(rename = "type")]
+            kind: &'a str,
+            param: Option<&'a str>,
+            code: &'a str,
+        }
+        #[derive(serde::Serialize)]
+        struct Outer<'a> {
+            error: Inner<'a>,
+        }
+        serde_json::to_vec(&Outer {
+            error: Inner {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param,
+                code: self.code,
+            },
+        })
+        .unwrap_or_default()
     }
 }
 
@@ -146,6 +170,9 @@ mod tests {
             v["error"]["message"],
             "no rule, backend name or default route serves model \"gpt-?x\""
         );
+        assert!(String::from_utf8(e.body())
+            .unwrap()
+            .starts_with(r#"{"error":{"message":"#));
         let t = ApiError::body_too_large(1024);
         let v: serde_json::Value = serde_json::from_slice(&t.body()).unwrap();
         assert_eq!(t.status, 413);

@@ -1,1 +1,96 @@
-// proxy-wasm layer: filled in below.
+//! The model-router filter: reads `model` from the request body, matches the ModelRouter rules,
+//! and stamps the decision headers the route table dispatches on.
+//!
+//! This layer only moves headers and bytes; `router_core` decides. Every hostcall goes through
+//! `filter_edge`, which returns errors instead of panicking.
+
+mod http;
+
+use filter_edge::{self as edge, Buffer, Level};
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{ContextType, LogLevel};
+use router_core::config::PluginConfig;
+use router_core::router::Router;
+use router_core::scan::Scanner;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
+}}
+
+/// Per-VM state shared by every request on this worker.
+pub(crate) struct Shared {
+    pub router: Router,
+    /// Lower-cased decision-header names stripped from every request.
+    pub stamped: Vec<String>,
+    /// Scratch reused across requests (one VM runs one request callback at a time).
+    pub scanner: RefCell<Scanner>,
+}
+
+#[derive(Default)]
+struct Root {
+    shared: Option<Rc<Shared>>,
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let raw = match edge::buffer(Buffer::PluginConfiguration, 0, usize::MAX) {
+            Ok(Some(raw)) => raw,
+            Ok(None) => {
+                edge::log(Level::Error, "model-router: no plugin configuration");
+                return false;
+            }
+            Err(e) => {
+                edge::log(
+                    Level::Error,
+                    &format!("model-router: reading configuration: {e}"),
+                );
+                return false;
+            }
+        };
+        let config: PluginConfig = match serde_json::from_slice(&raw) {
+            Ok(c) => c,
+            Err(e) => {
+                edge::log(
+                    Level::Error,
+                    &format!("model-router: invalid configuration: {e}"),
+                );
+                return false;
+            }
+        };
+        let stamped = config.stamped_headers();
+        match Router::new(config) {
+            Ok(router) => {
+                edge::log(
+                    Level::Info,
+                    &format!("model-router: configured for {}", router.config.router),
+                );
+                self.shared = Some(Rc::new(Shared {
+                    router,
+                    stamped,
+                    scanner: RefCell::new(Scanner::new()),
+                }));
+                true
+            }
+            Err(e) => {
+                edge::log(
+                    Level::Error,
+                    &format!("model-router: invalid configuration: {e}"),
+                );
+                false
+            }
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(http::Request::new(self.shared.clone())))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

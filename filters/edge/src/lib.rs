@@ -1,0 +1,320 @@
+//! The thin edge between the filters and the proxy-wasm host.
+//!
+//! The Rust SDK's `hostcalls` panic on any status they did not expect (for example a header
+//! write that Envoy refuses with BadArgument after headers continued). In Envoy a panic traps the
+//! VM and, fail-closed, every later request on that worker gets 503. So the filters call the
+//! ABI through these wrappers instead: every status comes back as a `Result`, host-provided
+//! buffers are bounds-checked, and nothing here can panic.
+//!
+//! The SDK still provides the exported entry points (`proxy_on_*`, `proxy_on_memory_allocate`);
+//! buffers the host hands back were allocated through that export, i.e. by this module's
+//! allocator, so taking ownership with `Vec::from_raw_parts` is sound.
+
+use std::ptr::null_mut;
+
+/// proxy-wasm ABI status codes (only the ones the filters act on are named).
+pub const OK: u32 = 0;
+pub const NOT_FOUND: u32 = 1;
+pub const BAD_ARGUMENT: u32 = 2;
+
+/// A hostcall returned a status other than the ones the caller can handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostError {
+    pub call: &'static str,
+    pub status: u32,
+}
+
+impl std::fmt::Display for HostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} returned status {}", self.call, self.status)
+    }
+}
+
+pub type HostResult<T> = Result<T, HostError>;
+
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Map {
+    RequestHeaders = 0,
+    RequestTrailers = 1,
+    ResponseHeaders = 2,
+    ResponseTrailers = 3,
+}
+
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buffer {
+    RequestBody = 0,
+    ResponseBody = 1,
+    PluginConfiguration = 7,
+}
+
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Trace = 0,
+    Debug = 1,
+    Info = 2,
+    Warn = 3,
+    Error = 4,
+    Critical = 5,
+}
+
+#[cfg(target_arch = "wasm32")]
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_log(level: u32, message_data: *const u8, message_size: usize) -> u32;
+    fn proxy_get_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        max_size: usize,
+        return_buffer_data: *mut *mut u8,
+        return_buffer_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_header_map_pairs(
+        map_type: u32,
+        return_map_data: *mut *mut u8,
+        return_map_size: *mut usize,
+    ) -> u32;
+    fn proxy_replace_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
+    fn proxy_send_local_response(
+        status_code: u32,
+        status_code_details_data: *const u8,
+        status_code_details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
+}
+
+// Native builds (unit tests of code that links this crate) get inert stand-ins: the real
+// behaviour is tested on the compiled module through the wasmtime harness.
+#[cfg(not(target_arch = "wasm32"))]
+mod native {
+    pub unsafe fn proxy_log(_: u32, _: *const u8, _: usize) -> u32 {
+        super::OK
+    }
+    pub unsafe fn proxy_get_buffer_bytes(
+        _: u32,
+        _: usize,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+    ) -> u32 {
+        super::NOT_FOUND
+    }
+    pub unsafe fn proxy_get_header_map_pairs(_: u32, _: *mut *mut u8, _: *mut usize) -> u32 {
+        super::NOT_FOUND
+    }
+    pub unsafe fn proxy_replace_header_map_value(
+        _: u32,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+    ) -> u32 {
+        super::OK
+    }
+    pub unsafe fn proxy_remove_header_map_value(_: u32, _: *const u8, _: usize) -> u32 {
+        super::OK
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn proxy_send_local_response(
+        _: u32,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: i32,
+    ) -> u32 {
+        super::OK
+    }
+}
+#[cfg(not(target_arch = "wasm32"))]
+use native::*;
+
+fn check(call: &'static str, status: u32) -> HostResult<()> {
+    if status == OK {
+        Ok(())
+    } else {
+        Err(HostError { call, status })
+    }
+}
+
+/// Takes ownership of a host-returned buffer (allocated through `proxy_on_memory_allocate`).
+///
+/// # Safety
+/// `data`/`size` must come from a successful hostcall that returned an allocation.
+unsafe fn take(data: *mut u8, size: usize) -> Vec<u8> {
+    if data.is_null() {
+        Vec::new()
+    } else {
+        Vec::from_raw_parts(data, size, size)
+    }
+}
+
+pub fn log(level: Level, message: &str) {
+    // A failed log has nowhere to be reported; ignoring it is the only non-panicking choice.
+    let _ = unsafe { proxy_log(level as u32, message.as_ptr(), message.len()) };
+}
+
+/// Bytes `[start, start+max)` of a buffer; `None` when the host has no such buffer.
+pub fn buffer(kind: Buffer, start: usize, max: usize) -> HostResult<Option<Vec<u8>>> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    let status = unsafe { proxy_get_buffer_bytes(kind as u32, start, max, &mut data, &mut size) };
+    match status {
+        OK => Ok(Some(unsafe { take(data, size) })),
+        NOT_FOUND => Ok(None),
+        s => Err(HostError {
+            call: "proxy_get_buffer_bytes",
+            status: s,
+        }),
+    }
+}
+
+/// Every header of a map, in order, repeats included, as raw bytes.
+pub fn header_pairs(map: Map) -> HostResult<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    let status = unsafe { proxy_get_header_map_pairs(map as u32, &mut data, &mut size) };
+    check("proxy_get_header_map_pairs", status)?;
+    let raw = unsafe { take(data, size) };
+    decode_pairs(&raw).ok_or(HostError {
+        call: "proxy_get_header_map_pairs",
+        status: 3, // SerializationFailure: the host sent a map we cannot decode
+    })
+}
+
+/// Decodes the ABI's map serialisation: u32 count, count × (u32 key len, u32 value len), then
+/// each key and value followed by a NUL byte. `None` if the bytes do not add up.
+pub fn decode_pairs(raw: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+    if raw.is_empty() {
+        return Some(Vec::new());
+    }
+    let u32_at = |at: usize| -> Option<usize> {
+        let b = raw.get(at..at + 4)?;
+        Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    let count = u32_at(0)?;
+    let mut sizes_at = 4usize;
+    let mut data_at = 4usize.checked_add(count.checked_mul(8)?)?;
+    let mut out = Vec::with_capacity(count.min(raw.len() / 8));
+    for _ in 0..count {
+        let klen = u32_at(sizes_at)?;
+        let vlen = u32_at(sizes_at + 4)?;
+        sizes_at += 8;
+        let key = raw.get(data_at..data_at.checked_add(klen)?)?.to_vec();
+        data_at = data_at.checked_add(klen + 1)?;
+        let value = raw.get(data_at..data_at.checked_add(vlen)?)?.to_vec();
+        data_at = data_at.checked_add(vlen + 1)?;
+        out.push((key, value));
+    }
+    Some(out)
+}
+
+/// Encodes pairs in the ABI's map serialisation (for local response headers).
+pub fn encode_pairs(pairs: &[(&str, &str)]) -> Vec<u8> {
+    let data_len: usize = pairs.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    let mut out = Vec::with_capacity(4 + pairs.len() * 8 + data_len);
+    out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
+    for (k, v) in pairs {
+        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    }
+    for (k, v) in pairs {
+        out.extend_from_slice(k.as_bytes());
+        out.push(0);
+        out.extend_from_slice(v.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+/// Sets `name` to exactly one value, replacing whatever was there.
+pub fn set_header(map: Map, name: &str, value: &str) -> HostResult<()> {
+    let status = unsafe {
+        proxy_replace_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
+    };
+    check("proxy_replace_header_map_value", status)
+}
+
+/// Removes every value of `name`.
+pub fn remove_header(map: Map, name: &str) -> HostResult<()> {
+    let status = unsafe { proxy_remove_header_map_value(map as u32, name.as_ptr(), name.len()) };
+    check("proxy_remove_header_map_value", status)
+}
+
+/// Answers the request locally; nothing is forwarded upstream.
+pub fn respond(
+    status: u32,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    details: &str,
+) -> HostResult<()> {
+    let encoded = encode_pairs(headers);
+    let rc = unsafe {
+        proxy_send_local_response(
+            status,
+            details.as_ptr(),
+            details.len(),
+            body.as_ptr(),
+            body.len(),
+            encoded.as_ptr(),
+            encoded.len(),
+            -1,
+        )
+    };
+    check("proxy_send_local_response", rc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_round_trip() {
+        let pairs = [(":path", "/v1/models"), ("x-a", ""), ("x-b", "v")];
+        let enc = encode_pairs(&pairs);
+        let dec = decode_pairs(&enc).unwrap();
+        let back: Vec<(&str, &str)> = dec
+            .iter()
+            .map(|(k, v)| {
+                (
+                    std::str::from_utf8(k).unwrap(),
+                    std::str::from_utf8(v).unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(back, pairs);
+    }
+
+    #[test]
+    fn malformed_maps_are_refused_not_panicked_on() {
+        let enc = encode_pairs(&[("key", "value")]);
+        for cut in 1..enc.len() - 1 {
+            assert!(decode_pairs(&enc[..cut]).is_none(), "cut at {cut}");
+        }
+        assert!(decode_pairs(&u32::MAX.to_le_bytes()).is_none());
+        let mut huge = encode_pairs(&[("k", "v")]);
+        huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_pairs(&huge).is_none());
+    }
+}

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod errors;
+mod fast;
 pub mod glob;
 pub mod models;
 pub mod router;

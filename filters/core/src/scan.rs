@@ -139,6 +139,13 @@ impl Scanner {
         if body.starts_with(b"\xEF\xBB\xBF") {
             return Err(invalid(0, "a UTF-8 byte order mark is not allowed"));
         }
+        // Validate UTF-8 once for the whole body, so string scanning only looks for the bytes
+        // that end or interrupt a string. Outside strings, non-ASCII is a grammar error anyway.
+        if !crate::fast::all_ascii(body) {
+            if let Err(e) = std::str::from_utf8(body) {
+                return Err(invalid(e.valid_up_to(), "invalid UTF-8"));
+            }
+        }
         p.ws();
         match p.peek() {
             None => return Err(invalid(p.i, "the body is empty")),
@@ -414,21 +421,6 @@ struct Str<'a> {
     decoded: Cow<'a, str>,
 }
 
-const LO: u64 = 0x0101_0101_0101_0101;
-const HI: u64 = 0x8080_8080_8080_8080;
-
-/// Bytes in `v` that need attention inside a string: '"', '\\', control bytes, non-ASCII.
-/// Bits above the first hit may be false positives (borrow propagation); only the lowest is used.
-#[inline(always)]
-fn special_mask(v: u64) -> u64 {
-    let quote = v ^ (LO * b'"' as u64);
-    let bslash = v ^ (LO * b'\\' as u64);
-    let has_quote = quote.wrapping_sub(LO) & !quote;
-    let has_bslash = bslash.wrapping_sub(LO) & !bslash;
-    let ctrl = v.wrapping_sub(LO * 0x20) & !v;
-    (has_quote | has_bslash | ctrl | v) & HI
-}
-
 impl<'a> Parser<'a> {
     #[inline(always)]
     fn peek(&self) -> Option<u8> {
@@ -522,18 +514,7 @@ impl<'a> Parser<'a> {
         let mut copied = start;
         self.scratch.clear();
         loop {
-            // Fast path: 8 bytes at a time until something needs a closer look.
-            while i + 8 <= b.len() {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(&b[i..i + 8]);
-                let m = special_mask(u64::from_le_bytes(w));
-                if m == 0 {
-                    i += 8;
-                } else {
-                    i += (m.trailing_zeros() / 8) as usize;
-                    break;
-                }
-            }
+            i = crate::fast::find_string_special(b, i);
             let Some(&c) = b.get(i) else {
                 return Err(invalid(i, "unterminated string"));
             };
@@ -567,9 +548,7 @@ impl<'a> Parser<'a> {
                     i = self.escape(i, decode)?;
                     copied = i;
                 }
-                0x00..=0x1F => return Err(invalid(i, "control character in string")),
-                0x80..=0xFF => i = utf8_char(b, i)?,
-                _ => i += 1,
+                _ => return Err(invalid(i, "control character in string")),
             }
         }
     }
@@ -632,33 +611,6 @@ fn hex4(b: &[u8], at: usize) -> Option<u32> {
         v = v * 16 + n;
     }
     Some(v)
-}
-
-/// Validates one UTF-8 encoded char starting at `i` (a byte >= 0x80); returns the index after it.
-fn utf8_char(b: &[u8], i: usize) -> Result<usize, ScanError> {
-    let bad = || invalid(i, "invalid UTF-8");
-    let c0 = b[i];
-    let (len, lo, hi) = match c0 {
-        0xC2..=0xDF => (2, 0x80, 0xBF),
-        0xE0 => (3, 0xA0, 0xBF),
-        0xE1..=0xEC | 0xEE..=0xEF => (3, 0x80, 0xBF),
-        0xED => (3, 0x80, 0x9F),
-        0xF0 => (4, 0x90, 0xBF),
-        0xF1..=0xF3 => (4, 0x80, 0xBF),
-        0xF4 => (4, 0x80, 0x8F),
-        _ => return Err(bad()),
-    };
-    let c1 = *b.get(i + 1).ok_or_else(bad)?;
-    if c1 < lo || c1 > hi {
-        return Err(bad());
-    }
-    for k in 2..len {
-        let c = *b.get(i + k).ok_or_else(bad)?;
-        if !(0x80..=0xBF).contains(&c) {
-            return Err(bad());
-        }
-    }
-    Ok(i + len)
 }
 
 #[cfg(test)]

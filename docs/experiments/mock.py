@@ -107,6 +107,11 @@ class H(http.server.BaseHTTPRequestHandler):
     do_GET = do_POST = handle_one
 
 
-srv = http.server.ThreadingHTTPServer(("127.0.0.1", PORT), H)
+class S(http.server.ThreadingHTTPServer):
+    def handle_error(self, *a):  # clients (Envoy) hanging up mid-response are expected here
+        pass
+
+
+srv = S(("127.0.0.1", PORT), H)
 srv.daemon_threads = True
 srv.serve_forever()

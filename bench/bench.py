@@ -1,0 +1,810 @@
+#!/usr/bin/env python3
+"""Side-by-side latency benchmark of our proxy-wasm filters against Envoy's native filters (issue 5).
+
+Driven by bench/run, which makes sure the prerequisites exist. This script:
+  1. writes the request bodies (realistic chat-completions JSON, model first / model last),
+  2. writes ONE Envoy bootstrap with four listeners sharing one fixed-response upstream,
+  3. starts the upstream and Envoy (--concurrency 1, own --base-id), checks that every body gets a
+     200 through every listener (and that our filter really routed it) and fails loudly otherwise,
+  4. runs wrk (fixed connections, fixed duration, after a warm-up) against each listener, listeners
+     interleaved within each repetition, several repetitions,
+  5. prints tables and writes bench/results/<mode>.json and the generated section of
+     docs/benchmarks.md.
+
+It measures; it asserts nothing about times.  Python 3.11 stdlib only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import http.client
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+OUT = BENCH / "out"
+RESULTS = BENCH / "results"
+DOC = ROOT / "docs" / "benchmarks.md"
+WASM_DIR = ROOT / "target" / "wasm32-wasip1" / "release"
+UPSTREAM_BIN = BENCH / "target" / "release" / "bench-upstream"
+LUA = BENCH / "post.lua"
+
+KIB = 1024
+MIB = 1024 * KIB
+SIZES = [1 * KIB, 16 * KIB, 256 * KIB, 2 * MIB]
+VARIANTS = ["first", "last"]  # where the "model" field sits in the body
+PATH = "/v1/chat/completions"
+
+# The filter's own limit and Envoy's buffer limits, consistent with docs/architecture.md:
+# per_connection_buffer_limit_bytes = max_body_bytes + 1 MiB, above the largest body (2 MiB).
+MAX_BODY_BYTES = 4 * MIB
+BUFFER_LIMIT = MAX_BODY_BYTES + MIB
+
+# The model every benchmark body asks for. With the plugin config below it walks all five rules
+# without a match and is routed by BackendNameMatch on the display name: the longest decision path.
+MODEL = "meta-llama/Llama-3.3-70B-Instruct"
+EXPECTED_BACKEND = "llama-3-70b"
+
+# A realistic plugin config (router_core::config::PluginConfig), modelled on
+# envoy-examples/router.yaml: 4 backends, 5 rules.
+MODEL_ROUTER_CONFIG = {
+    "router": "llm/llm-router",
+    "max_body_bytes": MAX_BODY_BYTES,
+    "default_route_strategy": "BackendNameMatch",
+    "default_route": "qwen3-8b",
+    "sensitive_classifications": ["pii", "phi"],
+    "backends": [
+        {"name": "qwen3-8b", "tier": "local", "capabilities": ["tools"],
+         "model_info": {"context_length": 32768}, "timeout_ms": 60000},
+        {"name": "llama-3-70b", "display_name": "meta-llama/Llama-3.3-70B-Instruct",
+         "tier": "local", "capabilities": ["tools", "long-context"],
+         "model_info": {"context_length": 131072}},
+        {"name": "mistral-small", "display_name": "mistralai/Mistral-Small-3.2-24B-Instruct",
+         "tier": "local", "capabilities": ["tools"], "model_info": {"context_length": 32768}},
+        {"name": "cloud-gpt", "display_name": "gpt-5", "tier": "cloud",
+         "capabilities": ["tools", "vision", "long-context"],
+         "model_info": {"context_length": 400000}, "external_model": "gpt-5",
+         "timeout_ms": 90000},
+    ],
+    "rules": [
+        {"name": "regulated-data", "data_classification": ["pii", "phi"], "fail_closed": True,
+         "backends": ["llama-3-70b", "qwen3-8b"], "timeout_ms": 30000},
+        {"name": "qwen-family", "models": ["qwen3-*"], "backends": ["qwen3-8b"]},
+        {"name": "research-team", "headers": [{"name": "x-team", "value": "research"}],
+         "strategy": "weighted", "backends": ["llama-3-70b", "cloud-gpt"]},
+        {"name": "complex-tasks", "task_complexity": "complex",
+         "backends": ["llama-3-70b", "cloud-gpt"]},
+        {"name": "coders", "models": ["*-coder*", "deepseek-*"],
+         "backends": ["mistral-small", "qwen3-8b"]},
+    ],
+}
+BACKENDS = [b["name"] for b in MODEL_ROUTER_CONFIG["backends"]]
+
+
+@dataclass
+class OurFilter:
+    """One of our wasm filters as it is placed in a filter chain."""
+    name: str           # filter config name
+    crate: str          # cargo package, built with --release --target wasm32-wasip1
+    wasm: str           # file under target/wasm32-wasip1/release
+    root_id: str
+    vm_id: str
+    config: dict
+
+
+# ---------------------------------------------------------------------------------------------
+# THE FULL CHAIN. Every filter of ours that exists, in the order the example router configures
+# them. L4 runs all of these; L3 runs only the model/rule filter. When budgets / endpoint hinting
+# land, append them here (and nothing else needs to change).
+# ---------------------------------------------------------------------------------------------
+MODEL_ROUTER = OurFilter(
+    name="llmkube.model-router", crate="llmkube-model-router",
+    wasm="llmkube_model_router.wasm", root_id="model-router", vm_id="llmkube",
+    config=MODEL_ROUTER_CONFIG)
+FULL_CHAIN: list[OurFilter] = [
+    MODEL_ROUTER,
+]
+
+
+@dataclass
+class Listener:
+    key: str
+    title: str
+    kind: str                         # "native" or "ours"
+    filters: list = field(default_factory=list)   # http filter dicts, router appended later
+    ours: list = field(default_factory=list)      # OurFilter entries used
+    port: int = 0
+
+
+def buffer_filter() -> dict:
+    return {"name": "envoy.filters.http.buffer", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+        "max_request_bytes": BUFFER_LIMIT}}
+
+
+def json_to_metadata_filter() -> dict:
+    return {"name": "envoy.filters.http.json_to_metadata", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.json_to_metadata.v3.JsonToMetadata",
+        "request_rules": {"rules": [{
+            "selectors": [{"key": "model"}],
+            "on_present": {"metadata_namespace": "envoy.lb", "key": "model", "type": "STRING"},
+        }]}}}
+
+
+def wasm_filter(f: OurFilter) -> dict:
+    return {"name": "envoy.filters.http.wasm", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+        "config": {
+            "name": f.name,
+            "root_id": f.root_id,
+            "allow_on_headers_stop_iteration": True,
+            "fail_open": False,
+            "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue",
+                              "value": json.dumps(f.config, separators=(",", ":"))},
+            "vm_config": {"vm_id": f.vm_id, "runtime": "envoy.wasm.runtime.v8",
+                          "code": {"local": {"filename": str(WASM_DIR / f.wasm)}}},
+        }}}
+
+
+def listeners(with_wasm: bool = True) -> list[Listener]:
+    ls = [
+        Listener("L1", "native buffer", "native", [buffer_filter()]),
+        Listener("L2", "buffer + json_to_metadata", "native",
+                 [buffer_filter(), json_to_metadata_filter()]),
+    ]
+    if with_wasm:
+        ls.append(Listener("L3", "model/rule filter (wasm)", "ours",
+                           [wasm_filter(MODEL_ROUTER)], [MODEL_ROUTER]))
+        ls.append(Listener("L4", "full chain (wasm)", "ours",
+                           [wasm_filter(f) for f in FULL_CHAIN], list(FULL_CHAIN)))
+    return ls
+
+
+# ---------------------------------------------------------------------------------------------
+# Bodies
+# ---------------------------------------------------------------------------------------------
+SYSTEM = ("You are a careful senior software engineer helping a colleague review a change to a "
+          "distributed system. Answer precisely, cite the lines you refer to, and say \"I don't "
+          "know\" when unsure. Prefer short code blocks; use \u00e9t\u00e9-style UTF-8 freely.")
+WORDS = ("the request router buffers body bytes before it picks a backend while tokens stream "
+         "back through envoy so latency matters and every filter adds a little; consider the "
+         "queue depth, the p99, retries, timeouts, and what happens when a pod restarts").split()
+CODE = ("fn route(req: &Request) -> Result<Backend, Error> {\n    let model = req.model()?;\n"
+        "    if model.starts_with(\"qwen3-\") { return Ok(Backend::Local(\"qwen3-8b\")); }\n"
+        "    Err(Error::NotFound(format!(\"no route for {model}\")))\n}\n")
+
+
+def filler(n_chars: int, seed: int) -> str:
+    out, i = [], seed
+    total = 0
+    while total < n_chars:
+        if i % 37 == 36:
+            piece = "\n```rust\n" + CODE + "```\n"
+        elif i % 11 == 10:
+            piece = "\n\n"
+        else:
+            piece = WORDS[(i * 7) % len(WORDS)] + " "
+        out.append(piece)
+        total += len(piece)
+        i += 1
+    return "".join(out)[:n_chars]
+
+
+def make_body(size: int, variant: str) -> bytes:
+    """Valid chat-completions JSON of exactly `size` bytes, model first or last."""
+    def build(pad: int) -> bytes:
+        turns = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Here is the diff and the failing log. " + filler(200, 1)},
+            {"role": "assistant", "content": "Which backend did the request hit? " + filler(120, 2)},
+            {"role": "user", "content": "Full context follows.\n" + filler(pad, 3)},
+        ]
+        rest = {"messages": turns, "temperature": 0.2, "max_tokens": 1024,
+                "stream": False, "user": "bench-client-7"}
+        doc = {"model": MODEL, **rest} if variant == "first" else {**rest, "model": MODEL}
+        return json.dumps(doc, ensure_ascii=False, separators=(", ", ": ")).encode()
+
+    base = len(build(0))
+    if base > size:
+        raise SystemExit(f"body size {size} is smaller than the skeleton ({base})")
+    pad = size - base
+    for _ in range(10):  # escapes (\n, \") make the encoded length differ from the pad length
+        body = build(pad)
+        if len(body) == size:
+            return body
+        pad += size - len(body)
+    raise SystemExit(f"could not build an exact {size}-byte body")
+
+
+def write_bodies(d: Path) -> dict:
+    d.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for size in SIZES:
+        for v in VARIANTS:
+            body = make_body(size, v)
+            json.loads(body)  # valid JSON
+            p = d / f"body-{size}-{v}.json"
+            p.write_bytes(body)
+            paths[(size, v)] = p
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Bootstrap
+# ---------------------------------------------------------------------------------------------
+def cluster(name: str, port: int) -> dict:
+    return {"name": name, "type": "STATIC", "connect_timeout": "1s",
+            "per_connection_buffer_limit_bytes": BUFFER_LIMIT,
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"socket_address": {
+                    "address": "127.0.0.1", "port_value": port}}}}]}]}}
+
+
+def routes_for(l: Listener) -> list:
+    if l.kind == "native":
+        return [{"match": {"prefix": "/"}, "route": {"cluster": "upstream"}}]
+    rs = [{"match": {"prefix": "/", "headers": [{"name": "x-llmkube-backend",
+                                                  "string_match": {"exact": b}}]},
+           "route": {"cluster": f"backend-{b}"},
+           "request_headers_to_remove": ["authorization"]} for b in BACKENDS]
+    rs.append({"match": {"prefix": "/"}, "direct_response": {"status": 404, "body": {
+        "inline_string": '{"error":{"message":"no route","type":"invalid_request_error"}}'}}})
+    return rs
+
+
+def bootstrap(ls: list[Listener], admin_port: int, up_port: int) -> dict:
+    lis = []
+    for l in ls:
+        hcm = {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": l.key.lower(),
+            "route_config": {"name": f"{l.key}-routes", "virtual_hosts": [
+                {"name": "all", "domains": ["*"], "routes": routes_for(l)}]},
+            "http_filters": l.filters + [{"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+        }
+        lis.append({"name": l.key, "per_connection_buffer_limit_bytes": BUFFER_LIMIT,
+                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": l.port}},
+                    "filter_chains": [{"filters": [{
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": hcm}]}]})
+    clusters = [cluster("upstream", up_port)]
+    if any(l.kind == "ours" for l in ls):
+        clusters += [cluster(f"backend-{b}", up_port) for b in BACKENDS]
+    return {"admin": {"address": {"socket_address": {"address": "127.0.0.1",
+                                                     "port_value": admin_port}}},
+            "static_resources": {"listeners": lis, "clusters": clusters}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def http_get(port: int, path: str, timeout: float = 5) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+        return r.read().decode()
+
+
+class Envoy:
+    def __init__(self, envoy: str, cfg: dict, workdir: Path, tag: str, concurrency: int = 1):
+        self.admin = cfg["admin"]["address"]["socket_address"]["port_value"]
+        self.cfg_path = workdir / f"envoy-{tag}.json"
+        self.cfg_path.write_text(json.dumps(cfg, indent=1))
+        self.log_path = workdir / f"envoy-{tag}.log"
+        v = subprocess.run([envoy, "--mode", "validate", "-c", str(self.cfg_path)],
+                           capture_output=True, text=True)
+        if v.returncode != 0:
+            raise SystemExit(f"FAIL: envoy rejects {self.cfg_path}:\n{v.stdout}{v.stderr}")
+        base_id = 40000 + (os.getpid() % 1000) * 10 + (hash(tag) % 10)
+        self.log = open(self.log_path, "w")
+        self.p = subprocess.Popen(
+            [envoy, "-c", str(self.cfg_path), "--concurrency", str(concurrency),
+             "--base-id", str(base_id), "--log-level", "warn"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.pid = self._elf_pid()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.p.poll() is not None:
+                raise SystemExit(f"FAIL: envoy exited ({self.p.returncode}); see {self.log_path}:\n"
+                                 + self.log_path.read_text()[-3000:])
+            try:
+                if http_get(self.admin, "/ready", 1).strip() == "LIVE":
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise SystemExit(f"FAIL: envoy not ready after 30 s; see {self.log_path}")
+
+    def _elf_pid(self) -> int:
+        # .venv/bin/envoy is a Python shim that execs the real binary: same pid after exec.
+        return self.p.pid
+
+    def stats(self, flt: str) -> dict:
+        out = {}
+        for line in http_get(self.admin, f"/stats?filter={flt}").splitlines():
+            k, _, v = line.partition(": ")
+            out[k] = v
+        return out
+
+    def memory(self) -> dict:
+        try:
+            return json.loads(http_get(self.admin, "/memory"))
+        except (OSError, ValueError):
+            return {}
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.log.close()
+
+
+class Upstream:
+    def __init__(self):
+        self.p = subprocess.Popen([str(UPSTREAM_BIN), "0"], stdout=subprocess.PIPE, text=True)
+        line = self.p.stdout.readline().split()
+        if len(line) != 2 or line[0] != "ready":
+            raise SystemExit("FAIL: upstream did not start")
+        self.port = int(line[1])
+
+    def stop(self):
+        self.p.terminate()
+        self.p.wait(5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification: every body gets a 200 through every listener, and really went through the filters
+# ---------------------------------------------------------------------------------------------
+def post(port: int, body: bytes, extra: dict | None = None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    hdrs = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+    hdrs.update(extra or {})
+    c.request("POST", PATH, body=body, headers=hdrs)
+    r = c.getresponse()
+    data = r.read()
+    out = (r.status, {k.lower(): v for k, v in r.getheaders()}, data)
+    c.close()
+    return out
+
+
+def verify(env: Envoy, ls: list[Listener], bodies: dict):
+    problems = []
+    before = env.stats("json_to_metadata")
+    for l in ls:
+        for (size, v), path in bodies.items():
+            body = path.read_bytes()
+            # A client-supplied decision header must not survive our filter.
+            status, h, data = post(l.port, body, {"x-llmkube-backend": "cloud-gpt"})
+            want_backend = EXPECTED_BACKEND if l.kind == "ours" else "cloud-gpt"
+            if status != 200:
+                problems.append(f"{l.key} {size}B model-{v}: HTTP {status} {data[:200]!r}")
+            elif h.get("x-seen-bytes") != str(len(body)):
+                problems.append(f"{l.key} {size}B model-{v}: upstream saw {h.get('x-seen-bytes')}"
+                                f" bytes, sent {len(body)}")
+            elif h.get("x-seen-backend") != want_backend:
+                problems.append(f"{l.key} {size}B model-{v}: upstream saw backend "
+                                f"{h.get('x-seen-backend')!r}, want {want_backend!r}")
+    after = env.stats("json_to_metadata")
+    n = len(bodies)
+    for k, v in after.items():
+        if k.endswith("rq.success"):
+            got = int(v) - int(before.get(k, 0))
+            if got != n:
+                problems.append(f"L2: json_to_metadata {k} went up by {got}, want {n}")
+            break
+    else:
+        problems.append(f"L2: no json_to_metadata success counter in stats: {sorted(after)}")
+    if problems:
+        raise SystemExit("FAIL: requests are not served correctly, not measuring:\n  "
+                         + "\n  ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# Load
+# ---------------------------------------------------------------------------------------------
+def wrk(wrk_bin: str, port: int, body: Path, seconds: int, conns: int, threads: int,
+        pids: dict) -> dict:
+    with tempfile.NamedTemporaryFile(prefix="wrk-", suffix=".json", dir=OUT, delete=False) as t:
+        res_path = Path(t.name)
+    env = dict(os.environ, BENCH_BODY=str(body), BENCH_OUT=str(res_path))
+    cpu0 = {k: proc_cpu_s(p) for k, p in pids.items()}
+    t0 = time.monotonic()
+    p = subprocess.Popen([wrk_bin, "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s",
+                          "--timeout", "10s", "-s", str(LUA), f"http://127.0.0.1:{port}{PATH}"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = p.stdout.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - t0
+    cpu = {k: (proc_cpu_s(p_) - cpu0[k]) / wall * 100 for k, p_ in pids.items()}
+    cpu["wrk"] = (ru.ru_utime + ru.ru_stime) / wall * 100
+    if p.returncode != 0 or not res_path.stat().st_size:
+        raise SystemExit(f"FAIL: wrk failed ({p.returncode}):\n{out.decode(errors='replace')}")
+    r = json.loads(res_path.read_text())
+    res_path.unlink()
+    r["cpu_pct"] = {k: round(v, 1) for k, v in cpu.items()}
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    return r
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float("nan")
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory probe: idle / after-traffic RSS with and without wasm, 1 and 2 workers
+# ---------------------------------------------------------------------------------------------
+def memory_probe(envoy: str, up_port: int, bodies: dict, workdir: Path) -> dict:
+    out = {}
+    for with_wasm in (False, True):
+        for conc in (1, 2):
+            ls = listeners(with_wasm)
+            for l in ls:
+                l.port = free_port()
+            tag = f"mem-{'wasm' if with_wasm else 'native'}-c{conc}"
+            e = Envoy(envoy, bootstrap(ls, free_port(), up_port), workdir, tag, conc)
+            try:
+                time.sleep(0.5)
+                idle = proc_rss_kib(e.pid)
+                # A few requests of every size through every listener, several connections so
+                # that every worker sees the largest body.
+                for _ in range(2 * conc):
+                    for l in ls:
+                        for (size, v), path in bodies.items():
+                            post(l.port, path.read_bytes())
+                loaded = proc_rss_kib(e.pid)
+                out[tag] = {"rss_idle_kib": idle, "rss_after_traffic_kib": loaded,
+                            "wasm_stats": e.stats("wasm") if with_wasm else {}}
+            finally:
+                e.stop()
+    d = {}
+    for state in ("rss_idle_kib", "rss_after_traffic_kib"):
+        w1 = out["mem-wasm-c1"][state] - out["mem-native-c1"][state]
+        w2 = out["mem-wasm-c2"][state] - out["mem-native-c2"][state]
+        d[state.replace("rss_", "wasm_").replace("_kib", "")] = {
+            "one_worker_kib": w1, "two_workers_kib": w2, "per_extra_worker_kib": w2 - w1}
+    return {"probes": out, "wasm_delta": d}
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+def sh(*cmd) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    except OSError:
+        return ""
+
+
+def machine() -> dict:
+    cpu = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
+    return {"cpu": cpu, "cores": os.cpu_count(), "mem_gib": round(int(mem) / MIB, 1),
+            "kernel": platform.release(), "loadavg_start": os.getloadavg()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 repetition, 2 s runs")
+    ap.add_argument("--reps", type=int, help="repetitions (default 3; quick 1)")
+    ap.add_argument("--duration", type=int, help="seconds per measured run (default 4; quick 2)")
+    ap.add_argument("--warmup", type=int, default=1, help="seconds of warm-up before each run")
+    ap.add_argument("--conns", type=int, default=4, help="wrk connections (default 4)")
+    ap.add_argument("--threads", type=int, default=1, help="wrk threads (default 1)")
+    ap.add_argument("--envoy", default=str(ROOT / ".venv" / "bin" / "envoy"))
+    ap.add_argument("--wrk", default=shutil.which("wrk") or "wrk")
+    ap.add_argument("--no-doc", action="store_true", help="do not rewrite docs/benchmarks.md")
+    ap.add_argument("--list-crates", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.list_crates:
+        print("\n".join(sorted({f.crate for f in FULL_CHAIN} | {MODEL_ROUTER.crate})))
+        return
+    mode = "quick" if a.quick else "full"
+    reps = a.reps or (1 if a.quick else 3)
+    dur = a.duration or (2 if a.quick else 4)
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    started = dt.datetime.now(dt.timezone.utc)
+    mach = machine()
+    envoy_version = sh(a.envoy, "--version").split("version:")[-1].strip()
+    wrk_version = (subprocess.run([a.wrk, "--version"], capture_output=True, text=True).stdout
+                   .splitlines() or [""])[0]
+    commit = sh("git", "rev-parse", "--short", "HEAD")
+    dirty = bool(sh("git", "status", "--porcelain", "--", "filters", "Cargo.toml", "Cargo.lock"))
+    wasm_sizes = {f.wasm: (WASM_DIR / f.wasm).stat().st_size for f in FULL_CHAIN}
+
+    bodies = write_bodies(OUT / "bodies")
+    up = Upstream()
+    env = None
+    try:
+        print(f"== memory probe (RSS with / without wasm, 1 and 2 workers)", flush=True)
+        mem = memory_probe(a.envoy, up.port, bodies, OUT)
+
+        ls = listeners(True)
+        for l in ls:
+            l.port = free_port()
+        env = Envoy(a.envoy, bootstrap(ls, free_port(), up.port), OUT, "bench", 1)
+        pids = {"envoy": env.pid, "upstream": up.p.pid}
+        rss_start = proc_rss_kib(env.pid)
+        print(f"== envoy {envoy_version} pid {env.pid}, upstream :{up.port}; "
+              + ", ".join(f"{l.key}=:{l.port}" for l in ls), flush=True)
+        verify(env, ls, bodies)
+        print(f"== verified: {len(bodies)} bodies x {len(ls)} listeners -> 200 via the upstream, "
+              f"our filter stamped x-llmkube-backend={EXPECTED_BACKEND}", flush=True)
+
+        runs = []
+        n_runs = reps * len(SIZES) * (len(VARIANTS) * len(ls) + 1)
+        eta = n_runs * (dur + a.warmup)
+        print(f"== {mode}: {reps} reps x {len(SIZES)} sizes x ({len(VARIANTS)} variants x "
+              f"{len(ls)} listeners + direct) = {n_runs} runs, {a.conns} conns, "
+              f"{a.warmup}+{dur} s each, ~{eta // 60}m{eta % 60:02d}s", flush=True)
+        k = 0
+        for rep in range(reps):
+            for si, size in enumerate(SIZES):
+                # Upstream alone (no Envoy): shows it is not the bottleneck.
+                r = wrk(a.wrk, up.port, bodies[(size, "first")], max(1, dur // 2), a.conns,
+                        a.threads, pids)
+                runs.append({"rep": rep, "size": size, "variant": "first", "listener": "direct", **r})
+                for v in VARIANTS:
+                    # Rotate the listener order so no listener always runs first/last.
+                    shift = (rep + si + VARIANTS.index(v)) % len(ls)
+                    for l in ls[shift:] + ls[:shift]:
+                        k += 1
+                        body = bodies[(size, v)]
+                        wrk(a.wrk, l.port, body, a.warmup, a.conns, a.threads, pids)
+                        r = wrk(a.wrk, l.port, body, dur, a.conns, a.threads, pids)
+                        runs.append({"rep": rep, "size": size, "variant": v,
+                                     "listener": l.key, **r})
+                        lat = r["latency"]
+                        errs = sum(r["errors"].values())
+                        print(f"  [{k:3d}/{n_runs - reps * len(SIZES)}] rep {rep} "
+                              f"{size // KIB:5d} KiB model-{v:5s} {l.key}: p50 {lat['p50']:7d} µs "
+                              f"p99 {lat['p99']:7d} µs {r['rps']:8.0f} req/s  cpu envoy "
+                              f"{r['cpu_pct']['envoy']:5.1f}% up {r['cpu_pct']['upstream']:5.1f}% "
+                              f"wrk {r['cpu_pct']['wrk']:5.1f}%" + (f"  ERRORS {r['errors']}"
+                                                                     if errs else ""), flush=True)
+                        if r["errors"]["status"]:
+                            raise SystemExit(f"FAIL: {l.key} answered non-2xx under load: "
+                                             f"{r['errors']}")
+        rss_end = proc_rss_kib(env.pid)
+        wasm_stats = env.stats("wasm")
+        memory = env.memory()
+    finally:
+        if env:
+            env.stop()
+        up.stop()
+
+    finished = dt.datetime.now(dt.timezone.utc)
+    mach["loadavg_end"] = os.getloadavg()
+    summary = summarize(runs, ls, reps)
+    result = {
+        "mode": mode, "started": started.isoformat(timespec="seconds"),
+        "finished": finished.isoformat(timespec="seconds"),
+        "machine": mach, "envoy_version": envoy_version, "wrk": wrk_version,
+        "commit": commit, "filters_dirty": dirty,
+        "params": {"reps": reps, "duration_s": dur, "warmup_s": a.warmup, "conns": a.conns,
+                   "wrk_threads": a.threads, "envoy_concurrency": 1, "sizes": SIZES,
+                   "variants": VARIANTS, "model": MODEL, "max_body_bytes": MAX_BODY_BYTES,
+                   "buffer_limit_bytes": BUFFER_LIMIT, "full_chain": [f.name for f in FULL_CHAIN]},
+        "listeners": {l.key: l.title for l in ls},
+        "wasm_sizes": wasm_sizes,
+        "memory": {"bench_envoy_rss_start_kib": rss_start, "bench_envoy_rss_end_kib": rss_end,
+                   "bench_envoy_admin_memory": memory, "bench_envoy_wasm_stats": wasm_stats, **mem},
+        "summary": summary, "runs": runs,
+    }
+    (RESULTS / f"{mode}.json").write_text(json.dumps(result, indent=1) + "\n")
+    md = render(result)
+    print()
+    print(md)
+    if not a.no_doc:
+        write_doc(mode, md)
+        print(f"\nwrote {RESULTS / (mode + '.json')} and the {mode} section of {DOC}")
+
+
+def summarize(runs: list, ls: list[Listener], reps: int) -> dict:
+    def get(lk, size, v, rep):
+        for r in runs:
+            if (r["listener"], r["size"], r["variant"], r["rep"]) == (lk, size, v, rep):
+                return r
+        return None
+
+    cells = []
+    for size in SIZES:
+        direct = [r for r in runs if r["listener"] == "direct" and r["size"] == size]
+        for v in VARIANTS:
+            for l in ls:
+                rs = [get(l.key, size, v, rep) for rep in range(reps)]
+                base = [get("L1", size, v, rep) for rep in range(reps)]
+                nat = [get("L2", size, v, rep) for rep in range(reps)]
+                p50 = [r["latency"]["p50"] for r in rs]
+                added = [r["latency"]["p50"] - b["latency"]["p50"] for r, b in zip(rs, base)]
+                added99 = [r["latency"]["p99"] - b["latency"]["p99"] for r, b in zip(rs, base)]
+                nat_added = [n["latency"]["p50"] - b["latency"]["p50"] for n, b in zip(nat, base)]
+                cell = {
+                    "listener": l.key, "size": size, "variant": v,
+                    "p50_us": med(p50), "p50_min_us": min(p50), "p50_max_us": max(p50),
+                    "p99_us": med([r["latency"]["p99"] for r in rs]),
+                    "rps": med([r["rps"] for r in rs]),
+                    "added_p50_us": med(added), "added_p99_us": med(added99),
+                    "added_p50_by_rep_us": added,
+                    "cpu_envoy_pct": med([r["cpu_pct"]["envoy"] for r in rs]),
+                    "cpu_upstream_pct": med([r["cpu_pct"]["upstream"] for r in rs]),
+                    "cpu_wrk_pct": med([r["cpu_pct"]["wrk"] for r in rs]),
+                    "errors": sum(sum(r["errors"].values()) for r in rs),
+                }
+                na = med(nat_added)
+                cell["ratio_to_L2_added"] = (cell["added_p50_us"] / na) if na > 0 else None
+                cells.append(cell)
+        cells.append({"listener": "direct", "size": size, "variant": "first",
+                      "p50_us": med([r["latency"]["p50"] for r in direct]),
+                      "p99_us": med([r["latency"]["p99"] for r in direct]),
+                      "rps": med([r["rps"] for r in direct]),
+                      "cpu_upstream_pct": med([r["cpu_pct"]["upstream"] for r in direct]),
+                      "cpu_wrk_pct": med([r["cpu_pct"]["wrk"] for r in direct])})
+    per_listener = {}
+    for l in ls[1:]:
+        sl = {}
+        for v in VARIANTS + ["both"]:
+            vs = VARIANTS if v == "both" else [v]
+            pts = [(c["size"] / KIB, c["added_p50_us"]) for c in cells
+                   if c["listener"] == l.key and c["variant"] in vs]
+            sl[v] = slope([x for x, _ in pts], [y for _, y in pts])
+        per_listener[l.key] = {"us_per_kib": sl}
+    return {"cells": cells, "per_listener": per_listener}
+
+
+def fmt_us(x) -> str:
+    if x is None or x != x:
+        return "–"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) < 10 else f"{x:.0f}"
+
+
+def size_label(s: int) -> str:
+    return f"{s // MIB} MiB" if s >= MIB else f"{s // KIB} KiB"
+
+
+def render(res: dict) -> str:
+    p, m, s = res["params"], res["machine"], res["summary"]
+    L = []
+    L.append(f"Run **{res['mode']}** · {res['started']} → {res['finished']} (UTC) · commit "
+             f"`{res['commit']}`{' (filters/ had uncommitted changes)' if res['filters_dirty'] else ''}")
+    L.append("")
+    L.append(f"- machine: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB, Linux {m['kernel']}; "
+             f"load average at start {m['loadavg_start'][0]:.2f}, at end {m['loadavg_end'][0]:.2f}")
+    L.append(f"- Envoy `{res['envoy_version']}`, --concurrency 1; load: `{res['wrk']}`, "
+             f"{p['conns']} connections, {p['wrk_threads']} thread, {p['warmup_s']} s warm-up + "
+             f"{p['duration_s']} s per run, {p['reps']} repetition(s), listeners interleaved")
+    L.append(f"- bodies: chat-completions JSON, model `{p['model']}` first or last; plugin "
+             f"max_body_bytes {p['max_body_bytes'] // MIB} MiB, buffer limits "
+             f"{p['buffer_limit_bytes'] // MIB} MiB; full chain = {', '.join(p['full_chain'])}")
+    L.append("- values are medians over repetitions; \"+p50\" is paired per repetition against L1 "
+             "(native buffer only) then the median taken; \"÷ L2\" is our added p50 over "
+             "json_to_metadata's added p50; p50 range = min–max over repetitions")
+    L.append("")
+    L.append("| size | model | listener | p50 µs | p50 range | p99 µs | req/s | +p50 vs L1 µs "
+             "| ÷ L2 added | CPU envoy / upstream / wrk % |")
+    L.append("|---|---|---|--:|--:|--:|--:|--:|--:|--:|")
+    for c in s["cells"]:
+        if c["listener"] == "direct":
+            L.append(f"| {size_label(c['size'])} | – | upstream direct (no Envoy) | "
+                     f"{fmt_us(c['p50_us'])} | | {fmt_us(c['p99_us'])} | {c['rps']:,.0f} | | | "
+                     f"– / {c['cpu_upstream_pct']:.0f} / {c['cpu_wrk_pct']:.0f} |")
+            continue
+        lk = c["listener"]
+        title = res["listeners"][lk]
+        added = "" if lk == "L1" else fmt_us(c["added_p50_us"])
+        ratio = "" if lk in ("L1", "L2") or c["ratio_to_L2_added"] is None \
+            else f"{c['ratio_to_L2_added']:.2f}×"
+        L.append(f"| {size_label(c['size'])} | {c['variant']} | {lk} {title} | "
+                 f"{fmt_us(c['p50_us'])} | {fmt_us(c['p50_min_us'])}–{fmt_us(c['p50_max_us'])} | "
+                 f"{fmt_us(c['p99_us'])} | {c['rps']:,.0f} | {added} | {ratio} | "
+                 f"{c['cpu_envoy_pct']:.0f} / {c['cpu_upstream_pct']:.0f} / {c['cpu_wrk_pct']:.0f} |")
+    L.append("")
+    L.append("Added p50 over L1 (µs), both model positions pooled by median, and the slope:")
+    L.append("")
+    L.append("| listener | " + " | ".join(size_label(x) for x in p["sizes"])
+             + " | µs per KiB (first / last / both) | ÷ L2 added at " +
+             " / ".join(size_label(x) for x in p["sizes"]) + " |")
+    L.append("|---|" + "--:|" * len(p["sizes"]) + "--:|--:|")
+    for lk, info in s["per_listener"].items():
+        vals, ratios = [], []
+        for size in p["sizes"]:
+            cs = [c for c in s["cells"] if c["listener"] == lk and c["size"] == size]
+            nat = [c for c in s["cells"] if c["listener"] == "L2" and c["size"] == size]
+            a = med([c["added_p50_us"] for c in cs])
+            na = med([c["added_p50_us"] for c in nat])
+            vals.append(fmt_us(a))
+            ratios.append("–" if lk == "L2" or na <= 0 else f"{a / na:.2f}×")
+        sl = info["us_per_kib"]
+        L.append(f"| {lk} {res['listeners'][lk]} | " + " | ".join(vals) + f" | "
+                 f"{sl['first']:.3f} / {sl['last']:.3f} / {sl['both']:.3f} | "
+                 + " / ".join(ratios) + " |")
+    L.append("")
+    mem = res["memory"]
+    L.append("Module size and memory:")
+    L.append("")
+    for w, n in res["wasm_sizes"].items():
+        L.append(f"- `{w}`: {n:,} bytes ({n / KIB:.0f} KiB)")
+    d = mem["wasm_delta"]
+    L.append(f"- Envoy RSS with our wasm filters minus the same bootstrap without them (L1+L2 only): "
+             f"idle {d['wasm_idle']['one_worker_kib'] / KIB:.1f} MiB with 1 worker, "
+             f"{d['wasm_idle']['two_workers_kib'] / KIB:.1f} MiB with 2 "
+             f"(≈ {d['wasm_idle']['per_extra_worker_kib'] / KIB:.1f} MiB per extra worker); after "
+             f"bodies up to 2 MiB went through: {d['wasm_after_traffic']['one_worker_kib'] / KIB:.1f}"
+             f" MiB / {d['wasm_after_traffic']['two_workers_kib'] / KIB:.1f} MiB "
+             f"(≈ {d['wasm_after_traffic']['per_extra_worker_kib'] / KIB:.1f} MiB per extra worker)")
+    am = mem.get("bench_envoy_admin_memory") or {}
+    L.append(f"- benchmark Envoy (all four listeners) RSS {mem['bench_envoy_rss_start_kib'] / KIB:.1f}"
+             f" MiB before load, {mem['bench_envoy_rss_end_kib'] / KIB:.1f} MiB after"
+             + (f"; admin /memory allocated {int(am.get('allocated', 0)) / MIB:.1f} MiB, "
+                f"heap {int(am.get('heap_size', 0)) / MIB:.1f} MiB" if am else ""))
+    ws = {k: v for k, v in mem.get("bench_envoy_wasm_stats", {}).items() if v not in ("0", "")}
+    L.append("- Envoy wasm stats (non-zero): " + (", ".join(f"`{k}: {v}`" for k, v in sorted(ws.items()))
+                                                  or "none") + " — Envoy exposes no V8 heap gauge")
+    return "\n".join(L)
+
+
+def write_doc(mode: str, md: str):
+    begin, end = f"<!-- bench:{mode}:begin -->", f"<!-- bench:{mode}:end -->"
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
+    block = f"{begin}\n{md}\n{end}"
+    if begin in text and end in text:
+        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    else:
+        text = text.rstrip("\n") + f"\n\n## Latest {mode} run (generated by bench/run)\n\n{block}\n"
+    DOC.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

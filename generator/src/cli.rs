@@ -24,12 +24,26 @@ struct Args {
 }
 
 const VALUE_FLAGS: &[&str] = &[
-    "-f", "-o", "--target", "--wasm-dir", "--listen", "--admin", "--resolve", "--endpoints", "--router",
-    "--model-header", "--max-body-bytes", "--ca-file", "--format",
+    "-f",
+    "-o",
+    "--target",
+    "--wasm-dir",
+    "--listen",
+    "--admin",
+    "--resolve",
+    "--endpoints",
+    "--router",
+    "--model-header",
+    "--max-body-bytes",
+    "--ca-file",
+    "--format",
 ];
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
-    let mut a = Args { files: Vec::new(), opts: BTreeMap::new() };
+    let mut a = Args {
+        files: Vec::new(),
+        opts: BTreeMap::new(),
+    };
     let mut i = 0;
     while i < args.len() {
         let arg = &args[i];
@@ -37,7 +51,13 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
             _ => (arg.as_str(), None),
         };
-        let flag = if flag == "--file" || flag == "--filename" { "-f" } else if flag == "--output" { "-o" } else { flag };
+        let flag = if flag == "--file" || flag == "--filename" {
+            "-f"
+        } else if flag == "--output" {
+            "-o"
+        } else {
+            flag
+        };
         let Some(&known) = VALUE_FLAGS.iter().find(|f| **f == flag) else {
             return Err(format!("unknown argument {arg:?}"));
         };
@@ -45,7 +65,9 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             Some(v) => v,
             None => {
                 i += 1;
-                args.get(i).cloned().ok_or_else(|| format!("{flag} needs a value"))?
+                args.get(i)
+                    .cloned()
+                    .ok_or_else(|| format!("{flag} needs a value"))?
             }
         };
         if known == "-f" {
@@ -86,7 +108,9 @@ pub fn run(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write, err: &mut
         let _ = writeln!(err, "error: {msg}\n{USAGE}");
         2
     };
-    let Some(cmd) = args.first() else { return usage(err, "missing command") };
+    let Some(cmd) = args.first() else {
+        return usage(err, "missing command");
+    };
     if cmd == "-h" || cmd == "--help" || cmd == "help" {
         let _ = writeln!(out, "{USAGE}");
         return 0;
@@ -139,11 +163,17 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
     match target.as_str() {
         "envoy" => {}
         "envoy-gateway" | "agentgateway" => {
-            let _ = writeln!(err, "options: --target: {target} is not implemented yet (only envoy is)");
+            let _ = writeln!(
+                err,
+                "options: --target: {target} is not implemented yet (only envoy is)"
+            );
             return 1;
         }
         other => {
-            let _ = writeln!(err, "error: unknown target {other:?} (envoy, envoy-gateway, agentgateway)");
+            let _ = writeln!(
+                err,
+                "error: unknown target {other:?} (envoy, envoy-gateway, agentgateway)"
+            );
             return 2;
         }
     }
@@ -173,7 +203,9 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
     let mut diags = Diagnostics::default();
     let result = crate::envoy::compile_envoy_diag(&sources, &opts, &mut diags);
     print_diags(&diags, err);
-    let Some(text) = result.filter(|_| diags.errors.is_empty()) else { return 1 };
+    let Some(text) = result.filter(|_| diags.errors.is_empty()) else {
+        return 1;
+    };
     match output {
         None => {
             let _ = out.write_all(text.as_bytes());
@@ -212,7 +244,10 @@ fn envoy_options(a: &Args, output: Option<&Path>) -> Result<EnvoyOptions, Vec<Pr
         if let Some(v) = single!(flag) {
             match v.parse() {
                 Ok(sa) => *slot = sa,
-                Err(_) => bad(flag, format!("{v:?} must be IP:PORT (e.g. 127.0.0.1:10000)")),
+                Err(_) => bad(
+                    flag,
+                    format!("{v:?} must be IP:PORT (e.g. 127.0.0.1:10000)"),
+                ),
             }
         }
     }
@@ -225,7 +260,10 @@ fn envoy_options(a: &Args, output: Option<&Path>) -> Result<EnvoyOptions, Vec<Pr
     if let Some(n) = single!("--max-body-bytes") {
         match n.parse::<u64>() {
             Ok(v) if v > 0 => o.max_body_bytes = Some(v),
-            _ => bad("--max-body-bytes", format!("{n:?} must be a positive integer")),
+            _ => bad(
+                "--max-body-bytes",
+                format!("{n:?} must be a positive integer"),
+            ),
         }
     }
     if let Some(c) = single!("--ca-file") {
@@ -239,7 +277,12 @@ fn envoy_options(a: &Args, output: Option<&Path>) -> Result<EnvoyOptions, Vec<Pr
             bad("--format", format!("{f:?} must be yaml or json"));
             Format::Yaml
         }
-        None if output.and_then(|p| p.extension()).is_some_and(|e| e == "json") => Format::Json,
+        None if output
+            .and_then(|p| p.extension())
+            .is_some_and(|e| e == "json") =>
+        {
+            Format::Json
+        }
         None => Format::Yaml,
     };
     for v in a.many("--resolve") {
@@ -258,7 +301,11 @@ fn envoy_options(a: &Args, output: Option<&Path>) -> Result<EnvoyOptions, Vec<Pr
             Some((name, list)) if !name.is_empty() && !list.is_empty() => {
                 for item in list.split(',') {
                     match item.parse::<std::net::SocketAddr>() {
-                        Ok(sa) => o.endpoints.entry(name.to_string()).or_default().push((sa.ip().to_string(), sa.port())),
+                        Ok(sa) => o
+                            .endpoints
+                            .entry(name.to_string())
+                            .or_default()
+                            .push((sa.ip().to_string(), sa.port())),
                         Err(_) => bad("--endpoints", format!("{item:?} must be IP:PORT")),
                     }
                 }
@@ -280,9 +327,18 @@ fn envoy_options(a: &Args, output: Option<&Path>) -> Result<EnvoyOptions, Vec<Pr
 /// Writes `bytes` to a temporary file next to `path` (mode 0600: the bootstrap can hold provider
 /// credentials) and renames it over `path`, so a failed run never leaves a partial file.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let file_name = path.file_name().ok_or_else(|| std::io::Error::other("not a file path"))?;
-    let tmp = dir.join(format!(".{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("not a file path"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        file_name.to_string_lossy(),
+        std::process::id()
+    ));
     let result = (|| {
         let mut opts = std::fs::OpenOptions::new();
         opts.write(true).create(true).truncate(true);

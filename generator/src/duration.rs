@@ -6,7 +6,11 @@ use std::time::Duration;
 
 /// Parses a Go duration string. The error names what is wrong, for a problem line.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = |why: &str| Err(format!("invalid duration {s:?}: {why} (Go syntax, e.g. \"15s\", \"2m\", \"1h30m\", \"500ms\")"));
+    let bad = |why: &str| {
+        Err(format!(
+            "invalid duration {s:?}: {why} (Go syntax, e.g. \"15s\", \"2m\", \"1h30m\", \"500ms\")"
+        ))
+    };
     let mut rest = s;
     if let Some(r) = rest.strip_prefix('+') {
         rest = r;
@@ -100,12 +104,30 @@ mod tests {
         assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
         assert_eq!(parse_duration("10us").unwrap(), Duration::from_micros(10));
         assert_eq!(parse_duration("10µs").unwrap(), Duration::from_micros(10));
-        assert_eq!(parse_duration("1h1m1s1ms").unwrap(), Duration::from_millis(3_661_001));
+        assert_eq!(
+            parse_duration("1h1m1s1ms").unwrap(),
+            Duration::from_millis(3_661_001)
+        );
     }
 
     #[test]
     fn refuses_everything_else() {
-        for s in ["", "15", "1.5", "s", "15 s", " 15s", "15s ", "1d", "15S", "-1s", "1.s.", "1e3s", "10sec", "9999999999999h"] {
+        for s in [
+            "",
+            "15",
+            "1.5",
+            "s",
+            "15 s",
+            " 15s",
+            "15s ",
+            "1d",
+            "15S",
+            "-1s",
+            "1.s.",
+            "1e3s",
+            "10sec",
+            "9999999999999h",
+        ] {
             assert!(parse_duration(s).is_err(), "{s:?} should be refused");
         }
         assert_eq!(

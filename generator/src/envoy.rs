@@ -83,7 +83,9 @@ impl Default for EnvoyOptions {
 pub fn default_wasm_dir() -> PathBuf {
     let target = match option_env!("CARGO_TARGET_DIR") {
         Some(t) => PathBuf::from(t),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("target"),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("target"),
     };
     target.join("wasm32-wasip1").join("release")
 }
@@ -104,7 +106,11 @@ impl ParsedUrl {
     }
     /// Host header value: host, plus the port when it is not the scheme's default.
     pub fn authority(&self) -> String {
-        let h = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
+        let h = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
         if (self.https && self.port == 443) || (!self.https && self.port == 80) {
             h
         } else {
@@ -131,14 +137,21 @@ pub fn parse_url(u: &str) -> Result<ParsedUrl, String> {
         None => (rest, ""),
     };
     if authority.contains('@') {
-        return Err(format!("{u:?} must not carry credentials; use credentialsSecretRef"));
+        return Err(format!(
+            "{u:?} must not carry credentials; use credentialsSecretRef"
+        ));
     }
     let (host, port) = split_host_port(authority).map_err(|e| format!("{u:?}: {e}"))?;
     let port = port.unwrap_or(if https { 443 } else { 80 });
     if path.contains(char::is_whitespace) || path.contains("//") {
         return Err(format!("{u:?} has an invalid path"));
     }
-    Ok(ParsedUrl { https, host: host.to_ascii_lowercase(), port, path: path.trim_end_matches('/').to_string() })
+    Ok(ParsedUrl {
+        https,
+        host: host.to_ascii_lowercase(),
+        port,
+        path: path.trim_end_matches('/').to_string(),
+    })
 }
 
 /// `host`, `host:port`, `[v6]`, `[v6]:port`.
@@ -165,7 +178,11 @@ fn split_host_port(s: &str) -> Result<(String, Option<u16>), String> {
     if host.is_empty() {
         return Err("missing host".into());
     }
-    if !host.contains(':') && !host.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'.' || c == b'-' || c == b'_') {
+    if !host.contains(':')
+        && !host
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'.' || c == b'-' || c == b'_')
+    {
         return Err(format!("{host:?} is not a valid host name"));
     }
     let port = match port {
@@ -197,10 +214,22 @@ pub fn compile_envoy(sources: &[Source], opts: &EnvoyOptions) -> Result<String, 
 }
 
 /// Compiles the inputs, reporting errors and warnings into `diags`. `None` when there is any error.
-pub fn compile_envoy_diag(sources: &[Source], opts: &EnvoyOptions, diags: &mut Diagnostics) -> Option<String> {
+pub fn compile_envoy_diag(
+    sources: &[Source],
+    opts: &EnvoyOptions,
+    diags: &mut Diagnostics,
+) -> Option<String> {
     let inputs = crate::inputs::load(sources, diags);
     let router = select_router(&inputs, opts.router.as_deref(), diags)?;
-    let refs = RefPolicy { missing_is_error: true, resolved_names: opts.resolve.keys().cloned().collect() };
+    let refs = RefPolicy {
+        missing_is_error: true,
+        resolved_names: opts
+            .resolve
+            .keys()
+            .chain(opts.endpoints.keys())
+            .cloned()
+            .collect(),
+    };
     validate_router(router, &inputs, &refs, diags);
     envoy_target_checks(router, opts, diags);
     if !diags.errors.is_empty() {
@@ -217,7 +246,11 @@ pub fn compile_envoy_diag(sources: &[Source], opts: &EnvoyOptions, diags: &mut D
 }
 
 /// Picks the ModelRouter of the compile unit: the one named by `--router`, else the only one.
-pub fn select_router<'a>(inputs: &'a Inputs, name: Option<&str>, diags: &mut Diagnostics) -> Option<&'a ModelRouter> {
+pub fn select_router<'a>(
+    inputs: &'a Inputs,
+    name: Option<&str>,
+    diags: &mut Diagnostics,
+) -> Option<&'a ModelRouter> {
     match name {
         Some(n) => {
             let found: Vec<&ModelRouter> = inputs
@@ -228,11 +261,19 @@ pub fn select_router<'a>(inputs: &'a Inputs, name: Option<&str>, diags: &mut Dia
             match found.len() {
                 1 => Some(found[0]),
                 0 => {
-                    diags.error(Problem::new(format!("ModelRouter/{n}"), "", "--router names a ModelRouter that is not in the input"));
+                    diags.error(Problem::new(
+                        format!("ModelRouter/{n}"),
+                        "",
+                        "--router names a ModelRouter that is not in the input",
+                    ));
                     None
                 }
                 _ => {
-                    diags.error(Problem::new(format!("ModelRouter/{n}"), "", "several ModelRouters have this name; use --router NAMESPACE/NAME"));
+                    diags.error(Problem::new(
+                        format!("ModelRouter/{n}"),
+                        "",
+                        "several ModelRouters have this name; use --router NAMESPACE/NAME",
+                    ));
                     None
                 }
             }
@@ -241,7 +282,11 @@ pub fn select_router<'a>(inputs: &'a Inputs, name: Option<&str>, diags: &mut Dia
             1 => Some(&inputs.routers[0]),
             0 => {
                 if diags.errors.is_empty() {
-                    diags.error(Problem::new("input", "", "no ModelRouter (inference.llmkube.dev/v1alpha1) found"));
+                    diags.error(Problem::new(
+                        "input",
+                        "",
+                        "no ModelRouter (inference.llmkube.dev/v1alpha1) found",
+                    ));
                 }
                 None
             }
@@ -260,7 +305,10 @@ pub fn select_router<'a>(inputs: &'a Inputs, name: Option<&str>, diags: &mut Dia
 
 /// What the envoy target refuses or warns about beyond the spec's own rules.
 fn envoy_target_checks(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Diagnostics) {
-    let label = format!("ModelRouter/{}", router.metadata.name.as_deref().unwrap_or(""));
+    let label = format!(
+        "ModelRouter/{}",
+        router.metadata.name.as_deref().unwrap_or("")
+    );
     let spec = &router.spec;
     for (i, b) in spec.backends.iter().enumerate() {
         if let Some(e) = &b.external {
@@ -275,7 +323,10 @@ fn envoy_target_checks(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Di
                 diags.warn(Problem::new(
                     &label,
                     format!("spec.backends[{i}].external"),
-                    format!("no credentialsSecretRef: requests to {} are sent without credentials", e.provider.as_str()),
+                    format!(
+                        "no credentialsSecretRef: requests to {} are sent without credentials",
+                        e.provider.as_str()
+                    ),
                 ));
             }
         }
@@ -292,11 +343,19 @@ fn envoy_target_checks(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Di
         diags.warn(Problem::new(&label, "spec.dataPlane", format!("{dp:?} selects LLMKube's own data plane; the envoy target runs the whole spec in Envoy regardless")));
     }
     if opts.max_body_bytes == Some(0) {
-        diags.error(Problem::new("options", "--max-body-bytes", "must be greater than 0"));
+        diags.error(Problem::new(
+            "options",
+            "--max-body-bytes",
+            "must be greater than 0",
+        ));
     }
     if let Some(h) = &opts.model_header {
         if !crate::validate::is_header_token(h) {
-            diags.error(Problem::new("options", "--model-header", format!("{h:?} is not a valid HTTP header name")));
+            diags.error(Problem::new(
+                "options",
+                "--model-header",
+                format!("{h:?} is not a valid HTTP header name"),
+            ));
         }
     }
     let wasm = wasm_path(opts);
@@ -336,15 +395,27 @@ struct Upstream {
     headers_to_add: Vec<(String, String)>,
 }
 
-fn bootstrap(router: &ModelRouter, inputs: &Inputs, opts: &EnvoyOptions, diags: &mut Diagnostics) -> Option<Value> {
+fn bootstrap(
+    router: &ModelRouter,
+    inputs: &Inputs,
+    opts: &EnvoyOptions,
+    diags: &mut Diagnostics,
+) -> Option<Value> {
     let spec = &router.spec;
     let namespace = namespace_of(&router.metadata);
-    let label = format!("ModelRouter/{}", router.metadata.name.as_deref().unwrap_or(""));
+    let label = format!(
+        "ModelRouter/{}",
+        router.metadata.name.as_deref().unwrap_or("")
+    );
     let max_body = opts.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
     let buffer_limit = max_body.saturating_add(MIB);
     let pc = plugin_config(
         router,
-        &PluginContext { inputs, model_header: opts.model_header.as_deref(), max_body_bytes: Some(max_body) },
+        &PluginContext {
+            inputs,
+            model_header: opts.model_header.as_deref(),
+            max_body_bytes: Some(max_body),
+        },
     );
     let plugin_json = serde_json::to_string(&pc).expect("plugin config serialises");
 
@@ -352,7 +423,9 @@ fn bootstrap(router: &ModelRouter, inputs: &Inputs, opts: &EnvoyOptions, diags: 
     let mut clusters = Vec::new();
     for (i, b) in spec.backends.iter().enumerate() {
         let path = format!("spec.backends[{i}]");
-        let Some(up) = upstream(b, namespace, inputs, opts, &label, &path, diags) else { continue };
+        let Some(up) = upstream(b, namespace, inputs, opts, &label, &path, diags) else {
+            continue;
+        };
         let cluster_name = format!("backend-{}", b.name);
         let mut route = json!({"cluster": cluster_name, "timeout": "0s"});
         if let Some(h) = &up.host_rewrite {
@@ -365,7 +438,8 @@ fn bootstrap(router: &ModelRouter, inputs: &Inputs, opts: &EnvoyOptions, diags: 
                 Some(_) => ("^/v1/".to_string(), format!("{}/", up.path_prefix)),
                 None => ("^/".to_string(), format!("{}/", up.path_prefix)),
             };
-            route["regex_rewrite"] = json!({"pattern": {"regex": pattern}, "substitution": substitution});
+            route["regex_rewrite"] =
+                json!({"pattern": {"regex": pattern}, "substitution": substitution});
         }
         let mut r = json!({
             "name": cluster_name,
@@ -383,9 +457,20 @@ fn bootstrap(router: &ModelRouter, inputs: &Inputs, opts: &EnvoyOptions, diags: 
         }
         routes.push(r);
 
-        let all_ip = up.endpoints.iter().all(|(h, _)| h.parse::<IpAddr>().is_ok());
-        let discovery = if all_ip { Discovery::Static } else { Discovery::StrictDns };
-        let lb_endpoints: Vec<Value> = up.endpoints.iter().map(|(h, p)| json!({"endpoint": {"address": socket(h, *p)}})).collect();
+        let all_ip = up
+            .endpoints
+            .iter()
+            .all(|(h, _)| h.parse::<IpAddr>().is_ok());
+        let discovery = if all_ip {
+            Discovery::Static
+        } else {
+            Discovery::StrictDns
+        };
+        let lb_endpoints: Vec<Value> = up
+            .endpoints
+            .iter()
+            .map(|(h, p)| json!({"endpoint": {"address": socket(h, *p)}}))
+            .collect();
         let mut c = json!({
             "name": cluster_name,
             "type": if discovery == Discovery::Static { "STATIC" } else { "STRICT_DNS" },
@@ -398,7 +483,11 @@ fn bootstrap(router: &ModelRouter, inputs: &Inputs, opts: &EnvoyOptions, diags: 
             c["dns_lookup_family"] = json!("V4_PREFERRED");
         }
         if let Some(host) = &up.tls {
-            let san_type = if host.parse::<IpAddr>().is_ok() { "IP_ADDRESS" } else { "DNS" };
+            let san_type = if host.parse::<IpAddr>().is_ok() {
+                "IP_ADDRESS"
+            } else {
+                "DNS"
+            };
             let mut tls = json!({
                 "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
                 "common_tls_context": {"validation_context": {
@@ -409,7 +498,8 @@ fn bootstrap(router: &ModelRouter, inputs: &Inputs, opts: &EnvoyOptions, diags: 
             if san_type == "DNS" {
                 tls["sni"] = json!(host);
             }
-            c["transport_socket"] = json!({"name": "envoy.transport_sockets.tls", "typed_config": tls});
+            c["transport_socket"] =
+                json!({"name": "envoy.transport_sockets.tls", "typed_config": tls});
         }
         clusters.push(c);
     }
@@ -533,18 +623,37 @@ fn upstream(
         } else if let Some((h, p)) = opts.resolve.get(&r.name) {
             vec![(h.clone(), *p)]
         } else if let Some(i) = isvc {
-            vec![(format!("{}.{}.svc.cluster.local", i.name, i.namespace), i.port)]
+            vec![(
+                format!("{}.{}.svc.cluster.local", i.name, i.namespace),
+                i.port,
+            )]
         } else {
-            // Reported by validation (missing InferenceService).
+            // Same line as validation's, so it is reported once.
+            err(
+                format!("{path}.inferenceServiceRef.name"),
+                format!("InferenceService {namespace}/{} is not in the input (add it, or give its address with --resolve/--endpoints)", r.name),
+            );
             return None;
         };
-        return Some(Upstream { endpoints, tls: None, host_rewrite: None, path_prefix: String::new(), headers_to_add: Vec::new() });
+        return Some(Upstream {
+            endpoints,
+            tls: None,
+            host_rewrite: None,
+            path_prefix: String::new(),
+            headers_to_add: Vec::new(),
+        });
     }
     let e = b.external.as_ref()?;
     let url = match e.url.as_deref().or(e.provider.default_url()) {
         Some(u) => u,
         None => {
-            err(format!("{path}.external.url"), format!("provider {} has no default URL in the envoy target; set url", e.provider.as_str()));
+            err(
+                format!("{path}.external.url"),
+                format!(
+                    "provider {} has no default URL in the envoy target; set url",
+                    e.provider.as_str()
+                ),
+            );
             return None;
         }
     };
@@ -564,18 +673,31 @@ fn upstream(
                 None | Some("") => {
                     err(
                         format!("{path}.external.credentialsSecretRef.name"),
-                        format!("Secret {namespace}/{} has no key {key} (the {} credential)", s.name, e.provider.as_str()),
+                        format!(
+                            "Secret {namespace}/{} has no key {key} (the {} credential)",
+                            s.name,
+                            e.provider.as_str()
+                        ),
                     );
                     return None;
                 }
                 Some(v) if v.bytes().any(|c| c < 0x20 || c == 0x7f) => {
-                    err(format!("{path}.external.credentialsSecretRef.name"), format!("Secret {namespace}/{} key {key} contains control characters", s.name));
+                    err(
+                        format!("{path}.external.credentialsSecretRef.name"),
+                        format!(
+                            "Secret {namespace}/{} key {key} contains control characters",
+                            s.name
+                        ),
+                    );
                     return None;
                 }
                 Some(v) => match e.provider {
                     Provider::Anthropic => {
                         headers_to_add.push(("x-api-key".to_string(), v.to_string()));
-                        headers_to_add.push(("anthropic-version".to_string(), ANTHROPIC_VERSION.to_string()));
+                        headers_to_add.push((
+                            "anthropic-version".to_string(),
+                            ANTHROPIC_VERSION.to_string(),
+                        ));
                     }
                     _ => headers_to_add.push(("authorization".to_string(), format!("Bearer {v}"))),
                 },
@@ -598,13 +720,31 @@ mod tests {
     #[test]
     fn urls() {
         let u = parse_url("http://litellm.llm.svc:4000").unwrap();
-        assert_eq!((u.https, u.host.as_str(), u.port, u.path.as_str()), (false, "litellm.llm.svc", 4000, ""));
+        assert_eq!(
+            (u.https, u.host.as_str(), u.port, u.path.as_str()),
+            (false, "litellm.llm.svc", 4000, "")
+        );
         assert_eq!(u.authority(), "litellm.llm.svc:4000");
         let u = parse_url("https://api.openai.com/v1/").unwrap();
-        assert_eq!((u.https, u.port, u.path.as_str(), u.authority()), (true, 443, "/v1", "api.openai.com".to_string()));
+        assert_eq!(
+            (u.https, u.port, u.path.as_str(), u.authority()),
+            (true, 443, "/v1", "api.openai.com".to_string())
+        );
         let u = parse_url("http://[::1]:8080/x").unwrap();
-        assert_eq!((u.host.as_str(), u.port, u.authority()), ("::1", 8080, "[::1]:8080".to_string()));
-        for bad in ["ftp://x", "http://", "http://a:b", "http://u:p@h", "http://h/?q", "litellm:4000", "http://h:0", "http://h x"] {
+        assert_eq!(
+            (u.host.as_str(), u.port, u.authority()),
+            ("::1", 8080, "[::1]:8080".to_string())
+        );
+        for bad in [
+            "ftp://x",
+            "http://",
+            "http://a:b",
+            "http://u:p@h",
+            "http://h/?q",
+            "litellm:4000",
+            "http://h:0",
+            "http://h x",
+        ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
     }

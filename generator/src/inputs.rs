@@ -43,7 +43,9 @@ pub struct Inputs {
 
 impl Inputs {
     pub fn inference_service(&self, namespace: &str, name: &str) -> Option<&InferenceServiceInfo> {
-        self.inference_services.iter().find(|i| i.name == name && i.namespace == namespace)
+        self.inference_services
+            .iter()
+            .find(|i| i.name == name && i.namespace == namespace)
     }
     pub fn secret(&self, namespace: &str, name: &str) -> Option<&Secret> {
         self.secrets.iter().find(|s| {
@@ -71,12 +73,19 @@ impl Inputs {
 }
 
 pub fn namespace_of(meta: &ObjectMeta) -> &str {
-    meta.namespace.as_deref().filter(|s| !s.is_empty()).unwrap_or("default")
+    meta.namespace
+        .as_deref()
+        .filter(|s| !s.is_empty())
+        .unwrap_or("default")
 }
 
 /// `namespace/name` of a router.
 pub fn router_key(r: &ModelRouter) -> String {
-    format!("{}/{}", namespace_of(&r.metadata), r.metadata.name.as_deref().unwrap_or(""))
+    format!(
+        "{}/{}",
+        namespace_of(&r.metadata),
+        r.metadata.name.as_deref().unwrap_or("")
+    )
 }
 
 /// Parses every document of every source. Problems go to `diags`; objects that could not be read
@@ -88,7 +97,11 @@ pub fn load(sources: &[Source], diags: &mut Diagnostics) -> Inputs {
             let value = match Value::deserialize(doc) {
                 Ok(v) => v,
                 Err(e) => {
-                    diags.error(Problem::new(&src.name, format!("documents[{i}]"), format!("invalid YAML: {e}")));
+                    diags.error(Problem::new(
+                        &src.name,
+                        format!("documents[{i}]"),
+                        format!("invalid YAML: {e}"),
+                    ));
                     break;
                 }
             };
@@ -98,17 +111,35 @@ pub fn load(sources: &[Source], diags: &mut Diagnostics) -> Inputs {
     inputs
 }
 
-fn load_object(file: &str, index: usize, value: Value, inputs: &mut Inputs, diags: &mut Diagnostics) {
+fn load_object(
+    file: &str,
+    index: usize,
+    value: Value,
+    inputs: &mut Inputs,
+    diags: &mut Diagnostics,
+) {
     let obj = match value {
         Value::Null => return,
         Value::Object(m) => m,
         _ => {
-            diags.error(Problem::new(file, format!("documents[{index}]"), "not a Kubernetes object (expected a mapping)"));
+            diags.error(Problem::new(
+                file,
+                format!("documents[{index}]"),
+                "not a Kubernetes object (expected a mapping)",
+            ));
             return;
         }
     };
-    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("").to_string();
-    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
+    let api_version = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let kind = obj
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     let name = obj
         .get("metadata")
         .and_then(|m| m.get("name"))
@@ -116,7 +147,10 @@ fn load_object(file: &str, index: usize, value: Value, inputs: &mut Inputs, diag
         .unwrap_or("")
         .to_string();
     let label = if name.is_empty() {
-        format!("{}/{file}#{index}", if kind.is_empty() { "object" } else { &kind })
+        format!(
+            "{}/{file}#{index}",
+            if kind.is_empty() { "object" } else { &kind }
+        )
     } else {
         format!("{kind}/{name}")
     };
@@ -131,7 +165,11 @@ fn load_object(file: &str, index: usize, value: Value, inputs: &mut Inputs, diag
     match (api_version.as_str(), kind.as_str()) {
         (_, "ModelRouter") if api_version.starts_with("inference.llmkube.dev/") => {
             if api_version != API_VERSION {
-                diags.error(Problem::new(&label, "apiVersion", format!("unsupported version {api_version:?} (expected {API_VERSION:?})")));
+                diags.error(Problem::new(
+                    &label,
+                    "apiVersion",
+                    format!("unsupported version {api_version:?} (expected {API_VERSION:?})"),
+                ));
                 return;
             }
             if let Some(r) = load_router(&label, obj, diags) {
@@ -147,29 +185,47 @@ fn load_object(file: &str, index: usize, value: Value, inputs: &mut Inputs, diag
             Ok(s) => inputs.secrets.push(s),
             Err(e) => diags.error(Problem::new(&label, "", format!("invalid Secret: {e}"))),
         },
-        ("discovery.k8s.io/v1", "EndpointSlice") => match serde_json::from_value::<EndpointSlice>(Value::Object(obj)) {
-            Ok(s) => inputs.endpoint_slices.push(s),
-            Err(e) => diags.error(Problem::new(&label, "", format!("invalid EndpointSlice: {e}"))),
-        },
-        _ => diags.warn(Problem::new(&label, "", format!("{api_version} {kind} is not used by the generator; ignored"))),
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            match serde_json::from_value::<EndpointSlice>(Value::Object(obj)) {
+                Ok(s) => inputs.endpoint_slices.push(s),
+                Err(e) => diags.error(Problem::new(
+                    &label,
+                    "",
+                    format!("invalid EndpointSlice: {e}"),
+                )),
+            }
+        }
+        _ => diags.warn(Problem::new(
+            &label,
+            "",
+            format!("{api_version} {kind} is not used by the generator; ignored"),
+        )),
     }
 }
 
-fn load_router(label: &str, mut obj: serde_json::Map<String, Value>, diags: &mut Diagnostics) -> Option<ModelRouter> {
+fn load_router(
+    label: &str,
+    mut obj: serde_json::Map<String, Value>,
+    diags: &mut Diagnostics,
+) -> Option<ModelRouter> {
     let mut ok = true;
     for key in obj.keys() {
-        if !matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "spec" | "status") {
+        if !matches!(
+            key.as_str(),
+            "apiVersion" | "kind" | "metadata" | "spec" | "status"
+        ) {
             diags.error(Problem::new(label, key, "unknown field"));
             ok = false;
         }
     }
-    let metadata: ObjectMeta = match serde_json::from_value(obj.remove("metadata").unwrap_or(Value::Null)) {
-        Ok(m) => m,
-        Err(e) => {
-            diags.error(Problem::new(label, "metadata", format!("invalid: {e}")));
-            return None;
-        }
-    };
+    let metadata: ObjectMeta =
+        match serde_json::from_value(obj.remove("metadata").unwrap_or(Value::Null)) {
+            Ok(m) => m,
+            Err(e) => {
+                diags.error(Problem::new(label, "metadata", format!("invalid: {e}")));
+                return None;
+            }
+        };
     let Some(spec_value) = obj.remove("spec") else {
         diags.error(Problem::new(label, "spec", "is required"));
         return None;
@@ -177,7 +233,8 @@ fn load_router(label: &str, mut obj: serde_json::Map<String, Value>, diags: &mut
     let spec: ModelRouterSpec = match serde_path_to_error::deserialize(spec_value) {
         Ok(s) => s,
         Err(e) => {
-            let (path, message) = describe_serde_error(&e.path().to_string(), &e.inner().to_string());
+            let (path, message) =
+                describe_serde_error(&e.path().to_string(), &e.inner().to_string());
             diags.error(Problem::new(label, path, message));
             return None;
         }
@@ -201,7 +258,10 @@ fn describe_serde_error(path: &str, msg: &str) -> (String, String) {
         }
         full.push_str(path);
     }
-    for (prefix, reason) in [("unknown field `", "unknown field"), ("missing field `", "is required")] {
+    for (prefix, reason) in [
+        ("unknown field `", "unknown field"),
+        ("missing field `", "is required"),
+    ] {
         if let Some(rest) = msg.strip_prefix(prefix) {
             if let Some(end) = rest.find('`') {
                 let field = &rest[..end];
@@ -212,7 +272,11 @@ fn describe_serde_error(path: &str, msg: &str) -> (String, String) {
                     full.push('.');
                     full.push_str(field);
                 }
-                let message = if tail.is_empty() { reason.to_string() } else { format!("{reason}, {tail}") };
+                let message = if tail.is_empty() {
+                    reason.to_string()
+                } else {
+                    format!("{reason}, {tail}")
+                };
                 return (full, message);
             }
         }
@@ -234,12 +298,19 @@ fn load_inference_service(
         .unwrap_or("default")
         .to_string();
     let spec = obj.get("spec");
-    let port = match spec.and_then(|s| s.get("endpoint")).and_then(|e| e.get("port")) {
+    let port = match spec
+        .and_then(|s| s.get("endpoint"))
+        .and_then(|e| e.get("port"))
+    {
         None | Some(Value::Null) => DEFAULT_ISVC_PORT,
         Some(p) => match p.as_u64() {
             Some(p @ 1..=65535) => p as u16,
             _ => {
-                diags.error(Problem::new(label, "spec.endpoint.port", format!("must be an integer between 1 and 65535, got {p}")));
+                diags.error(Problem::new(
+                    label,
+                    "spec.endpoint.port",
+                    format!("must be an integer between 1 and 65535, got {p}"),
+                ));
                 return None;
             }
         },
@@ -256,7 +327,10 @@ fn load_inference_service(
 /// `vllmConfig.maxModelLen` or `--max-model-len` in extraArgs; llama.cpp's `contextSize` divided
 /// across `parallelSlots` (none when extraArgs set those flags themselves); other runtimes none.
 pub fn context_length_of(spec: &Value) -> Option<u64> {
-    let runtime = spec.get("runtime").and_then(Value::as_str).map(|s| s.to_ascii_lowercase());
+    let runtime = spec
+        .get("runtime")
+        .and_then(Value::as_str)
+        .map(|s| s.to_ascii_lowercase());
     let args: Vec<&str> = spec
         .get("extraArgs")
         .and_then(Value::as_array)
@@ -264,31 +338,44 @@ pub fn context_length_of(spec: &Value) -> Option<u64> {
         .unwrap_or_default();
     let is_vllm = match runtime.as_deref() {
         Some(r) => r == "vllm",
-        None => spec.get("vllmConfig").is_some() || flag_value(&args, &["--max-model-len"]).is_some(),
+        None => {
+            spec.get("vllmConfig").is_some() || flag_value(&args, &["--max-model-len"]).is_some()
+        }
     };
     let is_llamacpp = match runtime.as_deref() {
         Some(r) => matches!(r, "llamacpp" | "llama.cpp" | "llama-cpp" | "llama_cpp"),
         None => spec.get("contextSize").is_some(),
     };
     if is_vllm {
-        if let Some(n) = spec.get("vllmConfig").and_then(|v| v.get("maxModelLen")).and_then(as_u64_loose) {
+        if let Some(n) = spec
+            .get("vllmConfig")
+            .and_then(|v| v.get("maxModelLen"))
+            .and_then(as_u64_loose)
+        {
             return Some(n).filter(|n| *n > 0);
         }
-        return flag_value(&args, &["--max-model-len"]).and_then(|v| v.parse::<u64>().ok()).filter(|n| *n > 0);
+        return flag_value(&args, &["--max-model-len"])
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|n| *n > 0);
     }
     if is_llamacpp {
         if flag_value(&args, &["-c", "--ctx-size", "-np", "--parallel"]).is_some() {
             return None;
         }
         let ctx = spec.get("contextSize").and_then(as_u64_loose)?;
-        let slots = spec.get("parallelSlots").and_then(as_u64_loose).unwrap_or(1).max(1);
+        let slots = spec
+            .get("parallelSlots")
+            .and_then(as_u64_loose)
+            .unwrap_or(1)
+            .max(1);
         return Some(ctx / slots).filter(|n| *n > 0);
     }
     None
 }
 
 fn as_u64_loose(v: &Value) -> Option<u64> {
-    v.as_u64().or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
+    v.as_u64()
+        .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
 }
 
 /// Value of `--flag N`, `--flag=N` in an argument list (any of `names`).
@@ -332,8 +419,14 @@ mod tests {
     #[test]
     fn serde_paths() {
         assert_eq!(
-            describe_serde_error("backends[0].wieght", "unknown field `wieght`, expected one of `a`, `b`"),
-            ("spec.backends[0].wieght".into(), "unknown field, expected one of `a`, `b`".into())
+            describe_serde_error(
+                "backends[0].wieght",
+                "unknown field `wieght`, expected one of `a`, `b`"
+            ),
+            (
+                "spec.backends[0].wieght".into(),
+                "unknown field, expected one of `a`, `b`".into()
+            )
         );
         assert_eq!(
             describe_serde_error("rules[1]", "missing field `route`"),
@@ -343,12 +436,32 @@ mod tests {
 
     #[test]
     fn context_lengths() {
-        assert_eq!(context_length_of(&json!({"runtime":"vllm","vllmConfig":{"maxModelLen":32768}})), Some(32768));
-        assert_eq!(context_length_of(&json!({"runtime":"vllm","extraArgs":["--max-model-len","8192"]})), Some(8192));
-        assert_eq!(context_length_of(&json!({"extraArgs":["--max-model-len=4096"]})), Some(4096));
-        assert_eq!(context_length_of(&json!({"runtime":"llamacpp","contextSize":16384,"parallelSlots":4})), Some(4096));
+        assert_eq!(
+            context_length_of(&json!({"runtime":"vllm","vllmConfig":{"maxModelLen":32768}})),
+            Some(32768)
+        );
+        assert_eq!(
+            context_length_of(&json!({"runtime":"vllm","extraArgs":["--max-model-len","8192"]})),
+            Some(8192)
+        );
+        assert_eq!(
+            context_length_of(&json!({"extraArgs":["--max-model-len=4096"]})),
+            Some(4096)
+        );
+        assert_eq!(
+            context_length_of(&json!({"runtime":"llamacpp","contextSize":16384,"parallelSlots":4})),
+            Some(4096)
+        );
         assert_eq!(context_length_of(&json!({"contextSize":8192})), Some(8192));
-        assert_eq!(context_length_of(&json!({"runtime":"llamacpp","contextSize":8192,"extraArgs":["-np","2"]})), None);
-        assert_eq!(context_length_of(&json!({"runtime":"sglang","contextSize":8192})), None);
+        assert_eq!(
+            context_length_of(
+                &json!({"runtime":"llamacpp","contextSize":8192,"extraArgs":["-np","2"]})
+            ),
+            None
+        );
+        assert_eq!(
+            context_length_of(&json!({"runtime":"sglang","contextSize":8192})),
+            None
+        );
     }
 }

@@ -33,8 +33,16 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub fn new(object: impl Into<String>, path: impl Into<String>, message: impl Into<String>) -> Self {
-        Problem { object: object.into(), path: path.into(), message: message.into() }
+    pub fn new(
+        object: impl Into<String>,
+        path: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Problem {
+            object: object.into(),
+            path: path.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -78,32 +86,56 @@ pub fn validate_sources(sources: &[Source]) -> Diagnostics {
     for r in &inputs.routers {
         let key = inputs::router_key(r);
         if !seen.insert(key.clone()) {
-            diags.error(Problem::new(format!("ModelRouter/{}", r.metadata.name.as_deref().unwrap_or("")), "metadata.name", format!("{key} is defined twice in the input")));
+            diags.error(Problem::new(
+                format!("ModelRouter/{}", r.metadata.name.as_deref().unwrap_or("")),
+                "metadata.name",
+                format!("{key} is defined twice in the input"),
+            ));
         }
         validate::validate_router(r, &inputs, &validate::RefPolicy::default(), &mut diags);
     }
     if inputs.routers.is_empty() && diags.errors.is_empty() {
-        diags.error(Problem::new("input", "", "no ModelRouter (inference.llmkube.dev/v1alpha1) found"));
+        diags.error(Problem::new(
+            "input",
+            "",
+            "no ModelRouter (inference.llmkube.dev/v1alpha1) found",
+        ));
     }
     diags
 }
 
 /// Reads `-f` arguments: a path, or `-` for stdin (at most once).
-pub fn read_sources(paths: &[String], stdin: &mut dyn std::io::Read) -> Result<Vec<Source>, Problem> {
+pub fn read_sources(
+    paths: &[String],
+    stdin: &mut dyn std::io::Read,
+) -> Result<Vec<Source>, Problem> {
     let mut out = Vec::new();
     let mut stdin_used = false;
     for p in paths {
         if p == "-" {
             if stdin_used {
-                return Err(Problem::new("options", "-f", "stdin (-) can be read only once"));
+                return Err(Problem::new(
+                    "options",
+                    "-f",
+                    "stdin (-) can be read only once",
+                ));
             }
             stdin_used = true;
             let mut text = String::new();
-            stdin.read_to_string(&mut text).map_err(|e| Problem::new("<stdin>", "", format!("cannot read: {e}")))?;
-            out.push(Source { name: "<stdin>".into(), text });
+            stdin
+                .read_to_string(&mut text)
+                .map_err(|e| Problem::new("<stdin>", "", format!("cannot read: {e}")))?;
+            out.push(Source {
+                name: "<stdin>".into(),
+                text,
+            });
         } else {
-            let text = std::fs::read_to_string(p).map_err(|e| Problem::new(p.as_str(), "", format!("cannot read: {e}")))?;
-            out.push(Source { name: p.clone(), text });
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| Problem::new(p.as_str(), "", format!("cannot read: {e}")))?;
+            out.push(Source {
+                name: p.clone(),
+                text,
+            });
         }
     }
     Ok(out)

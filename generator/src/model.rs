@@ -133,7 +133,11 @@ impl RouterBackend {
     /// InferenceService backend, `cloud` for an external one (it egresses the cluster, so a
     /// fail-closed rule must not reach it unless the manifest says otherwise explicitly).
     pub fn effective_tier(&self) -> Tier {
-        self.tier.unwrap_or(if self.external.is_some() { Tier::Cloud } else { Tier::Local })
+        self.tier.unwrap_or(if self.external.is_some() {
+            Tier::Cloud
+        } else {
+            Tier::Local
+        })
     }
     pub fn effective_weight(&self) -> i64 {
         self.weight.unwrap_or(1)
@@ -203,7 +207,11 @@ pub struct SessionAffinity {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CostPerMillionTokens {
-    #[serde(default, rename = "completionUSD", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "completionUSD",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub completion_usd: Option<String>,
     #[serde(default, rename = "promptUSD", skip_serializing_if = "Option::is_none")]
     pub prompt_usd: Option<String>,
@@ -397,7 +405,11 @@ pub struct AuditLog {
     pub log_client_address: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sink: Option<AuditSink>,
-    #[serde(default, rename = "trustedProxyCIDRs", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "trustedProxyCIDRs",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub trusted_proxy_cidrs: Option<Vec<String>>,
 }
 
@@ -547,7 +559,11 @@ pub struct RuleMatch {
     pub data_classification: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
-    #[serde(default, rename = "latencySLOMs", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "latencySLOMs",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub latency_slo_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<String>,
@@ -609,9 +625,15 @@ impl ModelRouterSpec {
     }
     /// Sensitive classes, lower-cased (default `pii`, `phi`).
     pub fn sensitive_classifications(&self) -> Vec<String> {
-        match self.classification().and_then(|c| c.sensitive_classifications.as_ref()) {
+        match self
+            .classification()
+            .and_then(|c| c.sensitive_classifications.as_ref())
+        {
             Some(list) => list.iter().map(|s| s.to_ascii_lowercase()).collect(),
-            None => router_core::config::DEFAULT_SENSITIVE.iter().map(|s| s.to_string()).collect(),
+            None => router_core::config::DEFAULT_SENSITIVE
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
         }
     }
 }

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use router_core::config::{
-    self as rc, BackendConfig, HeaderMatch, PluginConfig, RuleConfig, DEFAULT_CLASSIFICATION_HEADER,
-    DEFAULT_COMPLEXITY_HEADER, DEFAULT_INFERENCE_PATHS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MODELS_PATH,
-    DEFAULT_MODEL_HEADER,
+    self as rc, BackendConfig, HeaderMatch, PluginConfig, RuleConfig,
+    DEFAULT_CLASSIFICATION_HEADER, DEFAULT_COMPLEXITY_HEADER, DEFAULT_INFERENCE_PATHS,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_MODELS_PATH, DEFAULT_MODEL_HEADER,
 };
 
 use crate::duration::parse_duration;
@@ -31,7 +31,10 @@ fn ms(d: Duration) -> u64 {
 /// Resolves a timeout string against the cap (call after validation; invalid values fall back to
 /// the cap).
 fn resolve_timeout(s: Option<&str>, cap: Duration) -> Option<u64> {
-    let d = parse_duration(s?).ok().filter(|d| !d.is_zero()).unwrap_or(cap);
+    let d = parse_duration(s?)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .unwrap_or(cap);
     Some(ms(d.min(cap)))
 }
 
@@ -44,7 +47,10 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
     let spec = &router.spec;
     let namespace = namespace_of(&router.metadata);
     let cap = response_header_cap(spec);
-    let model_header = ctx.model_header.unwrap_or(DEFAULT_MODEL_HEADER).to_ascii_lowercase();
+    let model_header = ctx
+        .model_header
+        .unwrap_or(DEFAULT_MODEL_HEADER)
+        .to_ascii_lowercase();
     let classification_header = spec
         .classification()
         .and_then(|c| c.header_key.as_deref())
@@ -58,7 +64,9 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
             let model_info = b.model_info.as_ref().map(|m| rc::ModelInfo {
                 context_length: m.context_length.map(|c| c as u64).or_else(|| {
                     let r = b.inference_service_ref.as_ref()?;
-                    ctx.inputs.inference_service(namespace, &r.name)?.context_length
+                    ctx.inputs
+                        .inference_service(namespace, &r.name)?
+                        .context_length
                 }),
                 input_modalities: m.input_modalities.clone(),
                 output_modalities: m.output_modalities.clone(),
@@ -90,14 +98,21 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
                 headers: m
                     .headers
                     .iter()
-                    .map(|(k, v)| HeaderMatch { name: k.to_ascii_lowercase(), value: v.clone() })
+                    .map(|(k, v)| HeaderMatch {
+                        name: k.to_ascii_lowercase(),
+                        value: v.clone(),
+                    })
                     .collect(),
                 task_complexity: m.task_complexity.map(|t| match t {
                     TaskComplexity::Simple => rc::TaskComplexity::Simple,
                     TaskComplexity::Moderate => rc::TaskComplexity::Moderate,
                     TaskComplexity::Complex => rc::TaskComplexity::Complex,
                 }),
-                data_classification: m.data_classification.iter().map(|c| c.to_ascii_lowercase()).collect(),
+                data_classification: m
+                    .data_classification
+                    .iter()
+                    .map(|c| c.to_ascii_lowercase())
+                    .collect(),
                 required_capabilities: m.required_capabilities.clone(),
                 fail_closed: r.fail_closed.unwrap_or(false),
                 strategy: match r.route.strategy.unwrap_or_default() {
@@ -116,7 +131,10 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
         extra_stamped_headers: Vec::new(),
         model_header,
         max_body_bytes: ctx.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES),
-        inference_paths: DEFAULT_INFERENCE_PATHS.iter().map(|s| s.to_string()).collect(),
+        inference_paths: DEFAULT_INFERENCE_PATHS
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         models_path: DEFAULT_MODELS_PATH.to_string(),
         classification_header,
         complexity_header: DEFAULT_COMPLEXITY_HEADER.to_string(),

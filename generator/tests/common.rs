@@ -41,11 +41,20 @@ pub fn secret() -> Value {
 
 /// Router plus the objects it references, as one multi-document YAML text.
 pub fn docs(values: &[Value]) -> String {
-    values.iter().map(|v| serde_json::to_string(v).unwrap()).collect::<Vec<_>>().join("\n---\n")
+    values
+        .iter()
+        .map(|v| serde_json::to_string(v).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n---\n")
 }
 
 pub fn full(router: Value) -> String {
-    docs(&[router, isvc("isvc-a", Some(8000)), isvc("isvc-b", None), secret()])
+    docs(&[
+        router,
+        isvc("isvc-a", Some(8000)),
+        isvc("isvc-b", None),
+        secret(),
+    ])
 }
 
 /// Sets `value` at a JSON pointer (creating objects on the way).

@@ -8,27 +8,42 @@ use router_core::config::PluginConfig;
 use serde_json::{json, Value};
 
 fn src(text: String) -> Vec<Source> {
-    vec![Source { name: "test.yaml".into(), text }]
+    vec![Source {
+        name: "test.yaml".into(),
+        text,
+    }]
 }
 
 fn opts() -> EnvoyOptions {
-    EnvoyOptions { wasm_dir: "/opt/wasm".into(), format: Format::Json, ..Default::default() }
+    EnvoyOptions {
+        wasm_dir: "/opt/wasm".into(),
+        format: Format::Json,
+        ..Default::default()
+    }
 }
 
 fn compile(text: String, o: &EnvoyOptions) -> Value {
-    let out = compile_envoy(&src(text), o).unwrap_or_else(|e| panic!("{:#?}", e.iter().map(|p| p.to_string()).collect::<Vec<_>>()));
+    let out = compile_envoy(&src(text), o)
+        .unwrap_or_else(|e| panic!("{:#?}", e.iter().map(|p| p.to_string()).collect::<Vec<_>>()));
     serde_json::from_str(&out).unwrap()
 }
 
 fn compile_err(text: String, o: &EnvoyOptions) -> Vec<String> {
-    compile_envoy(&src(text), o).expect_err("should fail").iter().map(|p| p.to_string()).collect()
+    compile_envoy(&src(text), o)
+        .expect_err("should fail")
+        .iter()
+        .map(|p| p.to_string())
+        .collect()
 }
 
 fn plugin_of(bootstrap: &Value) -> PluginConfig {
-    let hcm = &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+    let hcm = &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"];
     let wasm = &hcm["http_filters"][0];
     assert_eq!(wasm["name"], "envoy.filters.http.wasm");
-    let s = wasm["typed_config"]["config"]["configuration"]["value"].as_str().unwrap();
+    let s = wasm["typed_config"]["config"]["configuration"]["value"]
+        .as_str()
+        .unwrap();
     serde_json::from_str(s).unwrap()
 }
 
@@ -37,11 +52,21 @@ fn hcm(b: &Value) -> &Value {
 }
 
 fn cluster<'a>(b: &'a Value, name: &str) -> &'a Value {
-    b["static_resources"]["clusters"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no cluster {name}"))
+    b["static_resources"]["clusters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no cluster {name}"))
 }
 
 fn route<'a>(b: &'a Value, name: &str) -> &'a Value {
-    hcm(b)["route_config"]["virtual_hosts"][0]["routes"].as_array().unwrap().iter().find(|r| r["name"] == name).unwrap()
+    hcm(b)["route_config"]["virtual_hosts"][0]["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap()
 }
 
 #[test]
@@ -55,11 +80,22 @@ fn plugin_config_mapping() {
     r["spec"]["backends"][1]["timeout"] = json!("30s");
     r["spec"]["backends"][2]["weight"] = json!(3);
     set(&mut r, "/spec/proxy/responseHeaderTimeout", json!("90s"));
-    set(&mut r, "/spec/policy/classification/headerKey", json!("X-Data-Class"));
+    set(
+        &mut r,
+        "/spec/policy/classification/headerKey",
+        json!("X-Data-Class"),
+    );
     let mut d = Diagnostics::default();
     let inputs = load(&src(full(r)), &mut d);
     assert!(d.errors.is_empty());
-    let pc = plugin_config(&inputs.routers[0], &PluginContext { inputs: &inputs, model_header: None, max_body_bytes: None });
+    let pc = plugin_config(
+        &inputs.routers[0],
+        &PluginContext {
+            inputs: &inputs,
+            model_header: None,
+            max_body_bytes: None,
+        },
+    );
     assert_eq!(pc.router, "llm/demo");
     assert_eq!(pc.classification_header, "x-data-class");
     assert_eq!(pc.default_route.as_deref(), Some("local-a"));
@@ -70,14 +106,23 @@ fn plugin_config_mapping() {
     assert!(pc.rules[0].fail_closed);
     assert_eq!(pc.rules[0].timeout_ms, Some(10_000));
     assert_eq!(pc.rules[1].timeout_ms, None);
-    assert_eq!(pc.rules[1].strategy, router_core::config::Strategy::Weighted);
+    assert_eq!(
+        pc.rules[1].strategy,
+        router_core::config::Strategy::Weighted
+    );
     // Backend timeouts: own, else the cap.
     assert_eq!(pc.backends[0].timeout_ms, Some(90_000));
     assert_eq!(pc.backends[1].timeout_ms, Some(30_000));
     assert_eq!(pc.backends[0].weight, 1);
     assert_eq!(pc.backends[2].weight, 3);
-    assert_eq!(pc.backends[0].model_info.as_ref().unwrap().context_length, Some(8192));
-    assert_eq!(pc.backends[1].model_info, None, "modelInfo unset publishes only the id");
+    assert_eq!(
+        pc.backends[0].model_info.as_ref().unwrap().context_length,
+        Some(8192)
+    );
+    assert_eq!(
+        pc.backends[1].model_info, None,
+        "modelInfo unset publishes only the id"
+    );
     assert_eq!(pc.backends[2].external_model.as_deref(), Some("gpt-5"));
     assert_eq!(pc.backends[2].tier, router_core::config::Tier::Cloud);
     // The filter's own parser accepts it (round trip through JSON).
@@ -87,7 +132,13 @@ fn plugin_config_mapping() {
 
 #[test]
 fn bootstrap_layout() {
-    let b = compile(full(router()), &EnvoyOptions { max_body_bytes: Some(1000), ..opts() });
+    let b = compile(
+        full(router()),
+        &EnvoyOptions {
+            max_body_bytes: Some(1000),
+            ..opts()
+        },
+    );
     let l = &b["static_resources"]["listeners"][0];
     assert_eq!(l["address"]["socket_address"]["address"], "127.0.0.1");
     assert_eq!(l["address"]["socket_address"]["port_value"], 10000);
@@ -95,41 +146,76 @@ fn bootstrap_layout() {
     assert_eq!(l["per_connection_buffer_limit_bytes"], 1000 + 1024 * 1024);
     let h = hcm(&b);
     assert_eq!(h["stream_idle_timeout"], "300s");
-    let filters: Vec<&str> = h["http_filters"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
-    assert_eq!(filters, ["envoy.filters.http.wasm", "envoy.filters.http.router"]);
+    let filters: Vec<&str> = h["http_filters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        filters,
+        ["envoy.filters.http.wasm", "envoy.filters.http.router"]
+    );
     let cfg = &h["http_filters"][0]["typed_config"]["config"];
     assert_eq!(cfg["root_id"], "model-router");
     assert_eq!(cfg["vm_config"]["vm_id"], "llmkube");
     assert_eq!(cfg["vm_config"]["runtime"], "envoy.wasm.runtime.v8");
     assert_eq!(cfg["allow_on_headers_stop_iteration"], true);
     assert_eq!(cfg["fail_open"], false);
-    assert_eq!(cfg["vm_config"]["code"]["local"]["filename"], "/opt/wasm/llmkube_model_router.wasm");
-    assert_eq!(cfg["configuration"]["@type"], "type.googleapis.com/google.protobuf.StringValue");
+    assert_eq!(
+        cfg["vm_config"]["code"]["local"]["filename"],
+        "/opt/wasm/llmkube_model_router.wasm"
+    );
+    assert_eq!(
+        cfg["configuration"]["@type"],
+        "type.googleapis.com/google.protobuf.StringValue"
+    );
     assert_eq!(plugin_of(&b).max_body_bytes, 1000);
 
-    let routes = h["route_config"]["virtual_hosts"][0]["routes"].as_array().unwrap();
+    let routes = h["route_config"]["virtual_hosts"][0]["routes"]
+        .as_array()
+        .unwrap();
     assert_eq!(routes.len(), 4);
     let r = route(&b, "backend-local-b");
-    assert_eq!(r["match"]["headers"][0], json!({"name": "x-llmkube-backend", "string_match": {"exact": "local-b"}}));
+    assert_eq!(
+        r["match"]["headers"][0],
+        json!({"name": "x-llmkube-backend", "string_match": {"exact": "local-b"}})
+    );
     assert_eq!(r["route"]["cluster"], "backend-local-b");
     assert_eq!(r["route"]["timeout"], "0s");
     assert_eq!(r["request_headers_to_remove"], json!(["authorization"]));
     let last = routes.last().unwrap();
     assert_eq!(last["match"], json!({"prefix": "/"}));
     assert_eq!(last["direct_response"]["status"], 404);
-    let body: Value = serde_json::from_str(last["direct_response"]["body"]["inline_string"].as_str().unwrap()).unwrap();
+    let body: Value = serde_json::from_str(
+        last["direct_response"]["body"]["inline_string"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(body["error"]["type"], "invalid_request_error");
     assert_eq!(body["error"]["code"], "model_not_found");
     assert_eq!(body["error"]["param"], Value::Null);
-    assert_eq!(last["response_headers_to_add"][0]["header"], json!({"key": "content-type", "value": "application/json"}));
+    assert_eq!(
+        last["response_headers_to_add"][0]["header"],
+        json!({"key": "content-type", "value": "application/json"})
+    );
 
     // Local backends: cluster DNS of the InferenceService, port from spec.endpoint.port (default 8080).
     let a = cluster(&b, "backend-local-a");
     assert_eq!(a["type"], "STRICT_DNS");
     assert_eq!(a["per_connection_buffer_limit_bytes"], 1000 + 1024 * 1024);
-    assert_eq!(a["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"], json!({"address": "isvc-a.llm.svc.cluster.local", "port_value": 8000}));
+    assert_eq!(
+        a["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["socket_address"],
+        json!({"address": "isvc-a.llm.svc.cluster.local", "port_value": 8000})
+    );
     let bb = cluster(&b, "backend-local-b");
-    assert_eq!(bb["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"], 8080);
+    assert_eq!(
+        bb["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["socket_address"]["port_value"],
+        8080
+    );
 }
 
 #[test]
@@ -137,47 +223,82 @@ fn openai_default_url_tls_and_credentials() {
     let b = compile(full(router()), &opts());
     let c = cluster(&b, "backend-cloud");
     assert_eq!(c["type"], "STRICT_DNS");
-    assert_eq!(c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"], json!({"address": "api.openai.com", "port_value": 443}));
+    assert_eq!(
+        c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["socket_address"],
+        json!({"address": "api.openai.com", "port_value": 443})
+    );
     let tls = &c["transport_socket"]["typed_config"];
     assert_eq!(tls["sni"], "api.openai.com");
-    assert_eq!(tls["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"][0]["matcher"]["exact"], "api.openai.com");
+    assert_eq!(
+        tls["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"][0]
+            ["matcher"]["exact"],
+        "api.openai.com"
+    );
     let r = route(&b, "backend-cloud");
     assert_eq!(r["route"]["host_rewrite_literal"], "api.openai.com");
-    assert_eq!(r["request_headers_to_add"][0]["header"], json!({"key": "authorization", "value": "Bearer sk-test"}));
+    assert_eq!(
+        r["request_headers_to_add"][0]["header"],
+        json!({"key": "authorization", "value": "Bearer sk-test"})
+    );
 }
 
 #[test]
 fn external_url_forms() {
     let mut r = router();
-    r["spec"]["backends"][2]["external"] = json!({"provider": "litellm", "url": "http://10.1.2.3:4000/llm/v1", "model": "m"});
+    r["spec"]["backends"][2]["external"] =
+        json!({"provider": "litellm", "url": "http://10.1.2.3:4000/llm/v1", "model": "m"});
     let b = compile(full(r.clone()), &opts());
     let c = cluster(&b, "backend-cloud");
     assert_eq!(c["type"], "STATIC");
     assert!(c.get("transport_socket").is_none());
     let rt = route(&b, "backend-cloud");
-    assert_eq!(rt["route"]["regex_rewrite"], json!({"pattern": {"regex": "^/v1/"}, "substitution": "/llm/v1/"}));
+    assert_eq!(
+        rt["route"]["regex_rewrite"],
+        json!({"pattern": {"regex": "^/v1/"}, "substitution": "/llm/v1/"})
+    );
     assert_eq!(rt["route"]["host_rewrite_literal"], "10.1.2.3:4000");
 
     r["spec"]["backends"][2]["external"] = json!({"provider": "anthropic", "url": "https://gw.example.com/anthropic", "model": "claude", "credentialsSecretRef": {"name": "anth"}});
     let sec = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "anth", "namespace": "llm"}, "data": {"ANTHROPIC_API_KEY": "c2stYW50"}});
-    let b = compile(docs(&[r, isvc("isvc-a", None), isvc("isvc-b", None), sec]), &opts());
+    let b = compile(
+        docs(&[r, isvc("isvc-a", None), isvc("isvc-b", None), sec]),
+        &opts(),
+    );
     let rt = route(&b, "backend-cloud");
-    assert_eq!(rt["route"]["regex_rewrite"], json!({"pattern": {"regex": "^/"}, "substitution": "/anthropic/"}));
-    assert_eq!(rt["request_headers_to_add"][0]["header"], json!({"key": "x-api-key", "value": "sk-ant"}));
-    assert_eq!(rt["request_headers_to_add"][1]["header"]["key"], "anthropic-version");
+    assert_eq!(
+        rt["route"]["regex_rewrite"],
+        json!({"pattern": {"regex": "^/"}, "substitution": "/anthropic/"})
+    );
+    assert_eq!(
+        rt["request_headers_to_add"][0]["header"],
+        json!({"key": "x-api-key", "value": "sk-ant"})
+    );
+    assert_eq!(
+        rt["request_headers_to_add"][1]["header"]["key"],
+        "anthropic-version"
+    );
 }
 
 #[test]
 fn resolve_overrides_cluster_dns() {
     let o = EnvoyOptions {
-        resolve: [("isvc-a".to_string(), ("127.0.0.1".to_string(), 9001)), ("isvc-b".to_string(), ("localhost".to_string(), 9002))].into(),
+        resolve: [
+            ("isvc-a".to_string(), ("127.0.0.1".to_string(), 9001)),
+            ("isvc-b".to_string(), ("localhost".to_string(), 9002)),
+        ]
+        .into(),
         ..opts()
     };
     // The InferenceServices are not needed when --resolve gives their address.
     let b = compile(docs(&[router(), secret()]), &o);
     let a = cluster(&b, "backend-local-a");
     assert_eq!(a["type"], "STATIC");
-    assert_eq!(a["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"], json!({"address": "127.0.0.1", "port_value": 9001}));
+    assert_eq!(
+        a["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["socket_address"],
+        json!({"address": "127.0.0.1", "port_value": 9001})
+    );
     assert_eq!(cluster(&b, "backend-local-b")["type"], "STRICT_DNS");
 }
 
@@ -201,21 +322,46 @@ fn endpoint_resolution_from_endpoint_slices() {
         "metadata": {"name": "other", "namespace": "llm", "labels": {"kubernetes.io/service-name": "isvc-b"}},
         "addressType": "IPv4", "ports": [{"port": 1}], "endpoints": [{"addresses": ["10.9.9.9"]}]
     });
-    let b = compile(docs(&[r.clone(), isvc("isvc-a", None), isvc("isvc-b", None), secret(), slice, other]), &opts());
+    let b = compile(
+        docs(&[
+            r.clone(),
+            isvc("isvc-a", None),
+            isvc("isvc-b", None),
+            secret(),
+            slice,
+            other,
+        ]),
+        &opts(),
+    );
     let c = cluster(&b, "backend-local-a");
     assert_eq!(c["type"], "STATIC");
     let addrs: Vec<String> = c["load_assignment"]["endpoints"][0]["lb_endpoints"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| format!("{}:{}", e["endpoint"]["address"]["socket_address"]["address"].as_str().unwrap(), e["endpoint"]["address"]["socket_address"]["port_value"]))
+        .map(|e| {
+            format!(
+                "{}:{}",
+                e["endpoint"]["address"]["socket_address"]["address"]
+                    .as_str()
+                    .unwrap(),
+                e["endpoint"]["address"]["socket_address"]["port_value"]
+            )
+        })
         .collect();
     assert_eq!(addrs, ["10.0.0.1:8000", "10.0.0.2:8000"]);
 
     // --endpoints wins; without either it is an error.
-    let o = EnvoyOptions { endpoints: [("isvc-a".to_string(), vec![("10.5.5.5".to_string(), 7000)])].into(), ..opts() };
+    let o = EnvoyOptions {
+        endpoints: [("isvc-a".to_string(), vec![("10.5.5.5".to_string(), 7000)])].into(),
+        ..opts()
+    };
     let b = compile(full(r.clone()), &o);
-    assert_eq!(cluster(&b, "backend-local-a")["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"], "10.5.5.5");
+    assert_eq!(
+        cluster(&b, "backend-local-a")["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+            ["endpoint"]["address"]["socket_address"]["address"],
+        "10.5.5.5"
+    );
     assert_eq!(
         compile_err(full(r), &opts()),
         ["ModelRouter/demo: spec.backends[0].resolution: resolution: endpoint needs EndpointSlices labelled kubernetes.io/service-name: isvc-a in namespace llm, or --endpoints isvc-a=IP:PORT,..."]
@@ -226,9 +372,15 @@ fn endpoint_resolution_from_endpoint_slices() {
 fn stream_idle_timeout_zero_disables() {
     let mut r = router();
     set(&mut r, "/spec/proxy/streamIdleTimeout", json!("0s"));
-    assert_eq!(hcm(&compile(full(r.clone()), &opts()))["stream_idle_timeout"], "0s");
+    assert_eq!(
+        hcm(&compile(full(r.clone()), &opts()))["stream_idle_timeout"],
+        "0s"
+    );
     set(&mut r, "/spec/proxy/streamIdleTimeout", json!("90s"));
-    assert_eq!(hcm(&compile(full(r), &opts()))["stream_idle_timeout"], "90s");
+    assert_eq!(
+        hcm(&compile(full(r), &opts()))["stream_idle_timeout"],
+        "90s"
+    );
 }
 
 #[test]
@@ -244,7 +396,14 @@ fn missing_references_are_errors_in_compile() {
     // An InferenceService in another namespace does not count.
     let mut other_ns = isvc("isvc-b", None);
     other_ns["metadata"]["namespace"] = json!("default");
-    assert_eq!(compile_err(docs(&[router(), isvc("isvc-a", None), other_ns, secret()]), &opts()).len(), 1);
+    assert_eq!(
+        compile_err(
+            docs(&[router(), isvc("isvc-a", None), other_ns, secret()]),
+            &opts()
+        )
+        .len(),
+        1
+    );
 }
 
 #[test]
@@ -265,7 +424,11 @@ fn unsupported_providers_and_auth_are_refused() {
         ["ModelRouter/demo: spec.backends[2].external.provider: provider bedrock is not supported by the envoy target yet (it needs request signing); use litellm in front of it"]
     );
     let mut r = router();
-    set(&mut r, "/spec/policy/auth/jwt", json!({"issuer": "i", "jwksURI": "https://x/jwks", "provider": "p", "teamClaim": "team"}));
+    set(
+        &mut r,
+        "/spec/policy/auth/jwt",
+        json!({"issuer": "i", "jwksURI": "https://x/jwks", "provider": "p", "teamClaim": "team"}),
+    );
     assert_eq!(compile_err(full(r), &opts()), ["ModelRouter/demo: spec.policy.auth: is not enforced by the envoy target yet; refusing rather than serving unauthenticated"]);
 }
 
@@ -273,26 +436,54 @@ fn unsupported_providers_and_auth_are_refused() {
 fn one_router_per_compile() {
     let mut r2 = router();
     r2["metadata"]["name"] = json!("second");
-    let text = docs(&[router(), r2, isvc("isvc-a", None), isvc("isvc-b", None), secret()]);
+    let text = docs(&[
+        router(),
+        r2,
+        isvc("isvc-a", None),
+        isvc("isvc-b", None),
+        secret(),
+    ]);
     assert_eq!(
         compile_err(text.clone(), &opts()),
         ["input: the envoy target compiles exactly one ModelRouter; found 2 (llm/demo, llm/second): pick one with --router NAME"]
     );
-    let b = compile(text.clone(), &EnvoyOptions { router: Some("second".into()), ..opts() });
+    let b = compile(
+        text.clone(),
+        &EnvoyOptions {
+            router: Some("second".into()),
+            ..opts()
+        },
+    );
     assert_eq!(plugin_of(&b).router, "llm/second");
-    assert_eq!(compile_err(text, &EnvoyOptions { router: Some("nope".into()), ..opts() }), ["ModelRouter/nope: --router names a ModelRouter that is not in the input"]);
+    assert_eq!(
+        compile_err(
+            text,
+            &EnvoyOptions {
+                router: Some("nope".into()),
+                ..opts()
+            }
+        ),
+        ["ModelRouter/nope: --router names a ModelRouter that is not in the input"]
+    );
 }
 
 #[test]
 fn invalid_router_fails_compile() {
     let mut r = router();
     r["spec"]["defaultRoute"] = json!("gpt");
-    assert_eq!(compile_err(full(r), &opts()), ["ModelRouter/demo: spec.defaultRoute: backend \"gpt\" is not declared in spec.backends"]);
+    assert_eq!(
+        compile_err(full(r), &opts()),
+        ["ModelRouter/demo: spec.defaultRoute: backend \"gpt\" is not declared in spec.backends"]
+    );
 }
 
 #[test]
 fn deterministic_output() {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy-examples/router.yaml")).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../envoy-examples/router.yaml"
+    ))
+    .unwrap();
     for format in [Format::Yaml, Format::Json] {
         let o = EnvoyOptions { format, ..opts() };
         let a = compile_envoy(&src(text.clone()), &o).unwrap();
@@ -304,7 +495,14 @@ fn deterministic_output() {
 #[test]
 fn yaml_and_json_outputs_agree() {
     let text = full(router());
-    let y = compile_envoy(&src(text.clone()), &EnvoyOptions { format: Format::Yaml, ..opts() }).unwrap();
+    let y = compile_envoy(
+        &src(text.clone()),
+        &EnvoyOptions {
+            format: Format::Yaml,
+            ..opts()
+        },
+    )
+    .unwrap();
     let j = compile_envoy(&src(text), &opts()).unwrap();
     let yv: Value = serde_norway::from_str(&y).unwrap();
     let jv: Value = serde_json::from_str(&j).unwrap();

@@ -6,8 +6,14 @@ use llmkube_gen::{validate_sources, Source};
 use serde_json::{json, Value};
 
 fn check(text: String) -> (Vec<String>, Vec<String>) {
-    let d = validate_sources(&[Source { name: "test.yaml".into(), text }]);
-    (d.errors.iter().map(|p| p.to_string()).collect(), d.warnings.iter().map(|p| p.to_string()).collect())
+    let d = validate_sources(&[Source {
+        name: "test.yaml".into(),
+        text,
+    }]);
+    (
+        d.errors.iter().map(|p| p.to_string()).collect(),
+        d.warnings.iter().map(|p| p.to_string()).collect(),
+    )
 }
 
 /// Errors of the router (with its referenced objects present).
@@ -39,7 +45,11 @@ fn base_router_is_valid() {
 
 #[test]
 fn example_router_is_valid() {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy-examples/router.yaml")).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../envoy-examples/router.yaml"
+    ))
+    .unwrap();
     let (e, w) = check(text);
     assert!(e.is_empty() && w.is_empty(), "{e:?} {w:?}");
 }
@@ -49,15 +59,24 @@ fn unknown_field_is_refused_with_its_path() {
     one(with("/spec/backends/1/wieght", json!(3)), "ModelRouter/demo: spec.backends[1].wieght: unknown field, expected one of `balancing`, `capabilities`, `costPerMillionTokens`, `displayName`, `endpointPicker`, `external`, `healthCheck`, `inferenceServiceRef`, `modelInfo`, `name`, `resolution`, `tier`, `timeout`, `weight`");
     let e = errors(with("/spec/rules/0/match/modle", json!(["x"])));
     assert_eq!(e.len(), 1);
-    assert!(e[0].starts_with("ModelRouter/demo: spec.rules[0].match.modle: unknown field"), "{e:?}");
+    assert!(
+        e[0].starts_with("ModelRouter/demo: spec.rules[0].match.modle: unknown field"),
+        "{e:?}"
+    );
     one(with("/spec/proxy/affinity/nodeAfinity", json!({})), "ModelRouter/demo: spec.proxy.affinity.nodeAfinity: unknown field, expected one of `nodeAffinity`, `podAffinity`, `podAntiAffinity`");
-    one(with("/extra", json!(1)), "ModelRouter/demo: extra: unknown field");
+    one(
+        with("/extra", json!(1)),
+        "ModelRouter/demo: extra: unknown field",
+    );
 }
 
 #[test]
 fn missing_required_field() {
     let mut r = router();
-    r["spec"]["rules"][0].as_object_mut().unwrap().remove("route");
+    r["spec"]["rules"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("route");
     one(r, "ModelRouter/demo: spec.rules[0].route: is required");
 }
 
@@ -65,7 +84,12 @@ fn missing_required_field() {
 fn bad_enum_value() {
     let e = errors(with("/spec/rules/0/route/strategy", json!("random")));
     assert_eq!(e.len(), 1);
-    assert!(e[0].starts_with("ModelRouter/demo: spec.rules[0].route.strategy: unknown variant `random`"), "{e:?}");
+    assert!(
+        e[0].starts_with(
+            "ModelRouter/demo: spec.rules[0].route.strategy: unknown variant `random`"
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -74,7 +98,10 @@ fn exactly_one_of_ref_or_external() {
     r["spec"]["backends"][1]["external"] = json!({"provider": "openai", "model": "x"});
     one(r, "ModelRouter/demo: spec.backends[1]: inferenceServiceRef and external are mutually exclusive; set exactly one");
     let mut r = router();
-    r["spec"]["backends"][1].as_object_mut().unwrap().remove("inferenceServiceRef");
+    r["spec"]["backends"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("inferenceServiceRef");
     one(r, "ModelRouter/demo: spec.backends[1]: exactly one of inferenceServiceRef or external must be set");
 }
 
@@ -82,12 +109,18 @@ fn exactly_one_of_ref_or_external() {
 fn backend_name_pattern() {
     let mut r = with("/spec/backends/1/name", json!("Local_B"));
     r["spec"]["defaultRoute"] = json!("local-a");
-    one(r, "ModelRouter/demo: spec.backends[1].name: \"Local_B\" must match ^[a-z0-9][a-z0-9-]{0,62}$");
+    one(
+        r,
+        "ModelRouter/demo: spec.backends[1].name: \"Local_B\" must match ^[a-z0-9][a-z0-9-]{0,62}$",
+    );
 }
 
 #[test]
 fn rule_name_pattern() {
-    one(with("/spec/rules/0/name", json!("-bad")), "ModelRouter/demo: spec.rules[0].name: \"-bad\" must match ^[a-z0-9][a-z0-9-]{0,62}$");
+    one(
+        with("/spec/rules/0/name", json!("-bad")),
+        "ModelRouter/demo: spec.rules[0].name: \"-bad\" must match ^[a-z0-9][a-z0-9-]{0,62}$",
+    );
 }
 
 #[test]
@@ -108,12 +141,20 @@ fn duplicate_rule_names() {
     let rule = r["spec"]["rules"][0].clone();
     r["spec"]["rules"].as_array_mut().unwrap().push(rule);
     let e = errors(r);
-    assert_eq!(e, vec!["ModelRouter/demo: spec.rules[1].name: duplicate rule name \"r0\" (also spec.rules[0])"]);
+    assert_eq!(
+        e,
+        vec![
+            "ModelRouter/demo: spec.rules[1].name: duplicate rule name \"r0\" (also spec.rules[0])"
+        ]
+    );
 }
 
 #[test]
 fn default_route_must_exist() {
-    one(with("/spec/defaultRoute", json!("nope")), "ModelRouter/demo: spec.defaultRoute: backend \"nope\" is not declared in spec.backends");
+    one(
+        with("/spec/defaultRoute", json!("nope")),
+        "ModelRouter/demo: spec.defaultRoute: backend \"nope\" is not declared in spec.backends",
+    );
 }
 
 #[test]
@@ -123,18 +164,30 @@ fn rule_backend_must_exist() {
 
 #[test]
 fn rule_backend_listed_twice() {
-    one(with("/spec/rules/0/route/backends", json!(["local-a", "local-a"])), "ModelRouter/demo: spec.rules[0].route.backends[1]: backend \"local-a\" is listed twice");
+    one(
+        with(
+            "/spec/rules/0/route/backends",
+            json!(["local-a", "local-a"]),
+        ),
+        "ModelRouter/demo: spec.rules[0].route.backends[1]: backend \"local-a\" is listed twice",
+    );
 }
 
 #[test]
 fn sensitive_rule_must_fail_closed() {
-    let r = with("/spec/rules/0/match", json!({"dataClassification": ["PII"]}));
+    let r = with(
+        "/spec/rules/0/match",
+        json!({"dataClassification": ["PII"]}),
+    );
     one(r, "ModelRouter/demo: spec.rules[0].failClosed: rule matches sensitive classification \"pii\" and must set failClosed: true");
 }
 
 #[test]
 fn sensitive_rule_only_local_backends() {
-    let mut r = with("/spec/rules/0/match", json!({"dataClassification": ["phi"]}));
+    let mut r = with(
+        "/spec/rules/0/match",
+        json!({"dataClassification": ["phi"]}),
+    );
     r["spec"]["rules"][0]["failClosed"] = json!(true);
     r["spec"]["rules"][0]["route"]["backends"] = json!(["local-a", "cloud"]);
     one(r, "ModelRouter/demo: spec.rules[0].route.backends[1]: rule matches sensitive classification \"phi\" and may only route to tier: local backends; \"cloud\" is cloud");
@@ -142,17 +195,30 @@ fn sensitive_rule_only_local_backends() {
 
 #[test]
 fn external_backend_defaults_to_cloud_tier() {
-    let mut r = with("/spec/rules/0/match", json!({"dataClassification": ["pii"]}));
+    let mut r = with(
+        "/spec/rules/0/match",
+        json!({"dataClassification": ["pii"]}),
+    );
     r["spec"]["rules"][0]["failClosed"] = json!(true);
     r["spec"]["rules"][0]["route"]["backends"] = json!(["cloud"]);
-    r["spec"]["backends"][2].as_object_mut().unwrap().remove("tier");
+    r["spec"]["backends"][2]
+        .as_object_mut()
+        .unwrap()
+        .remove("tier");
     one(r, "ModelRouter/demo: spec.rules[0].route.backends[0]: rule matches sensitive classification \"pii\" and may only route to tier: local backends; \"cloud\" is cloud (external backends default to tier: cloud)");
 }
 
 #[test]
 fn custom_sensitive_classifications() {
-    let mut r = with("/spec/rules/0/match", json!({"dataClassification": ["pii"]}));
-    set(&mut r, "/spec/policy/classification/sensitiveClassifications", json!(["Secret"]));
+    let mut r = with(
+        "/spec/rules/0/match",
+        json!({"dataClassification": ["pii"]}),
+    );
+    set(
+        &mut r,
+        "/spec/policy/classification/sensitiveClassifications",
+        json!(["Secret"]),
+    );
     assert!(errors(r.clone()).is_empty());
     r["spec"]["rules"][0]["match"]["dataClassification"] = json!(["secret"]);
     one(r, "ModelRouter/demo: spec.rules[0].failClosed: rule matches sensitive classification \"secret\" and must set failClosed: true");
@@ -211,7 +277,8 @@ fn max_load_percent_accepted_but_ignored() {
 fn affinity_without_load_aware_warns() {
     let mut r = router();
     endpoint_backend(&mut r);
-    r["spec"]["backends"][0]["balancing"] = json!({"prefixAffinity": {}, "sessionAffinity": {"headers": ["x-session-id"]}});
+    r["spec"]["backends"][0]["balancing"] =
+        json!({"prefixAffinity": {}, "sessionAffinity": {"headers": ["x-session-id"]}});
     assert_eq!(
         warnings(r),
         vec![
@@ -223,7 +290,10 @@ fn affinity_without_load_aware_warns() {
 
 #[test]
 fn balancing_requires_endpoint_resolution() {
-    one(with("/spec/backends/0/balancing", json!({"mode": "LoadAware"})), "ModelRouter/demo: spec.backends[0].balancing: balancing requires resolution: endpoint");
+    one(
+        with("/spec/backends/0/balancing", json!({"mode": "LoadAware"})),
+        "ModelRouter/demo: spec.backends[0].balancing: balancing requires resolution: endpoint",
+    );
 }
 
 #[test]
@@ -242,12 +312,21 @@ fn prefix_affinity_limits() {
 
 #[test]
 fn weights() {
-    one(with("/spec/backends/0/weight", json!(-1)), "ModelRouter/demo: spec.backends[0].weight: must be between 0 and 2147483647, got -1");
-    let mut r = with("/spec/rules/0/route", json!({"strategy": "weighted", "backends": ["local-a", "local-b"]}));
+    one(
+        with("/spec/backends/0/weight", json!(-1)),
+        "ModelRouter/demo: spec.backends[0].weight: must be between 0 and 2147483647, got -1",
+    );
+    let mut r = with(
+        "/spec/rules/0/route",
+        json!({"strategy": "weighted", "backends": ["local-a", "local-b"]}),
+    );
     r["spec"]["backends"][0]["weight"] = json!(0);
     r["spec"]["backends"][1]["weight"] = json!(0);
     one(r.clone(), "ModelRouter/demo: spec.rules[0].route.strategy: a weighted rule needs at least one backend with a positive weight");
-    r["spec"]["backends"][1].as_object_mut().unwrap().remove("weight"); // default 1
+    r["spec"]["backends"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("weight"); // default 1
     assert!(errors(r).is_empty());
 }
 
@@ -263,9 +342,19 @@ fn budgets_need_a_cap() {
 
 #[test]
 fn rule_budget_needs_existing_rule() {
-    one(with("/spec/policy/budgets", json!([{"name": "b", "scope": "rule", "maxTokens": 10}])), "ModelRouter/demo: spec.policy.budgets[0].ruleName: is required when scope is rule");
+    one(
+        with(
+            "/spec/policy/budgets",
+            json!([{"name": "b", "scope": "rule", "maxTokens": 10}]),
+        ),
+        "ModelRouter/demo: spec.policy.budgets[0].ruleName: is required when scope is rule",
+    );
     one(with("/spec/policy/budgets", json!([{"name": "b", "scope": "rule", "ruleName": "zz", "maxTokens": 10}])), "ModelRouter/demo: spec.policy.budgets[0].ruleName: rule \"zz\" is not declared in spec.rules");
-    assert!(errors(with("/spec/policy/budgets", json!([{"name": "b", "scope": "rule", "ruleName": "r0", "maxUSD": "10.5"}]))).is_empty());
+    assert!(errors(with(
+        "/spec/policy/budgets",
+        json!([{"name": "b", "scope": "rule", "ruleName": "r0", "maxUSD": "10.5"}])
+    ))
+    .is_empty());
 }
 
 #[test]
@@ -278,7 +367,13 @@ fn budget_names_unique() {
 
 #[test]
 fn max_usd_and_cost_patterns() {
-    one(with("/spec/policy/budgets", json!([{"name": "b", "scope": "router", "maxUSD": "$10"}])), "ModelRouter/demo: spec.policy.budgets[0].maxUSD: \"$10\" must match ^[0-9]+(\\.[0-9]+)?$");
+    one(
+        with(
+            "/spec/policy/budgets",
+            json!([{"name": "b", "scope": "router", "maxUSD": "$10"}]),
+        ),
+        "ModelRouter/demo: spec.policy.budgets[0].maxUSD: \"$10\" must match ^[0-9]+(\\.[0-9]+)?$",
+    );
     one(with("/spec/backends/2/costPerMillionTokens", json!({"promptUSD": "1.", "completionUSD": "2"})), "ModelRouter/demo: spec.backends[2].costPerMillionTokens.promptUSD: \"1.\" must match ^[0-9]+(\\.[0-9]+)?$");
 }
 
@@ -289,7 +384,8 @@ fn header_names_are_tokens() {
     one(with("/spec/policy/budgets", json!([{"name": "b", "scope": "team", "maxTokens": 1, "headerKey": "x(team)"}])), "ModelRouter/demo: spec.policy.budgets[0].headerKey: \"x(team)\" is not a valid HTTP header name (RFC 7230 token)");
     let mut r = router();
     endpoint_backend(&mut r);
-    r["spec"]["backends"][0]["balancing"] = json!({"mode": "LoadAware", "sessionAffinity": {"headers": ["ok", ""]}});
+    r["spec"]["backends"][0]["balancing"] =
+        json!({"mode": "LoadAware", "sessionAffinity": {"headers": ["ok", ""]}});
     one(r, "ModelRouter/demo: spec.backends[0].balancing.sessionAffinity.headers[1]: \"\" is not a valid HTTP header name (RFC 7230 token)");
     one(with("/spec/policy/auditLog/callerHeader", json!("x/caller")), "ModelRouter/demo: spec.policy.auditLog.callerHeader: \"x/caller\" is not a valid HTTP header name (RFC 7230 token)");
 }
@@ -301,14 +397,27 @@ fn header_names_case_insensitive_duplicates() {
 
 #[test]
 fn caller_header_not_credential() {
-    for h in ["Authorization", "proxy-authorization", "COOKIE", "X-Api-Key", "api-key", "x-goog-api-key"] {
+    for h in [
+        "Authorization",
+        "proxy-authorization",
+        "COOKIE",
+        "X-Api-Key",
+        "api-key",
+        "x-goog-api-key",
+    ] {
         one(with("/spec/policy/auditLog/callerHeader", json!(h)), &format!("ModelRouter/demo: spec.policy.auditLog.callerHeader: {h:?} carries a credential and cannot be logged as caller"));
     }
 }
 
 #[test]
 fn trusted_proxies() {
-    one(with("/spec/policy/auditLog", json!({"trustedProxyCIDRs": ["10.0.0.0/8"]})), "ModelRouter/demo: spec.policy.auditLog.trustedProxyCIDRs: requires logClientAddress: true");
+    one(
+        with(
+            "/spec/policy/auditLog",
+            json!({"trustedProxyCIDRs": ["10.0.0.0/8"]}),
+        ),
+        "ModelRouter/demo: spec.policy.auditLog.trustedProxyCIDRs: requires logClientAddress: true",
+    );
     one(
         with("/spec/policy/auditLog", json!({"logClientAddress": true, "trustedProxyCIDRs": ["10.0.0.0/8", "fd00::1", "10.0.0.0/33"]})),
         "ModelRouter/demo: spec.policy.auditLog.trustedProxyCIDRs[2]: \"10.0.0.0/33\" is not a CIDR or an IP address",
@@ -337,7 +446,11 @@ fn required_capabilities_must_be_satisfiable() {
         with("/spec/rules/0/match/requiredCapabilities", json!(["tools", "vision"])),
         "ModelRouter/demo: spec.rules[0].match.requiredCapabilities: no backend of the route advertises all of [\"tools\", \"vision\"]; the rule could never match",
     );
-    assert!(errors(with("/spec/rules/0/match/requiredCapabilities", json!(["tools"]))).is_empty());
+    assert!(errors(with(
+        "/spec/rules/0/match/requiredCapabilities",
+        json!(["tools"])
+    ))
+    .is_empty());
 }
 
 #[test]
@@ -356,8 +469,14 @@ fn missing_references_warn_in_validate() {
 
 #[test]
 fn proxy_limits() {
-    one(with("/spec/proxy/replicas", json!(11)), "ModelRouter/demo: spec.proxy.replicas: must be between 1 and 10, got 11");
-    one(with("/spec/proxy/drainTimeout", json!("2h")), "ModelRouter/demo: spec.proxy.drainTimeout: must be between 1s and 1h, got \"2h\"");
+    one(
+        with("/spec/proxy/replicas", json!(11)),
+        "ModelRouter/demo: spec.proxy.replicas: must be between 1 and 10, got 11",
+    );
+    one(
+        with("/spec/proxy/drainTimeout", json!("2h")),
+        "ModelRouter/demo: spec.proxy.drainTimeout: must be between 1s and 1h, got \"2h\"",
+    );
     one(with("/spec/proxy/serviceName", json!("1abc")), "ModelRouter/demo: spec.proxy.serviceName: \"1abc\" must match ^[a-z]([-a-z0-9]*[a-z0-9])?$ and be at most 63 characters");
 }
 
@@ -372,7 +491,10 @@ fn unreachable_rule_after_catch_all_warns() {
 fn yaml_syntax_error_is_reported() {
     let (e, _) = check("apiVersion: [".into());
     assert_eq!(e.len(), 1);
-    assert!(e[0].starts_with("test.yaml: documents[0]: invalid YAML:"), "{e:?}");
+    assert!(
+        e[0].starts_with("test.yaml: documents[0]: invalid YAML:"),
+        "{e:?}"
+    );
 }
 
 #[test]

@@ -1,0 +1,380 @@
+//! The binary: exit codes, stdin, output files.
+
+mod common;
+use common::*;
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_llmkube-gen");
+
+fn run(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        let mut si = child.stdin.take().unwrap();
+        if let Some(s) = stdin {
+            si.write_all(s.as_bytes()).unwrap();
+        }
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("llmkube-gen-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn example() -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../envoy-examples/router.yaml").to_string()
+}
+
+#[test]
+fn validate_ok_and_invalid() {
+    let o = run(&["validate", "-f", &example()], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let mut r = router();
+    r["spec"]["rules"][0]["route"]["backends"] = json!(["gpt"]);
+    let o = run(&["validate", "-f", "-"], Some(&full(r)));
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(stderr(&o), "ModelRouter/demo: spec.rules[0].route.backends[0]: backend \"gpt\" is not declared in spec.backends\n");
+}
+
+#[test]
+fn validate_several_files_and_warnings() {
+    let d = tmpdir("several");
+    let a = d.join("router.yaml");
+    let b = d.join("objects.yaml");
+    std::fs::write(&a, serde_json::to_string(&router()).unwrap()).unwrap();
+    std::fs::write(&b, docs(&[isvc("isvc-a", None), isvc("isvc-b", None)])).unwrap();
+    let o = run(
+        &[
+            "validate",
+            "-f",
+            a.to_str().unwrap(),
+            "-f",
+            b.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(stderr(&o), "warning: ModelRouter/demo: spec.backends[2].external.credentialsSecretRef.name: Secret llm/openai is not in the input\n");
+}
+
+#[test]
+fn missing_file_is_an_error() {
+    let o = run(&["validate", "-f", "/nonexistent/router.yaml"], None);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).starts_with("/nonexistent/router.yaml: cannot read:"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn compile_from_stdin_to_stdout() {
+    let text = std::fs::read_to_string(example()).unwrap();
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy",
+            "--wasm-dir",
+            "/opt/w",
+            "-f",
+            "-",
+        ],
+        Some(&text),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_norway::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"],
+        10000
+    );
+}
+
+#[test]
+fn compile_writes_output_deterministically() {
+    let d = tmpdir("out");
+    let out1 = d.join("a.yaml");
+    let out2 = d.join("b.yaml");
+    for out in [&out1, &out2] {
+        let o = run(
+            &[
+                "compile",
+                "--target",
+                "envoy",
+                "-f",
+                &example(),
+                "-o",
+                out.to_str().unwrap(),
+                "--listen",
+                "127.0.0.1:18000",
+                "--admin",
+                "127.0.0.1:18001",
+                "--wasm-dir",
+                "/opt/w",
+            ],
+            None,
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(o.stdout.is_empty());
+    }
+    let a = std::fs::read(&out1).unwrap();
+    assert_eq!(a, std::fs::read(&out2).unwrap());
+    let text = String::from_utf8(a).unwrap();
+    assert!(text.contains("port_value: 18000") && text.contains("port_value: 18001"));
+    // Only the output files are left (no temp files).
+    assert_eq!(std::fs::read_dir(&d).unwrap().count(), 2);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&out1).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+}
+
+#[test]
+fn json_output_by_extension() {
+    let d = tmpdir("json");
+    let out = d.join("envoy.json");
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy",
+            "-f",
+            &example(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let _: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+}
+
+#[test]
+fn invalid_input_writes_no_file() {
+    let d = tmpdir("invalid");
+    let out = d.join("envoy.yaml");
+    let mut r = router();
+    r["spec"]["defaultRoute"] = json!("nope");
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy",
+            "-f",
+            "-",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        Some(&full(r)),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o).lines().last().unwrap(),
+        "ModelRouter/demo: spec.defaultRoute: backend \"nope\" is not declared in spec.backends"
+    );
+    assert!(!out.exists());
+    assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
+    // An existing file is left untouched.
+    std::fs::write(&out, "old").unwrap();
+    let mut r = router();
+    r["spec"]["defaultRoute"] = json!("nope");
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy",
+            "-f",
+            "-",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        Some(&full(r)),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "old");
+}
+
+#[test]
+fn stub_targets_are_not_implemented() {
+    for t in ["envoy-gateway", "agentgateway"] {
+        let o = run(&["compile", "--target", t, "-f", &example()], None);
+        assert_eq!(o.status.code(), Some(1));
+        assert_eq!(
+            stderr(&o),
+            format!("options: --target: {t} is not implemented yet (only envoy is)\n")
+        );
+        assert!(o.stdout.is_empty());
+    }
+}
+
+#[test]
+fn router_selection() {
+    let mut r2 = router();
+    r2["metadata"]["name"] = json!("second");
+    let text = docs(&[
+        router(),
+        r2,
+        isvc("isvc-a", None),
+        isvc("isvc-b", None),
+        secret(),
+    ]);
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy",
+            "-f",
+            "-",
+            "--wasm-dir",
+            "/opt/w",
+        ],
+        Some(&text),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("exactly one ModelRouter; found 2"));
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy",
+            "-f",
+            "-",
+            "--router",
+            "second",
+            "--wasm-dir",
+            "/opt/w",
+        ],
+        Some(&text),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_options() {
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy",
+            "-f",
+            &example(),
+            "--listen",
+            "localhost",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        "options: --listen: \"localhost\" must be IP:PORT (e.g. 127.0.0.1:10000)\n"
+    );
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy",
+            "-f",
+            &example(),
+            "--resolve",
+            "qwen3-8b",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        "options: --resolve: \"qwen3-8b\" must be NAME=HOST:PORT\n"
+    );
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy",
+            "-f",
+            &example(),
+            "--max-body-bytes",
+            "0",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    // Usage errors: 2.
+    assert_eq!(
+        run(&["compile", "-f", &example()], None).status.code(),
+        Some(2)
+    );
+    assert_eq!(
+        run(&["compile", "--target", "nginx", "-f", &example()], None)
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(run(&["validate"], None).status.code(), Some(2));
+    assert_eq!(run(&["frobnicate", "-f", "x"], None).status.code(), Some(2));
+    assert_eq!(
+        run(&["validate", "-f", "-", "-f", "-"], Some(""))
+            .status
+            .code(),
+        Some(1)
+    );
+}
+
+#[test]
+fn resolve_and_endpoints_flags() {
+    let mut r = router();
+    r["spec"]["backends"][1]["resolution"] = json!("endpoint");
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy",
+            "-f",
+            "-",
+            "--format",
+            "json",
+            "--wasm-dir",
+            "/opt/w",
+            "--resolve",
+            "isvc-a=127.0.0.1:9100",
+            "--endpoints",
+            "isvc-b=127.0.0.1:9200,127.0.0.1:9201",
+        ],
+        Some(&docs(&[r, secret()])),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let clusters = v["static_resources"]["clusters"].as_array().unwrap();
+    assert_eq!(
+        clusters[0]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["socket_address"]["port_value"],
+        9100
+    );
+    assert_eq!(
+        clusters[1]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+}

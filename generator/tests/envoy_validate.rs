@@ -1,0 +1,241 @@
+//! Every generated bootstrap must pass `envoy --mode validate`, which also loads the real wasm
+//! filter and runs its `on_configure` on the generated plugin config.
+//!
+//! Envoy: `$ENVOY_BIN`, else `<repo>/.venv/bin/envoy` (scripts/setup.sh installs it). A missing
+//! Envoy FAILS these tests. The filter: `$LLMKUBE_WASM_DIR`, else built here with
+//! `cargo build --release --target wasm32-wasip1 -p llmkube-model-router` (a no-op when fresh).
+
+mod common;
+use common::*;
+use llmkube_gen::envoy::{compile_envoy, EnvoyOptions, Format, WASM_FILE};
+use llmkube_gen::Source;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn envoy_bin() -> PathBuf {
+    let p = std::env::var_os("ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/bin/envoy"));
+    assert!(
+        p.is_file(),
+        "Envoy not found at {} (set ENVOY_BIN or run scripts/setup.sh)",
+        p.display()
+    );
+    p
+}
+
+fn wasm_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Some(d) = std::env::var_os("LLMKUBE_WASM_DIR") {
+            let d = PathBuf::from(d);
+            assert!(
+                d.join(WASM_FILE).is_file(),
+                "LLMKUBE_WASM_DIR has no {WASM_FILE}"
+            );
+            return d;
+        }
+        let target = match std::env::var_os("CARGO_TARGET_DIR") {
+            Some(t) if !t.is_empty() => {
+                let t = PathBuf::from(t);
+                if t.is_absolute() {
+                    t
+                } else {
+                    repo_root().join(t)
+                }
+            }
+            _ => repo_root().join("target"),
+        };
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let out = Command::new(cargo)
+            .current_dir(repo_root())
+            .args([
+                "build",
+                "--release",
+                "--target",
+                "wasm32-wasip1",
+                "-p",
+                "llmkube-model-router",
+            ])
+            .env("CARGO_TARGET_DIR", &target)
+            .output()
+            .expect("running cargo");
+        assert!(
+            out.status.success(),
+            "building the wasm filter failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let d = target.join("wasm32-wasip1/release");
+        assert!(
+            d.join(WASM_FILE).is_file(),
+            "{} missing after the build",
+            d.join(WASM_FILE).display()
+        );
+        d
+    })
+}
+
+fn base_id() -> u32 {
+    static N: AtomicU32 = AtomicU32::new(0);
+    (std::process::id() % 100_000) * 20 + N.fetch_add(1, Ordering::SeqCst)
+}
+
+/// Compiles `text` and runs `envoy --mode validate` on the result.
+fn validate(name: &str, text: String, mut opts: EnvoyOptions) {
+    opts.wasm_dir = wasm_dir().to_path_buf();
+    let out = compile_envoy(
+        &[Source {
+            name: name.into(),
+            text,
+        }],
+        &opts,
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{name}: {:#?}",
+            e.iter().map(|p| p.to_string()).collect::<Vec<_>>()
+        )
+    });
+    let ext = if opts.format == Format::Json {
+        "json"
+    } else {
+        "yaml"
+    };
+    let (ok, report) = envoy_validate(&format!("{name}.{ext}"), &out);
+    assert!(ok, "{report}");
+}
+
+/// Runs `envoy --mode validate` on `content`; (accepted, report).
+fn envoy_validate(file_name: &str, content: &str) -> (bool, String) {
+    let dir = std::env::temp_dir().join(format!("llmkube-gen-envoy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(file_name);
+    std::fs::write(&file, content).unwrap();
+    let o = Command::new(envoy_bin())
+        .args(["--mode", "validate", "-c"])
+        .arg(&file)
+        .args(["--base-id", &base_id().to_string(), "--log-level", "warn"])
+        .output()
+        .expect("running envoy");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let report = format!(
+        "envoy --mode validate on {}:\n{stdout}\n{}",
+        file.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success() && stdout.contains("OK"), report)
+}
+
+#[test]
+fn harness_detects_a_broken_bootstrap() {
+    let mut opts = EnvoyOptions {
+        wasm_dir: wasm_dir().to_path_buf(),
+        ..Default::default()
+    };
+    opts.format = Format::Yaml;
+    let good = compile_envoy(
+        &[Source {
+            name: "x".into(),
+            text: example(),
+        }],
+        &opts,
+    )
+    .unwrap();
+    let bad = good.replace("STRICT_DNS", "STRICTER_DNS");
+    assert_ne!(good, bad);
+    let (ok, report) = envoy_validate("broken.yaml", &bad);
+    assert!(!ok, "Envoy accepted a broken bootstrap: {report}");
+    // A plugin config the filter refuses (unknown field) fails at config load too.
+    let refused = good.replacen("\"router\":", "\"no_such_field\":1,\"router\":", 1);
+    assert_ne!(good, refused);
+    let (ok, report) = envoy_validate("refused.yaml", &refused);
+    assert!(
+        !ok,
+        "the filter accepted an unknown plugin-config field: {report}"
+    );
+}
+
+fn example() -> String {
+    std::fs::read_to_string(repo_root().join("envoy-examples/router.yaml")).unwrap()
+}
+
+#[test]
+fn example_router_defaults() {
+    validate("example-defaults", example(), EnvoyOptions::default());
+}
+
+#[test]
+fn example_router_local_run_json() {
+    let opts = EnvoyOptions {
+        listen: "127.0.0.1:18080".parse().unwrap(),
+        admin: "127.0.0.1:18081".parse().unwrap(),
+        resolve: [
+            ("qwen3-8b".into(), ("127.0.0.1".into(), 8001)),
+            ("llama-3-70b".into(), ("localhost".into(), 8002)),
+        ]
+        .into(),
+        max_body_bytes: Some(2 * 1024 * 1024),
+        model_header: Some("X-Gateway-Base-Model-Name".into()),
+        format: Format::Json,
+        ..Default::default()
+    };
+    validate("example-local", example(), opts);
+}
+
+#[test]
+fn endpoints_tls_providers_and_no_idle_timeout() {
+    let mut r = router();
+    r["spec"]["backends"][0]["resolution"] = json!("endpoint");
+    r["spec"]["backends"][0]["balancing"] = json!({"mode": "LoadAware", "prefixAffinity": {"blockBytes": 512}, "sessionAffinity": {"headers": ["x-session-id"]}});
+    r["spec"]["backends"][1]["resolution"] = json!("endpoint");
+    r["spec"]["backends"].as_array_mut().unwrap().push(json!({
+        "name": "claude", "tier": "cloud",
+        "external": {"provider": "anthropic", "model": "claude-opus-4", "url": "https://gateway.example.com/anthropic/", "credentialsSecretRef": {"name": "anth"}}
+    }));
+    r["spec"]["backends"].as_array_mut().unwrap().push(json!({
+        "name": "lite", "tier": "cloud", "external": {"provider": "litellm", "model": "m", "url": "http://[::1]:4000/v1"}
+    }));
+    r["spec"]["rules"] = json!([
+        {"name": "pii", "failClosed": true, "timeout": "5s", "match": {"dataClassification": ["pii"]}, "route": {"backends": ["local-a", "local-b"]}},
+        {"name": "shadow", "match": {"headers": {"X-Team": "research"}}, "route": {"strategy": "shadow", "backends": ["claude", "lite", "cloud"]}},
+    ]);
+    set(&mut r, "/spec/proxy/streamIdleTimeout", json!("0s"));
+    set(&mut r, "/spec/proxy/responseHeaderTimeout", json!("10m"));
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "isvc-a-1", "namespace": "llm", "labels": {"kubernetes.io/service-name": "isvc-a"}},
+        "addressType": "IPv4", "ports": [{"name": "http", "port": 8000}],
+        "endpoints": [{"addresses": ["10.0.0.1"]}, {"addresses": ["10.0.0.2"], "conditions": {"ready": true}}]
+    });
+    let anth = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "anth", "namespace": "llm"}, "stringData": {"ANTHROPIC_API_KEY": "sk-ant"}});
+    let opts = EnvoyOptions {
+        endpoints: [(
+            "isvc-b".into(),
+            vec![("10.0.1.1".into(), 8000), ("fd00::2".into(), 8000)],
+        )]
+        .into(),
+        ..Default::default()
+    };
+    validate(
+        "endpoints-tls",
+        docs(&[
+            r,
+            isvc("isvc-a", Some(8000)),
+            isvc("isvc-b", None),
+            secret(),
+            anth,
+            slice,
+        ]),
+        opts,
+    );
+}

@@ -52,6 +52,7 @@ def envoy(cfg, base_id, concurrency=1, name="envoy"):
     path = f"{RUN}/{name}.json"
     json.dump(cfg, open(path, "w"), indent=1)
     log = f"{RUN}/{name}.log"
+    open(log, "w").close()
     p = subprocess.Popen([ENVOY, "-c", path, "--base-id", str(base_id), "--concurrency", str(concurrency),
                           "-l", os.environ.get("XP_LOG", "warning"), "--log-path", log,
                           "--disable-hot-restart", "--file-flush-interval-msec", "200"],
@@ -220,7 +221,7 @@ def bootstrap(routes, clusters, http_filters=(), hcm_extra=None, access="access"
            "http_filters": list(http_filters) + [ROUTER]}
     hcm.update(hcm_extra or {})
     open(f"{RUN}/{access}.log", "w").close()
-    b = {"admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": ADMIN}}},
+    b = {"node": {"id": "xp", "cluster": "xp"}, "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": ADMIN}}},
          "static_resources": {"listeners": [{"name": "l", "address": {"socket_address": {"address": "127.0.0.1", "port_value": LISTEN}},
                                              "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                                                              "typed_config": hcm}]}]}],

@@ -4,6 +4,9 @@
 //!   set_req=NAME:VALUE    add a request header (credentials test)
 //!   rewrite_model=M       buffer the request body and replace the value of "model" with M
 //!   drop_cl=1             also remove content-length when rewriting
+//!   rewrite_model=@append  model becomes <old>+<backend from upstream host metadata llmkube.backend>
+//!   mark=1                add request header x-probe-mark-<backend>: 1 (per-attempt header leak test)
+//!   fix_cl=1              pause the headers, rewrite the body, then set content-length to the new size
 //!   props=1               on request headers: add x-probe-<tag>-req-<prop> request headers;
 //!                         on response headers: add x-probe-<tag>-<prop> response headers
 //!   local=CODE            on response headers with status >= 500: replace the response by a JSON error
@@ -18,7 +21,9 @@ struct Cfg {
     set_req: Option<(String, String)>,
     rewrite_model: Option<String>,
     drop_cl: bool,
+    fix_cl: bool,
     props: bool,
+    mark: bool,
     local: Option<u32>,
 }
 
@@ -52,7 +57,9 @@ impl RootContext for Root {
                 }
                 "rewrite_model" => c.rewrite_model = Some(v),
                 "drop_cl" => c.drop_cl = v == "1",
+                "fix_cl" => c.fix_cl = v == "1",
                 "props" => c.props = v == "1",
+                "mark" => c.mark = v == "1",
                 "local" => c.local = v.parse().ok(),
                 _ => {}
             }
@@ -109,6 +116,10 @@ impl HttpContext for Http {
         if let Some((k, v)) = &self.cfg.set_req {
             let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, k, Some(v));
         }
+        if self.cfg.mark {
+            let be = prop(&["xds", "upstream_host_metadata", "filter_metadata", "llmkube", "backend"]);
+            add(MapType::HttpRequestHeaders, &format!("x-probe-mark-{be}"), "1");
+        }
         if self.cfg.props {
             for (n, p) in PROPS {
                 add(MapType::HttpRequestHeaders, &format!("x-probe-{t}-req-{n}"), &prop(p));
@@ -116,6 +127,9 @@ impl HttpContext for Http {
         }
         if self.cfg.rewrite_model.is_some() && self.cfg.drop_cl {
             let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, "content-length", None);
+        }
+        if self.cfg.rewrite_model.is_some() && self.cfg.fix_cl && !_eos {
+            return Action::Pause; // hold the headers until the body is rewritten, then fix content-length
         }
         Action::Continue
     }
@@ -135,8 +149,17 @@ impl HttpContext for Http {
                 if let Some(q2) = rest[q1 + 1..].find('"') {
                     let start = i + 7 + q1 + 1;
                     let end = start + q2;
-                    let nb = format!("{}{}{}", &body[..start], m, &body[end..]);
+                    let newm = if m == "@append" {
+                        format!("{}+{}", &body[start..end], prop(&["xds", "upstream_host_metadata", "filter_metadata", "llmkube", "backend"]))
+                    } else {
+                        m.clone()
+                    };
+                    let nb = format!("{}{}{}", &body[..start], newm, &body[end..]);
                     let st = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, size, nb.as_bytes());
+                    if self.cfg.fix_cl {
+                        let st2 = hostcalls::set_map_value(MapType::HttpRequestHeaders, "content-length", Some(&nb.len().to_string()));
+                        proxy_wasm::hostcalls::log(LogLevel::Info, &format!("probe {} fix_cl {:?}", self.cfg.tag, st2)).ok();
+                    }
                     proxy_wasm::hostcalls::log(LogLevel::Info, &format!("probe {} rewrite {:?} {}->{}", self.cfg.tag, st, size, nb.len())).ok();
                 }
             }

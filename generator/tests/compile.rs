@@ -508,3 +508,25 @@ fn yaml_and_json_outputs_agree() {
     let jv: Value = serde_json::from_str(&j).unwrap();
     assert_eq!(yv, jv);
 }
+
+#[test]
+fn endpoints_flag_does_not_resolve_a_service_backend() {
+    let o = EnvoyOptions {
+        endpoints: [("isvc-b".to_string(), vec![("10.0.0.1".to_string(), 80)])].into(),
+        ..opts()
+    };
+    assert_eq!(
+        compile_err(docs(&[router(), isvc("isvc-a", None), secret()]), &o),
+        ["ModelRouter/demo: spec.backends[1].inferenceServiceRef.name: InferenceService llm/isvc-b is not in the input (add it, or give its address with --resolve/--endpoints)"]
+    );
+}
+
+#[test]
+fn custom_resource_identity() {
+    use kube::core::Resource;
+    assert_eq!(
+        llmkube_gen::ModelRouter::api_version(&()),
+        "inference.llmkube.dev/v1alpha1"
+    );
+    assert_eq!(llmkube_gen::ModelRouter::kind(&()), "ModelRouter");
+}

@@ -501,3 +501,113 @@ fn yaml_syntax_error_is_reported() {
 fn auth_allowlists_need_jwt() {
     one(with("/spec/policy/auth", json!({"allowlists": [{"team": "a"}]})), "ModelRouter/demo: spec.policy.auth.allowlists: authorization requires authentication: set spec.policy.auth.jwt");
 }
+
+#[test]
+fn wrong_api_version_and_ignored_kinds() {
+    let mut r = router();
+    r["apiVersion"] = json!("inference.llmkube.dev/v1beta1");
+    let (e, _) = check(full(r));
+    assert_eq!(e, vec!["ModelRouter/demo: apiVersion: unsupported version \"inference.llmkube.dev/v1beta1\" (expected \"inference.llmkube.dev/v1alpha1\")"]);
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "llm"}});
+    let (e, w) = check(docs(&[
+        router(),
+        isvc("isvc-a", None),
+        isvc("isvc-b", None),
+        secret(),
+        ns,
+    ]));
+    assert!(e.is_empty());
+    assert_eq!(
+        w,
+        vec!["Namespace/llm: v1 Namespace is not used by the generator; ignored"]
+    );
+}
+
+#[test]
+fn no_router_in_input() {
+    let (e, _) = check(docs(&[isvc("isvc-a", None)]));
+    assert_eq!(
+        e,
+        vec!["input: no ModelRouter (inference.llmkube.dev/v1alpha1) found"]
+    );
+}
+
+#[test]
+fn duplicate_router_in_input() {
+    let (e, _) = check(docs(&[
+        router(),
+        router(),
+        isvc("isvc-a", None),
+        isvc("isvc-b", None),
+        secret(),
+    ]));
+    assert_eq!(
+        e,
+        vec!["ModelRouter/demo: metadata.name: llm/demo is defined twice in the input"]
+    );
+}
+
+#[test]
+fn data_plane_references() {
+    one(
+        with("/spec/dataPlane", json!("Gateway")),
+        "ModelRouter/demo: spec.gatewayRef: is required when dataPlane is Gateway",
+    );
+    one(
+        with("/spec/dataPlane", json!("AgentGateway")),
+        "ModelRouter/demo: spec.agentGatewayRef: is required when dataPlane is AgentGateway",
+    );
+    one(
+        with("/spec/agentGatewayRef", json!({"name": "gw", "endpointPicker": "epp"})),
+        "ModelRouter/demo: spec.agentGatewayRef.endpointPickerPort: endpointPicker and endpointPickerPort must be set together",
+    );
+}
+
+#[test]
+fn endpoint_section() {
+    one(
+        with("/spec/endpoint", json!({"port": 80, "nodePort": 30080})),
+        "ModelRouter/demo: spec.endpoint.nodePort: requires endpoint.type NodePort",
+    );
+    one(
+        with(
+            "/spec/endpoint/apiKeySecretRef",
+            json!({"name": "s", "key": "k"}),
+        ),
+        "ModelRouter/demo: spec.endpoint.apiKeySecretRef: is not supported on ModelRouter",
+    );
+}
+
+#[test]
+fn model_info_limits() {
+    one(with("/spec/backends/0/modelInfo", json!({"contextLength": 0})), "ModelRouter/demo: spec.backends[0].modelInfo.contextLength: must be between 1 and 9223372036854775807, got 0");
+    one(
+        with(
+            "/spec/backends/0/modelInfo",
+            json!({"inputModalities": ["text", "image", "audio", "video", "file", "x"]}),
+        ),
+        "ModelRouter/demo: spec.backends[0].modelInfo.inputModalities: at most 5 items, got 6",
+    );
+}
+
+#[test]
+fn glob_syntax() {
+    one(
+        with("/spec/rules/0/match/models", json!(["qwen3-[ab"])),
+        "ModelRouter/demo: spec.rules[0].match.models[0]: unclosed '[' in glob \"qwen3-[ab\"",
+    );
+}
+
+#[test]
+fn passthrough_blobs_are_checked_lightly() {
+    one(
+        with("/spec/proxy/tolerations", json!({"key": "x"})),
+        "ModelRouter/demo: spec.proxy.tolerations: must be a list (core/v1 Toleration)",
+    );
+    one(with("/spec/proxy/nodeSelector", json!({"disk": 1})), "ModelRouter/demo: spec.proxy.nodeSelector.disk: invalid type: integer `1`, expected a string");
+    assert!(errors(with(
+        "/spec/proxy/resources",
+        json!({"limits": {"cpu": "500m", "memory": "256Mi"}})
+    ))
+    .is_empty());
+}

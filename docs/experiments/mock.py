@@ -112,6 +112,7 @@ class S(http.server.ThreadingHTTPServer):
         pass
 
 
+S.request_queue_size = 128
 srv = S(("127.0.0.1", PORT), H)
 srv.daemon_threads = True
 srv.serve_forever()

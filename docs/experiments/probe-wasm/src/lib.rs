@@ -5,6 +5,8 @@
 //!   rewrite_model=M       buffer the request body and replace the value of "model" with M
 //!   drop_cl=1             also remove content-length when rewriting
 //!   rewrite_model=@append  model becomes <old>+<backend from upstream host metadata llmkube.backend>
+//!   deny_backend=NAME     upstream use: local 503 reply when this attempt's endpoint metadata llmkube.backend == NAME
+//!   env_header=H:VAR      set request header H from the VM environment variable VAR (vm_config.environment_variables)
 //!   mark=1                add request header x-probe-mark-<backend>: 1 (per-attempt header leak test)
 //!   fix_cl=1              pause the headers, rewrite the body, then set content-length to the new size
 //!   props=1               on request headers: add x-probe-<tag>-req-<prop> request headers;
@@ -24,6 +26,8 @@ struct Cfg {
     fix_cl: bool,
     props: bool,
     mark: bool,
+    deny_backend: Option<String>,
+    env_header: Option<(String, String)>,
     local: Option<u32>,
 }
 
@@ -60,6 +64,12 @@ impl RootContext for Root {
                 "fix_cl" => c.fix_cl = v == "1",
                 "props" => c.props = v == "1",
                 "mark" => c.mark = v == "1",
+                "deny_backend" => c.deny_backend = Some(v),
+                "env_header" => {
+                    if let Some((a, b)) = v.split_once(':') {
+                        c.env_header = Some((a.to_string(), b.to_string()))
+                    }
+                }
                 "local" => c.local = v.parse().ok(),
                 _ => {}
             }
@@ -115,6 +125,18 @@ impl HttpContext for Http {
         add(MapType::HttpRequestHeaders, &format!("x-probe-{t}-ran"), "1");
         if let Some((k, v)) = &self.cfg.set_req {
             let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, k, Some(v));
+        }
+        if let Some(d) = &self.cfg.deny_backend {
+            let be = prop(&["xds", "upstream_host_metadata", "filter_metadata", "llmkube", "backend"]);
+            if &be == d {
+                let _ = hostcalls::send_http_response(503, vec![("content-type", "application/json"), ("x-probe-denied", d.as_str())],
+                    Some(b"{\"error\":{\"message\":\"refused by upstream filter\",\"type\":\"server_error\",\"param\":null,\"code\":\"fail_closed\"}}"));
+                return Action::Pause;
+            }
+        }
+        if let Some((h, var)) = &self.cfg.env_header {
+            let v = std::env::var(var).unwrap_or_else(|_| "unset".into());
+            let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, h, Some(&v));
         }
         if self.cfg.mark {
             let be = prop(&["xds", "upstream_host_metadata", "filter_metadata", "llmkube", "backend"]);

@@ -153,11 +153,7 @@ pub fn check_glob(s: &str) -> Result<(), String> {
                     }
                 }
             }
-            '\\' => {
-                if chars.next().is_none() {
-                    return Err(format!("trailing '\\' in glob {s:?}"));
-                }
-            }
+            '\\' if chars.next().is_none() => return Err(format!("trailing '\\' in glob {s:?}")),
             _ => {}
         }
     }
@@ -745,7 +741,7 @@ fn validate_rules(cx: &mut Ctx, spec: &ModelRouterSpec, cap: Duration) {
         // Match.
         let mp = format!("{p}.match");
         let mut lower_names = BTreeMap::new();
-        for (k, _) in &m.headers {
+        for k in m.headers.keys() {
             cx.header(&format!("{mp}.headers.{k}"), k);
             if let Some(prev) = lower_names.insert(k.to_ascii_lowercase(), k) {
                 cx.err(

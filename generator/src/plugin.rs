@@ -82,6 +82,7 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
                 weight: b.effective_weight().clamp(0, u32::MAX as i64) as u32,
                 model_info,
                 external_model: b.external.as_ref().map(|e| e.model.clone()),
+                provider: b.external.as_ref().map(|e| e.provider.as_str().to_string()),
                 timeout_ms: resolve_timeout(b.timeout.as_deref(), cap).or(Some(ms(cap))),
             }
         })
@@ -146,5 +147,18 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
         default_route: spec.default_route.clone(),
         backends,
         rules,
+        audit: audit_config(spec.policy.as_ref().and_then(|p| p.audit_log.as_ref())),
+    }
+}
+
+fn audit_config(a: Option<&crate::model::AuditLog>) -> rc::AuditConfig {
+    let Some(a) = a else {
+        return rc::AuditConfig::default();
+    };
+    rc::AuditConfig {
+        caller_header: a.caller_header.as_ref().map(|h| h.to_ascii_lowercase()),
+        log_client_address: a.log_client_address.unwrap_or(false),
+        trusted_proxy_cidrs: a.trusted_proxy_cidrs.clone().unwrap_or_default(),
+        include_request_body: a.include_request_body.unwrap_or(false),
     }
 }

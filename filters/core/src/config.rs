@@ -26,6 +26,13 @@ pub const RULE_HEADER: &str = "x-llmkube-rule";
 pub const BACKEND_HEADER: &str = "x-llmkube-backend";
 pub const DESTINATION_ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
 pub const SHADOW_HEADER: &str = "x-llmkube-shadow";
+/// The attempt order (`orders::route_key`); the route table matches it exactly.
+pub const ROUTE_HEADER: &str = "x-llmkube-route";
+/// `true` on requests of a sensitive class, for the per-attempt guard in the upstream filter.
+pub const SENSITIVE_HEADER: &str = "x-llmkube-sensitive";
+/// Set by the upstream filter on each attempt to the backend it goes to, so per-backend
+/// upstream filters (credential injection) can select on it.
+pub const ATTEMPT_BACKEND_HEADER: &str = "x-llmkube-attempt-backend";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -57,6 +64,31 @@ pub struct PluginConfig {
     pub backends: Vec<BackendConfig>,
     #[serde(default)]
     pub rules: Vec<RuleConfig>,
+    #[serde(default, skip_serializing_if = "AuditConfig::is_default")]
+    pub audit: AuditConfig,
+}
+
+/// `spec.policy.auditLog`, as far as the filter acts on it (the sink is the gateway's log).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditConfig {
+    /// Lower-cased header whose value is logged as `caller` (credential headers are refused by
+    /// the generator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller_header: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub log_client_address: bool,
+    /// CIDRs or addresses whose X-Forwarded-For is believed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trusted_proxy_cidrs: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub include_request_body: bool,
+}
+
+impl AuditConfig {
+    pub fn is_default(&self) -> bool {
+        *self == AuditConfig::default()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -92,6 +124,9 @@ pub struct BackendConfig {
     /// For external backends: the provider's model name the body's `model` becomes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_model: Option<String>,
+    /// For external backends: `openai`, `anthropic` or `litellm` (provider headers differ).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
     /// Per-backend response-header timeout in milliseconds (already resolved against the cap).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
@@ -206,6 +241,9 @@ impl PluginConfig {
             BACKEND_HEADER,
             DESTINATION_ENDPOINT_HEADER,
             SHADOW_HEADER,
+            ROUTE_HEADER,
+            SENSITIVE_HEADER,
+            ATTEMPT_BACKEND_HEADER,
         ]
         .iter()
         .map(|s| s.to_ascii_lowercase())

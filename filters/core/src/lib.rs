@@ -9,5 +9,6 @@ pub mod errors;
 mod fast;
 pub mod glob;
 pub mod models;
+pub mod orders;
 pub mod router;
 pub mod scan;

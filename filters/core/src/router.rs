@@ -9,6 +9,7 @@
 use crate::config::{PluginConfig, Strategy, TaskComplexity, Tier};
 use crate::errors::ApiError;
 use crate::glob::Glob;
+use crate::orders;
 use hashbrown::HashMap;
 
 #[derive(Debug)]
@@ -24,6 +25,8 @@ pub struct Router {
     /// Lower-cased names of every request header a decision may read.
     needed_headers: Vec<String>,
     models_body: Vec<u8>,
+    tiers: Vec<Tier>,
+    weights: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -33,6 +36,7 @@ pub struct Backend {
     pub capabilities: Vec<String>,
     pub weight: u32,
     pub external_model: Option<String>,
+    pub provider: Option<String>,
     pub timeout_ms: Option<u64>,
 }
 
@@ -93,10 +97,17 @@ impl RequestHeaders {
 pub struct Decision {
     /// Index of the matched rule; `None` when BackendNameMatch or the default route served.
     pub rule: Option<usize>,
-    /// The backend to try first.
-    pub backend: usize,
+    /// Backends in attempt order (never empty); Envoy fails over along it.
+    pub order: Vec<usize>,
     /// The request carries a sensitive classification: only local backends may serve it.
     pub sensitive: bool,
+}
+
+impl Decision {
+    /// The backend tried first.
+    pub fn backend(&self) -> usize {
+        self.order[0]
+    }
 }
 
 impl Router {
@@ -123,6 +134,7 @@ impl Router {
                 capabilities: b.capabilities.clone(),
                 weight: b.weight,
                 external_model: b.external_model.clone(),
+                provider: b.provider.clone(),
                 timeout_ms: b.timeout_ms,
             })
             .collect();
@@ -180,6 +192,8 @@ impl Router {
         needed_headers.sort();
         needed_headers.dedup();
         let models_body = crate::models::models_body(&config);
+        let tiers: Vec<Tier> = backends.iter().map(|b| b.tier).collect();
+        let weights: Vec<u32> = backends.iter().map(|b| b.weight).collect();
         Ok(Router {
             sensitive: config
                 .sensitive_classifications
@@ -194,6 +208,8 @@ impl Router {
             complexity_header,
             needed_headers,
             models_body,
+            tiers,
+            weights,
             config,
         })
     }
@@ -215,7 +231,13 @@ impl Router {
         &self.models_body
     }
 
-    pub fn decide(&self, model: &str, headers: &RequestHeaders) -> Result<Decision, ApiError> {
+    /// Decides where a request goes. `random` supplies entropy for weighted rules.
+    pub fn decide(
+        &self,
+        model: &str,
+        headers: &RequestHeaders,
+        random: &mut dyn FnMut() -> u64,
+    ) -> Result<Decision, ApiError> {
         let classes: Vec<String> = headers.items(&self.classification_header).collect();
         let sensitive = classes.iter().any(|c| self.sensitive.contains(c));
         let complexity = headers
@@ -227,14 +249,19 @@ impl Router {
             if !self.rule_matches(rule, model, headers, &classes, complexity.as_deref()) {
                 continue;
             }
-            return match self.first_allowed(&rule.candidates, sensitive) {
-                Some(backend) => Ok(Decision {
+            let order = orders::pick_order(&self.order_input(rule), sensitive, random);
+            if !order.is_empty() {
+                return Ok(Decision {
                     rule: Some(ri),
-                    backend,
+                    order,
                     sensitive,
-                }),
-                None => Err(self.refuse_sensitive(&classes, &format!("rule {:?}", rule.name))),
-            };
+                });
+            }
+            // No backend of this rule may serve the request. A fail-closed rule answers for its
+            // requests; any other rule lets them fall through, as the seed describes.
+            if rule.fail_closed || sensitive {
+                return Err(self.refuse(&classes, sensitive, &format!("rule {:?}", rule.name)));
+            }
         }
         if self.config.default_route_strategy
             == crate::config::DefaultRouteStrategy::BackendNameMatch
@@ -247,6 +274,51 @@ impl Router {
             Some(b) => self.unruled(b, sensitive, &classes, "the default route"),
             None => Err(ApiError::model_not_found(model)),
         }
+    }
+
+    fn order_input<'a>(&'a self, rule: &'a Rule) -> orders::OrderInput<'a> {
+        orders::OrderInput {
+            strategy: rule.strategy,
+            candidates: &rule.candidates,
+            tiers: &self.tiers,
+            weights: &self.weights,
+        }
+    }
+
+    /// Every attempt order the filter can stamp for rule `i` (the generator emits one route each).
+    pub fn rule_orders(&self, i: usize) -> Vec<Vec<usize>> {
+        orders::all_orders(&self.order_input(&self.rules[i]))
+    }
+
+    /// Backends a request can reach without a rule (BackendNameMatch, default route).
+    pub fn unruled_targets(&self) -> Vec<usize> {
+        let mut out: Vec<usize> = Vec::new();
+        if self.config.default_route_strategy
+            == crate::config::DefaultRouteStrategy::BackendNameMatch
+        {
+            out.extend(self.by_model.values().copied());
+        }
+        out.extend(self.default_route);
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    pub fn rules_len(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// The route key the filter stamps for a decision.
+    pub fn route_key(&self, d: &Decision) -> String {
+        let names: Vec<&str> = d
+            .order
+            .iter()
+            .map(|&b| self.backends[b].name.as_str())
+            .collect();
+        let rule = d
+            .rule
+            .map_or(orders::UNRULED, |r| self.rules[r].name.as_str());
+        orders::route_key(rule, &names)
     }
 
     fn rule_matches(
@@ -277,13 +349,6 @@ impl Router {
             .all(|(name, value)| headers.all(name).any(|v| v == value))
     }
 
-    fn first_allowed(&self, candidates: &[usize], sensitive: bool) -> Option<usize> {
-        candidates
-            .iter()
-            .copied()
-            .find(|&b| !sensitive || self.backends[b].tier == Tier::Local)
-    }
-
     fn unruled(
         &self,
         backend: usize,
@@ -292,16 +357,21 @@ impl Router {
         what: &str,
     ) -> Result<Decision, ApiError> {
         if sensitive && self.backends[backend].tier != Tier::Local {
-            return Err(self.refuse_sensitive(classes, what));
+            return Err(self.refuse(classes, true, what));
         }
         Ok(Decision {
             rule: None,
-            backend,
+            order: vec![backend],
             sensitive,
         })
     }
 
-    fn refuse_sensitive(&self, classes: &[String], route: &str) -> ApiError {
+    fn refuse(&self, classes: &[String], sensitive: bool, route: &str) -> ApiError {
+        if !sensitive {
+            return ApiError::fail_closed(format!(
+                "{route} is fail-closed and none of its backends may serve this request"
+            ));
+        }
         let class = classes
             .iter()
             .find(|c| self.sensitive.contains(c))
@@ -352,10 +422,10 @@ mod tests {
     }
 
     fn pick(r: &Router, model: &str, h: &[(&str, &str)]) -> (Option<String>, String) {
-        let d = r.decide(model, &hdrs(h)).unwrap();
+        let d = r.decide(model, &hdrs(h), &mut || 0).unwrap();
         (
             d.rule.map(|i| r.rule(i).name.clone()),
-            r.backend(d.backend).name.clone(),
+            r.backend(d.backend()).name.clone(),
         )
     }
 
@@ -454,7 +524,7 @@ mod tests {
     #[test]
     fn no_route_is_404_model_not_found() {
         let r = router(serde_json::json!({"default_route": null}));
-        let e = r.decide("unknown", &hdrs(&[])).unwrap_err();
+        let e = r.decide("unknown", &hdrs(&[]), &mut || 0).unwrap_err();
         assert_eq!((e.status, e.code), (404, "model_not_found"));
     }
 
@@ -468,7 +538,11 @@ mod tests {
         }));
         for model in ["gpt", "unknown"] {
             let e = r
-                .decide(model, &hdrs(&[("x-llmkube-classification", "SECRET")]))
+                .decide(
+                    model,
+                    &hdrs(&[("x-llmkube-classification", "SECRET")]),
+                    &mut || 0,
+                )
                 .unwrap_err();
             assert_eq!((e.status, e.code), (503, "fail_closed"), "{model}");
         }

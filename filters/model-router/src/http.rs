@@ -4,7 +4,7 @@ use crate::Shared;
 use filter_edge::{self as edge, Buffer, Level, Map};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use router_core::config::{BACKEND_HEADER, RULE_HEADER};
+use router_core::config::{BACKEND_HEADER, ROUTE_HEADER, RULE_HEADER, SENSITIVE_HEADER};
 use router_core::errors::ApiError;
 use router_core::router::RequestHeaders;
 use std::rc::Rc;
@@ -76,20 +76,27 @@ impl Request {
             return self.fail(&err);
         }
         let router = &shared.router;
-        let decision = match router.decide(model, &self.headers) {
+        let mut rng = shared.rng.borrow_mut();
+        let decision = match router.decide(model, &self.headers, &mut || rng.next_u64()) {
             Ok(d) => d,
             Err(e) => {
                 drop(scanner);
                 return self.fail(&e);
             }
         };
-        let backend = &router.backend(decision.backend).name;
+        drop(rng);
+        let backend = &router.backend(decision.backend()).name;
+        let route_key = router.route_key(&decision);
         let mut stamp = vec![
             (router.config.model_header.as_str(), model),
             (BACKEND_HEADER, backend.as_str()),
+            (ROUTE_HEADER, route_key.as_str()),
         ];
         if let Some(ri) = decision.rule {
             stamp.push((RULE_HEADER, router.rule(ri).name.as_str()));
+        }
+        if decision.sensitive {
+            stamp.push((SENSITIVE_HEADER, "true"));
         }
         for (name, value) in stamp {
             if let Err(e) = edge::set_header(Map::RequestHeaders, name, value) {

@@ -11,6 +11,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 use router_core::config::PluginConfig;
 use router_core::router::Router;
+use router_core::orders::Rng;
 use router_core::scan::Scanner;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -27,6 +28,8 @@ pub(crate) struct Shared {
     pub stamped: Vec<String>,
     /// Scratch reused across requests (one VM runs one request callback at a time).
     pub scanner: RefCell<Scanner>,
+    /// Weighted picks; seeded from the host's entropy (WASI random_get) once per VM.
+    pub rng: RefCell<Rng>,
 }
 
 #[derive(Default)]
@@ -69,10 +72,16 @@ impl RootContext for Root {
                     Level::Info,
                     &format!("model-router: configured for {}", router.config.router),
                 );
+                let mut seed = [0u8; 8];
+                if let Err(e) = getrandom::fill(&mut seed) {
+                    // Weighted picks would still spread, just predictably: say so, don't fail.
+                    edge::log(Level::Warn, &format!("model-router: no entropy for weighted picks: {e}"));
+                }
                 self.shared = Some(Rc::new(Shared {
                     router,
                     stamped,
                     scanner: RefCell::new(Scanner::new()),
+                    rng: RefCell::new(Rng::new(u64::from_le_bytes(seed))),
                 }));
                 true
             }

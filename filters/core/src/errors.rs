@@ -121,6 +121,16 @@ impl ApiError {
         .param("model")
     }
 
+    /// The gateway itself failed; the message says where, never what the request contained.
+    pub fn internal(what: &str) -> Self {
+        ApiError::new(
+            500,
+            API_ERROR,
+            "internal_error",
+            format!("the gateway could not route this request: {what}"),
+        )
+    }
+
     pub fn fail_closed(message: String) -> Self {
         ApiError::new(503, API_ERROR, "fail_closed", message)
     }

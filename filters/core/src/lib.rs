@@ -10,5 +10,6 @@ mod fast;
 pub mod glob;
 pub mod models;
 pub mod orders;
+pub mod rewrite;
 pub mod router;
 pub mod scan;

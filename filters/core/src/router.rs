@@ -222,6 +222,11 @@ impl Router {
         &self.backends[i]
     }
 
+    /// Index of the backend named `name` (its `spec.backends[].name`).
+    pub fn backend_index(&self, name: &str) -> Option<usize> {
+        self.backends.iter().position(|b| b.name == name)
+    }
+
     pub fn rule(&self, i: usize) -> &Rule {
         &self.rules[i]
     }

@@ -94,6 +94,27 @@ extern "C" {
         headers_size: usize,
         grpc_status: i32,
     ) -> u32;
+    fn proxy_set_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        size: usize,
+        buffer_data: *const u8,
+        buffer_size: usize,
+    ) -> u32;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
+    fn proxy_define_metric(
+        metric_type: u32,
+        name_data: *const u8,
+        name_size: usize,
+        return_id: *mut u32,
+    ) -> u32;
+    fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
 }
 
 // Native builds (unit tests of code that links this crate) get inert stand-ins: the real
@@ -125,6 +146,34 @@ mod native {
         super::OK
     }
     pub unsafe fn proxy_remove_header_map_value(_: u32, _: *const u8, _: usize) -> u32 {
+        super::OK
+    }
+    pub unsafe fn proxy_set_buffer_bytes(
+        _: u32,
+        _: usize,
+        _: usize,
+        _: *const u8,
+        _: usize,
+    ) -> u32 {
+        super::OK
+    }
+    pub unsafe fn proxy_get_property(
+        _: *const u8,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+    ) -> u32 {
+        super::NOT_FOUND
+    }
+    pub unsafe fn proxy_get_current_time_nanoseconds(t: *mut u64) -> u32 {
+        *t = 0;
+        super::OK
+    }
+    pub unsafe fn proxy_define_metric(_: u32, _: *const u8, _: usize, id: *mut u32) -> u32 {
+        *id = 0;
+        super::OK
+    }
+    pub unsafe fn proxy_increment_metric(_: u32, _: i64) -> u32 {
         super::OK
     }
     #[allow(clippy::too_many_arguments)]
@@ -283,6 +332,64 @@ pub fn respond(
         )
     };
     check("proxy_send_local_response", rc)
+}
+
+/// Replaces the first `old_len` bytes of a buffer (pass its whole current size to replace it all,
+/// e.g. a request body with its model rewritten). Envoy drains exactly `old_len` bytes, so it
+/// must not exceed what is buffered.
+pub fn replace_buffer(kind: Buffer, old_len: usize, data: &[u8]) -> HostResult<()> {
+    let status =
+        unsafe { proxy_set_buffer_bytes(kind as u32, 0, old_len, data.as_ptr(), data.len()) };
+    check("proxy_set_buffer_bytes", status)
+}
+
+/// A host property by path (`["xds", "upstream_host_metadata", ...]`); `None` when absent.
+pub fn property(path: &[&str]) -> HostResult<Option<Vec<u8>>> {
+    let mut encoded = Vec::with_capacity(path.iter().map(|p| p.len() + 1).sum());
+    for p in path {
+        encoded.extend_from_slice(p.as_bytes());
+        encoded.push(0);
+    }
+    let mut data = null_mut();
+    let mut size = 0usize;
+    let status =
+        unsafe { proxy_get_property(encoded.as_ptr(), encoded.len(), &mut data, &mut size) };
+    match status {
+        OK => Ok(Some(unsafe { take(data, size) })),
+        NOT_FOUND => Ok(None),
+        s => Err(HostError {
+            call: "proxy_get_property",
+            status: s,
+        }),
+    }
+}
+
+/// Nanoseconds since the epoch by the host's clock (0 if the host cannot say).
+pub fn now_nanos() -> u64 {
+    let mut t = 0u64;
+    match unsafe { proxy_get_current_time_nanoseconds(&mut t) } {
+        OK => t,
+        _ => 0,
+    }
+}
+
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter = 0,
+    Gauge = 1,
+}
+
+/// Defines (or finds) a metric; Envoy exports it as `wasmcustom.<name>`.
+pub fn define_metric(kind: MetricKind, name: &str) -> HostResult<u32> {
+    let mut id = 0u32;
+    let status = unsafe { proxy_define_metric(kind as u32, name.as_ptr(), name.len(), &mut id) };
+    check("proxy_define_metric", status).map(|_| id)
+}
+
+pub fn increment_metric(id: u32, by: i64) {
+    // A lost increment is not worth failing a request over.
+    let _ = unsafe { proxy_increment_metric(id, by) };
 }
 
 #[cfg(test)]

@@ -50,14 +50,7 @@ impl Request {
 
     fn internal(&mut self, what: &str) -> Action {
         edge::log(Level::Error, &format!("model-router: {what}"));
-        let err = ApiError {
-            status: 500,
-            kind: router_core::errors::API_ERROR,
-            code: "internal_error",
-            param: None,
-            message: format!("the gateway could not route this request: {what}"),
-        };
-        self.fail(&err)
+        self.fail(&ApiError::internal(what))
     }
 
     fn route(&mut self, shared: &Shared, body: &[u8]) -> Action {

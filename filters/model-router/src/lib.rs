@@ -10,8 +10,8 @@ use filter_edge::{self as edge, Buffer, Level};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 use router_core::config::PluginConfig;
-use router_core::router::Router;
 use router_core::orders::Rng;
+use router_core::router::Router;
 use router_core::scan::Scanner;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -75,7 +75,10 @@ impl RootContext for Root {
                 let mut seed = [0u8; 8];
                 if let Err(e) = getrandom::fill(&mut seed) {
                     // Weighted picks would still spread, just predictably: say so, don't fail.
-                    edge::log(Level::Warn, &format!("model-router: no entropy for weighted picks: {e}"));
+                    edge::log(
+                        Level::Warn,
+                        &format!("model-router: no entropy for weighted picks: {e}"),
+                    );
                 }
                 self.shared = Some(Rc::new(Shared {
                     router,

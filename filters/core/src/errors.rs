@@ -131,6 +131,15 @@ impl ApiError {
         )
     }
 
+    pub fn all_backends_failed(last_status: u32) -> Self {
+        ApiError::new(
+            502,
+            API_ERROR,
+            "all_backends_failed",
+            format!("every backend of the route failed (last status {last_status})"),
+        )
+    }
+
     pub fn fail_closed(message: String) -> Self {
         ApiError::new(503, API_ERROR, "fail_closed", message)
     }

@@ -4,6 +4,7 @@
 //! these modules decide. That keeps the same decision whichever host runs it (Envoy's V8, the
 //! wasmtime test harness, the ext_proc server) and lets every rule be unit-tested natively.
 
+pub mod audit;
 pub mod config;
 pub mod errors;
 mod fast;

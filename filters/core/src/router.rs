@@ -74,6 +74,14 @@ impl RequestHeaders {
         self.pairs.push((lower_name, value));
     }
 
+    /// The first value of `name` (lower-cased), if any.
+    pub fn first(&self, name: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
     fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         self.pairs
             .iter()
@@ -311,6 +319,10 @@ impl Router {
 
     pub fn rules_len(&self) -> usize {
         self.rules.len()
+    }
+
+    pub fn backends_len(&self) -> usize {
+        self.backends.len()
     }
 
     /// The route key the filter stamps for a decision.

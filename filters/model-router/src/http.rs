@@ -1,43 +1,78 @@
-//! One HTTP request through the model-router filter.
+//! One HTTP request through the model-router filter: decide on the request path, check and
+//! account on the response path, write the audit line at the end.
 
 use crate::Shared;
 use filter_edge::{self as edge, Buffer, Level, Map};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use router_core::config::{BACKEND_HEADER, ROUTE_HEADER, RULE_HEADER, SENSITIVE_HEADER};
+use router_core::audit::{caller_label, client_address, AuditRecord, Outcome};
+use router_core::config::{Tier, BACKEND_HEADER, ROUTE_HEADER, RULE_HEADER, SENSITIVE_HEADER};
 use router_core::errors::ApiError;
 use router_core::router::RequestHeaders;
 use std::rc::Rc;
 
 /// Longest `model` we put into a header; longer ones are refused rather than forwarded.
 const MAX_MODEL_BYTES: usize = 256;
+const ENDPOINT_METADATA: &[&str] = &[
+    "xds",
+    "upstream_host_metadata",
+    "filter_metadata",
+    "llmkube",
+];
+const ATTEMPT_COUNT_HEADER: &str = "x-envoy-attempt-count";
 
 pub(crate) struct Request {
     shared: Option<Rc<Shared>>,
     /// Set while this request's body is being buffered for a routing decision.
     routing: bool,
-    /// A local response was sent: ignore any later callbacks for this stream.
+    /// We answered locally: later callbacks for this stream only see our own reply.
     answered: bool,
     headers: RequestHeaders,
+    started_ns: u64,
+    /// What the routing decision needs to be judged on the response path.
+    routed: Option<Routed>,
+    audit: AuditRecord,
+    /// Whether this request is one we audit (inference and models requests).
+    audited: bool,
+}
+
+struct Routed {
+    rule: Option<usize>,
+    backend: usize,
+    fail_closed: bool,
+    sensitive: bool,
 }
 
 impl Request {
     pub fn new(shared: Option<Rc<Shared>>) -> Self {
+        let router = shared
+            .as_ref()
+            .map(|s| s.router.config.router.clone())
+            .unwrap_or_default();
         Request {
             shared,
             routing: false,
             answered: false,
             headers: RequestHeaders::new(),
+            started_ns: 0,
+            routed: None,
+            audit: AuditRecord {
+                router,
+                ..Default::default()
+            },
+            audited: false,
         }
     }
 
-    fn fail(&mut self, err: &ApiError) -> Action {
+    fn fail(&mut self, err: &ApiError, outcome: Outcome) -> Action {
+        self.audit.outcome = Some(outcome);
         self.respond(err.status, &err.body(), err.code)
     }
 
     fn respond(&mut self, status: u32, body: &[u8], details: &str) -> Action {
         self.answered = true;
         self.routing = false;
+        self.audit.status = status;
         let headers = [("content-type", "application/json")];
         if let Err(e) = edge::respond(status, &headers, body, details) {
             edge::log(
@@ -50,39 +85,116 @@ impl Request {
 
     fn internal(&mut self, what: &str) -> Action {
         edge::log(Level::Error, &format!("model-router: {what}"));
-        self.fail(&ApiError::internal(what))
+        self.fail(&ApiError::internal(what), Outcome::InvalidRequest)
+    }
+
+    /// Reads the request headers once: routing inputs, audit inputs, method, path, length.
+    fn read_headers(&mut self, shared: &Shared) -> Result<(Vec<u8>, Vec<u8>, Option<u64>), String> {
+        let pairs = edge::header_pairs(Map::RequestHeaders)
+            .map_err(|e| format!("reading request headers: {e}"))?;
+        let router = &shared.router;
+        let needed = router.needed_headers();
+        let audit_cfg = &router.config.audit;
+        let (mut method, mut path, mut length) = (Vec::new(), Vec::new(), None);
+        let mut xff: Vec<String> = Vec::new();
+        self.headers.clear();
+        for (name, value) in pairs {
+            match name.as_slice() {
+                b":method" => method = value,
+                b":path" => path = value,
+                b"content-length" => {
+                    length = std::str::from_utf8(&value)
+                        .ok()
+                        .and_then(|v| v.trim().parse().ok())
+                }
+                b"x-request-id" => {
+                    self.audit.request_id = Some(caller_label(&value));
+                }
+                b"x-forwarded-for" if audit_cfg.log_client_address => {
+                    xff.push(String::from_utf8_lossy(&value).into_owned());
+                }
+                _ => {
+                    // Envoy hands names over lower-cased; compare lower-cased anyway.
+                    let lower = String::from_utf8_lossy(&name).to_ascii_lowercase();
+                    if audit_cfg.caller_header.as_deref() == Some(lower.as_str())
+                        && self.audit.caller.is_none()
+                    {
+                        self.audit.caller = Some(caller_label(&value));
+                    }
+                    if needed.iter().any(|n| *n == lower) {
+                        self.headers
+                            .push(lower, String::from_utf8_lossy(&value).into_owned());
+                    }
+                }
+            }
+        }
+        if audit_cfg.log_client_address {
+            let peer = edge::property(&["source", "address"])
+                .ok()
+                .flatten()
+                .map(|p| String::from_utf8_lossy(&p).into_owned())
+                .unwrap_or_default();
+            let hops: Vec<&str> = xff.iter().map(String::as_str).collect();
+            self.audit.client = Some(client_address(&peer, &hops, &shared.trusted_proxies));
+        }
+        let cfg = &router.config;
+        let first = |name: &str| self.headers.first(name).map(|v| v.to_string());
+        self.audit.classification = first(&cfg.classification_header.to_ascii_lowercase());
+        self.audit.task_complexity = first(&cfg.complexity_header.to_ascii_lowercase());
+        Ok((method, path, length))
     }
 
     fn route(&mut self, shared: &Shared, body: &[u8]) -> Action {
-        let mut scanner = shared.scanner.borrow_mut();
-        let fields = match scanner.scan(body) {
-            Ok(f) => f,
-            Err(e) => {
-                drop(scanner);
-                return self.fail(&ApiError::from_scan(&e));
-            }
+        let scanned = shared
+            .scanner
+            .borrow_mut()
+            .scan(body)
+            .map(|f| f.model.into_owned());
+        let model = match scanned {
+            Ok(m) => m,
+            Err(e) => return self.fail(&ApiError::from_scan(&e), Outcome::InvalidRequest),
         };
-        let model = fields.model.as_ref();
         if model.len() > MAX_MODEL_BYTES || model.bytes().any(|b| b < 0x20 || b == 0x7f) {
-            let err = ApiError::invalid_model(MAX_MODEL_BYTES);
-            drop(scanner);
-            return self.fail(&err);
+            return self.fail(
+                &ApiError::invalid_model(MAX_MODEL_BYTES),
+                Outcome::InvalidRequest,
+            );
+        }
+        self.audit.model = Some(model.clone());
+        if shared.router.config.audit.include_request_body {
+            self.audit.request_body = Some(String::from_utf8_lossy(body).into_owned());
         }
         let router = &shared.router;
-        let mut rng = shared.rng.borrow_mut();
-        let decision = match router.decide(model, &self.headers, &mut || rng.next_u64()) {
+        let decision = {
+            let mut rng = shared.rng.borrow_mut();
+            router.decide(&model, &self.headers, &mut || rng.next_u64())
+        };
+        let decision = match decision {
             Ok(d) => d,
             Err(e) => {
-                drop(scanner);
-                return self.fail(&e);
+                let outcome = if e.code == "model_not_found" {
+                    Outcome::NoRoute
+                } else {
+                    Outcome::FailClosed
+                };
+                shared.metrics.count(None, None, outcome);
+                return self.fail(&e, outcome);
             }
         };
-        drop(rng);
-        let backend = &router.backend(decision.backend()).name;
+        let backend = router.backend(decision.backend());
+        self.audit.backend = Some(backend.name.clone());
+        self.audit.tier = Some(tier_name(backend.tier));
+        self.audit.rule = decision.rule.map(|r| router.rule(r).name.clone());
+        self.routed = Some(Routed {
+            rule: decision.rule,
+            backend: decision.backend(),
+            fail_closed: decision.rule.is_some_and(|r| router.rule(r).fail_closed),
+            sensitive: decision.sensitive,
+        });
         let route_key = router.route_key(&decision);
         let mut stamp = vec![
-            (router.config.model_header.as_str(), model),
-            (BACKEND_HEADER, backend.as_str()),
+            (router.config.model_header.as_str(), model.as_str()),
+            (BACKEND_HEADER, backend.name.as_str()),
             (ROUTE_HEADER, route_key.as_str()),
         ];
         if let Some(ri) = decision.rule {
@@ -93,11 +205,33 @@ impl Request {
         }
         for (name, value) in stamp {
             if let Err(e) = edge::set_header(Map::RequestHeaders, name, value) {
-                drop(scanner);
                 return self.internal(&format!("setting {name}: {e}"));
             }
         }
         Action::Continue
+    }
+
+    fn finish_body(&mut self, size: usize) -> Action {
+        let Some(shared) = self.shared.clone() else {
+            return self.internal("filter is not configured");
+        };
+        self.routing = false;
+        let body = match edge::buffer(Buffer::RequestBody, 0, size) {
+            Ok(Some(b)) => b,
+            Ok(None) => Vec::new(),
+            Err(e) => return self.internal(&format!("reading the request body: {e}")),
+        };
+        if body.is_empty() {
+            return self.fail(&ApiError::empty_body(), Outcome::InvalidRequest);
+        }
+        self.route(&shared, &body)
+    }
+}
+
+fn tier_name(t: Tier) -> &'static str {
+    match t {
+        Tier::Local => "local",
+        Tier::Cloud => "cloud",
     }
 }
 
@@ -105,6 +239,7 @@ impl Context for Request {}
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.started_ns = edge::now_nanos();
         let Some(shared) = self.shared.clone() else {
             return self.internal("filter is not configured");
         };
@@ -115,56 +250,33 @@ impl HttpContext for Request {
                 return self.internal(&format!("removing {name}: {e}"));
             }
         }
-        let pairs = match edge::header_pairs(Map::RequestHeaders) {
-            Ok(p) => p,
-            Err(e) => return self.internal(&format!("reading request headers: {e}")),
+        let (method, path, length) = match self.read_headers(&shared) {
+            Ok(v) => v,
+            Err(e) => return self.internal(&e),
         };
-        let router = &shared.router;
-        let needed = router.needed_headers();
-        let (mut method, mut path, mut content_length) = (None, None, None);
-        self.headers.clear();
-        for (name, value) in pairs {
-            match name.as_slice() {
-                b":method" => method = Some(value),
-                b":path" => path = Some(value),
-                b"content-length" => content_length = Some(value),
-                _ => {
-                    // Header names arrive lower-cased from Envoy; compare lower-cased anyway.
-                    let lower = String::from_utf8_lossy(&name).to_ascii_lowercase();
-                    if needed.iter().any(|n| *n == lower) {
-                        self.headers
-                            .push(lower, String::from_utf8_lossy(&value).into_owned());
-                    }
-                }
-            }
-        }
-        let path = path.unwrap_or_default();
         let path = match path.iter().position(|&b| b == b'?') {
             Some(q) => &path[..q],
             None => &path[..],
         };
-        let method = method.unwrap_or_default();
-        let config = &router.config;
-
+        let config = &shared.router.config;
         if method == b"GET" && path == config.models_path.as_bytes() {
-            return self.respond(200, router.models_body(), "llmkube_models");
+            self.audited = true;
+            self.audit.outcome = Some(Outcome::Ok);
+            return self.respond(200, shared.router.models_body(), "llmkube_models");
         }
         if method != b"POST" || !config.inference_paths.iter().any(|p| p.as_bytes() == path) {
-            // Not ours to route: with the decision headers gone, the route table cannot send it
-            // to a backend.
+            // Not ours to route: with the decision headers gone, no route sends it to a backend.
             return Action::Continue;
         }
+        self.audited = true;
         if end_of_stream {
-            return self.fail(&ApiError::empty_body());
+            return self.fail(&ApiError::empty_body(), Outcome::InvalidRequest);
         }
-        if let Some(len) = content_length
-            .as_deref()
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-        {
-            if len > config.max_body_bytes {
-                return self.fail(&ApiError::body_too_large(config.max_body_bytes));
-            }
+        if length.is_some_and(|l| l > config.max_body_bytes) {
+            return self.fail(
+                &ApiError::body_too_large(config.max_body_bytes),
+                Outcome::InvalidRequest,
+            );
         }
         self.routing = true;
         Action::Pause
@@ -177,27 +289,18 @@ impl HttpContext for Request {
         if !self.routing {
             return Action::Continue;
         }
-        let Some(shared) = self.shared.clone() else {
-            return self.internal("filter is not configured");
-        };
-        let limit = shared.router.config.max_body_bytes;
+        let limit = self
+            .shared
+            .as_ref()
+            .map_or(0, |s| s.router.config.max_body_bytes);
         if body_size as u64 > limit {
-            return self.fail(&ApiError::body_too_large(limit));
+            return self.fail(&ApiError::body_too_large(limit), Outcome::InvalidRequest);
         }
         if !end_of_stream {
             // Keep buffering until the whole body is here.
             return Action::Pause;
         }
-        self.routing = false;
-        let body = match edge::buffer(Buffer::RequestBody, 0, body_size) {
-            Ok(Some(b)) => b,
-            Ok(None) => Vec::new(),
-            Err(e) => return self.internal(&format!("reading the request body: {e}")),
-        };
-        if body.is_empty() {
-            return self.fail(&ApiError::empty_body());
-        }
-        self.route(&shared, &body)
+        self.finish_body(body_size)
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
@@ -205,21 +308,114 @@ impl HttpContext for Request {
             return Action::Pause;
         }
         if self.routing {
-            // Trailers end the request: the body we buffered is all there is.
-            let Some(shared) = self.shared.clone() else {
-                return self.internal("filter is not configured");
-            };
-            self.routing = false;
-            let body = match edge::buffer(Buffer::RequestBody, 0, usize::MAX) {
-                Ok(Some(b)) => b,
-                Ok(None) => Vec::new(),
-                Err(e) => return self.internal(&format!("reading the request body: {e}")),
-            };
-            if body.is_empty() {
-                return self.fail(&ApiError::empty_body());
-            }
-            return self.route(&shared, &body);
+            // Trailers end the request: the body buffered so far is all there is.
+            return self.finish_body(usize::MAX);
         }
         Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if self.answered {
+            return Action::Continue;
+        }
+        let (Some(shared), Some(routed)) = (self.shared.clone(), self.routed.as_ref()) else {
+            return Action::Continue;
+        };
+        let (fail_closed, sensitive, rule) = (routed.fail_closed, routed.sensitive, routed.rule);
+        let mut backend_index = Some(routed.backend);
+        let mut status = 0u32;
+        let mut streaming = false;
+        if let Ok(pairs) = edge::header_pairs(Map::ResponseHeaders) {
+            for (k, v) in &pairs {
+                match k.as_slice() {
+                    b":status" => {
+                        status = std::str::from_utf8(v)
+                            .ok()
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(0)
+                    }
+                    b"content-type" => streaming = v.starts_with(b"text/event-stream"),
+                    b"x-envoy-attempt-count" => {
+                        self.audit.attempts = std::str::from_utf8(v)
+                            .ok()
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(0)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Internal detail: the client needs none of it.
+        let _ = edge::remove_header(Map::ResponseHeaders, ATTEMPT_COUNT_HEADER);
+        // Which backend actually answered, from the endpoint's metadata (absent when Envoy
+        // answered itself, e.g. no healthy upstream).
+        let served = |key: &str| {
+            let mut path = ENDPOINT_METADATA.to_vec();
+            path.push(key);
+            edge::property(&path)
+                .ok()
+                .flatten()
+                .map(|v| String::from_utf8_lossy(&v).into_owned())
+        };
+        if let Some(backend) = served("backend") {
+            let tier = served("tier");
+            backend_index = shared.router.backend_index(&backend);
+            self.audit.backend = Some(backend);
+            self.audit.tier = match tier.as_deref() {
+                Some("cloud") => Some("cloud"),
+                Some("local") => Some("local"),
+                _ => self.audit.tier,
+            };
+            if sensitive && tier.as_deref() != Some("local") {
+                // The route table and the upstream guard should make this impossible. If it
+                // happens anyway, say so as loudly as the gateway can.
+                self.audit.violation = true;
+                shared.metrics.violation();
+                edge::log(
+                    Level::Critical,
+                    &format!(
+                        "model-router: SENSITIVE DATA VIOLATION: a sensitive request was served by backend {:?} (tier {:?})",
+                        self.audit.backend, tier
+                    ),
+                );
+            }
+        }
+        self.audit.status = status;
+        if status >= 500 {
+            let err = if fail_closed || sensitive {
+                ApiError::fail_closed(format!(
+                    "no eligible backend could serve this request (last status {status}); the rule is fail-closed"
+                ))
+            } else {
+                ApiError::all_backends_failed(status)
+            };
+            let outcome = if err.code == "fail_closed" {
+                Outcome::FailClosedRuntime
+            } else {
+                Outcome::AllBackendsFailed
+            };
+            shared.metrics.count(rule, backend_index, outcome);
+            return self.fail(&err, outcome);
+        }
+        let outcome = match (status, streaming) {
+            (200..=299, true) => Outcome::OkStream,
+            (200..=299, false) => Outcome::Ok,
+            _ => Outcome::UpstreamError,
+        };
+        self.audit.outcome = Some(outcome);
+        shared.metrics.count(rule, backend_index, outcome);
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        if !self.audited {
+            return;
+        }
+        if self.audit.outcome.is_none() {
+            self.audit.outcome = Some(Outcome::Cancelled);
+        }
+        let now = edge::now_nanos();
+        self.audit.latency_ms = now.saturating_sub(self.started_ns) as f64 / 1e6;
+        edge::log(Level::Info, &self.audit.line());
     }
 }

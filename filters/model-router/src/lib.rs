@@ -5,10 +5,12 @@
 //! `filter_edge`, which returns errors instead of panicking.
 
 mod http;
+mod metrics;
 
 use filter_edge::{self as edge, Buffer, Level};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
+use router_core::audit::Cidr;
 use router_core::config::PluginConfig;
 use router_core::orders::Rng;
 use router_core::router::Router;
@@ -30,6 +32,9 @@ pub(crate) struct Shared {
     pub scanner: RefCell<Scanner>,
     /// Weighted picks; seeded from the host's entropy (WASI random_get) once per VM.
     pub rng: RefCell<Rng>,
+    pub metrics: metrics::Metrics,
+    /// `auditLog.trustedProxyCIDRs`, parsed once.
+    pub trusted_proxies: Vec<Cidr>,
 }
 
 #[derive(Default)]
@@ -80,7 +85,17 @@ impl RootContext for Root {
                         &format!("model-router: no entropy for weighted picks: {e}"),
                     );
                 }
+                let trusted_proxies = router
+                    .config
+                    .audit
+                    .trusted_proxy_cidrs
+                    .iter()
+                    .filter_map(|c| Cidr::parse(c))
+                    .collect();
+                let metrics = metrics::Metrics::new(&router);
                 self.shared = Some(Rc::new(Shared {
+                    metrics,
+                    trusted_proxies,
                     router,
                     stamped,
                     scanner: RefCell::new(Scanner::new()),

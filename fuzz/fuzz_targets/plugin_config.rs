@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     let mut h = RequestHeaders::new();
     h.push("x-llmkube-classification".into(), "pii".into());
     for model in ["", "a", "qwen3-8b", "gpt-5", "*"] {
-        let _ = router.decide(model, &h);
+        let _ = router.decide(model, &h, &mut || 7);
     }
     let _ = router.models_body();
 });

@@ -377,24 +377,29 @@ fn engine() -> &'static Engine {
 }
 
 /// Compiling a filter with cranelift takes seconds; every test of a process shares one compile.
+/// Each key has its own cell so parallel tests wait for one compile instead of racing.
 fn cached_module(
     key: String,
     wasm: impl FnOnce() -> anyhow::Result<Vec<u8>>,
 ) -> anyhow::Result<Module> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Module>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(m) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    type Cell = Arc<OnceLock<Module>>;
+    static CACHE: OnceLock<Mutex<HashMap<String, Cell>>> = OnceLock::new();
+    let cell: Cell = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key)
+        .or_default()
+        .clone();
+    if let Some(m) = cell.get() {
         return Ok(m.clone());
     }
+    // `OnceLock::get_or_try_init` is unstable; a losing racer just drops its module.
     let bytes = wasm()?;
     let module = Module::new(engine(), &bytes)
         .map_err(anyhow::Error::from)
         .context("compiling wasm module")?;
-    cache
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, module.clone());
-    Ok(module)
+    Ok(cell.get_or_init(|| module).clone())
 }
 
 fn bytes_key(wasm: &[u8]) -> String {

@@ -604,3 +604,28 @@ fn stream_lifecycle_and_unknown_streams() {
     );
     assert!(h.logged("vm_start size=0"));
 }
+
+#[test]
+fn close_stream_resets_and_stops_callbacks() {
+    let mut h = host(json!({"reset": true}));
+    let out = h.run_request(&post("/x"), b"abc", 1).unwrap();
+    assert!(out.reset);
+    assert!(!out.complete && !out.paused_forever);
+    assert_eq!(out.forwarded_headers, None);
+    assert!(body_sizes(&h).is_empty());
+    assert_eq!(out.actions.len(), 4);
+    assert!(out.actions[1..].iter().all(|a| *a == Action::NotDelivered));
+}
+
+#[test]
+fn wasm_text_modules_load_and_missing_callbacks_default_to_continue() {
+    // A module with no callbacks at all: Envoy treats missing exports as Continue.
+    let wat = r#"(module
+        (memory (export "memory") 1)
+        (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024))"#;
+    let mut h = Host::new(wat.as_bytes(), VmOptions::default()).unwrap();
+    assert!(h.configure_ok());
+    let out = h.run_request(&post("/x"), b"body", 0).unwrap();
+    assert!(out.complete);
+    assert_eq!(out.forwarded_body, b"body");
+}

@@ -22,6 +22,7 @@
 //! - `panic_on` ("configure"|"headers"|"body"|"tick"): panic there (a trap under panic=abort).
 //! - `time` (bool): header `x-now` with `get_current_time` in nanoseconds.
 //! - `stdout` (bool): `println!` from `on_configure` (exercises WASI `fd_write`).
+//! - `reset` (bool): reset the stream from request headers (`proxy_close_stream`).
 //! - `response_header` (bool): response headers get `x-probe: 1`; trailers/body logged.
 
 use proxy_wasm::hostcalls;
@@ -326,6 +327,10 @@ impl HttpContext for ProbeHttp {
                 Ok(token) => log(LogLevel::Info, &format!("dispatched token={token}")),
                 Err(s) => log(LogLevel::Error, &format!("dispatch failed {s:?}")),
             }
+            return Action::Pause;
+        }
+        if self.cfg.flag("reset") {
+            self.reset_http_request();
             return Action::Pause;
         }
         // Decision headers must not be client-controlled: drop any incoming copy.

@@ -1,31 +1,49 @@
 //! `compile --target envoy`: a standalone Envoy v3 bootstrap that loads the model-router filter.
 //!
-//! Layout (see docs/architecture.md): one listener, one http_connection_manager with
-//! `[envoy.filters.http.wasm, envoy.filters.http.router]`; one route per backend matching
-//! `x-llmkube-backend: <name>` exactly → cluster `backend-<name>`, and a final catch-all
-//! `direct_response` 404 (OpenAI-shaped JSON) so a request the filter did not decide never reaches
-//! a backend.
+//! Layout (the contract is docs/architecture.md, "Failover, weighted picks, shadow, quarantine"):
+//! one listener, one http_connection_manager with `[envoy.filters.http.wasm,
+//! envoy.filters.http.router]`. The filter stamps `x-llmkube-route: <key>`; the route table has
+//! exactly one route per key the filter can stamp (enumerated from `router_core::router::Router`
+//! built from the same plugin config: `rule_orders` per rule, then `unruled_targets`), each
+//! matching the header exactly, and a final catch-all `direct_response` 404 (OpenAI-shaped JSON)
+//! so a request the filter did not decide never reaches a backend.
+//!
+//! A one-backend order goes to `backend-<name>`; a longer one to the aggregate
+//! `order.<b1>.<b2>...` over those backend clusters, failing over with a retry policy
+//! (`previous_priorities`). Backend clusters carry the quarantine (outlier detection + TCP health
+//! check, no panic mode); shadow rules mirror to `shadow-<name>` clusters. Clusters that can send
+//! to an external backend run the upstream chain (upstream wasm, per-backend credential injector
+//! reading `static_resources.secrets` `cred-<name>`, marker removal, codec).
 //!
 //! Route `timeout: 0s`: Envoy's route timeout spans until the whole response has been received,
-//! which would cut long streams. The response-header timeouts of the spec are carried in the plugin
-//! config (`timeout_ms`) and a silent stream is bounded by the HCM `stream_idle_timeout`
-//! (`spec.proxy.streamIdleTimeout`).
+//! which would cut long streams; `per_try_timeout` bounds the time to response headers per attempt
+//! and `idle_timeout` (`spec.proxy.streamIdleTimeout`) a silent stream.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use router_core::config::{BACKEND_HEADER, DEFAULT_MAX_BODY_BYTES};
+use router_core::config::{
+    self as rc, ATTEMPT_BACKEND_HEADER, DEFAULT_MAX_BODY_BYTES, ROUTE_HEADER, SHADOW_HEADER,
+};
+use router_core::orders;
+use router_core::router::Router;
 use serde_json::{json, Value};
 
 use crate::duration::{envoy_duration, parse_duration};
 use crate::inputs::{namespace_of, router_key, secret_values, Inputs, Source};
 use crate::model::*;
 use crate::plugin::{plugin_config, PluginContext};
-use crate::validate::{validate_router, RefPolicy};
+use crate::validate::{response_header_cap, validate_router, RefPolicy};
 use crate::{Diagnostics, Problem};
 
 pub const WASM_FILE: &str = "llmkube_model_router.wasm";
+/// The upstream filter (per attempt: fail-closed guard, model rewrite, attempt marker).
+pub const UPSTREAM_WASM_FILE: &str = "llmkube_upstream.wasm";
+pub const RETRY_ON: &str = "5xx,reset,connect-failure,refused-stream";
+/// Shadow copies in flight per target; the rest are dropped (`upstream_rq_active_overflow`).
+pub const SHADOW_MAX_REQUESTS: u32 = 4;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:10000";
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9901";
 pub const DEFAULT_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -366,10 +384,25 @@ fn envoy_target_checks(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Di
             format!("{} does not exist yet (build it: cargo build --release --target wasm32-wasip1 -p llmkube-model-router)", wasm.display()),
         ));
     }
+    let upstream_wasm = upstream_wasm_path(opts);
+    if spec.backends.iter().any(|b| b.external.is_some()) && !upstream_wasm.is_file() {
+        diags.warn(Problem::new(
+            "options",
+            "--wasm-dir",
+            format!("{} does not exist yet (external backends need the upstream filter: build filters/upstream for wasm32-wasip1)", upstream_wasm.display()),
+        ));
+    }
 }
 
 pub fn wasm_path(opts: &EnvoyOptions) -> PathBuf {
-    let p = opts.wasm_dir.join(WASM_FILE);
+    absolute(opts.wasm_dir.join(WASM_FILE))
+}
+
+pub fn upstream_wasm_path(opts: &EnvoyOptions) -> PathBuf {
+    absolute(opts.wasm_dir.join(UPSTREAM_WASM_FILE))
+}
+
+fn absolute(p: PathBuf) -> PathBuf {
     if p.is_absolute() {
         p
     } else {
@@ -381,6 +414,10 @@ fn socket(host: &str, port: u16) -> Value {
     json!({"socket_address": {"address": host, "port_value": port}})
 }
 
+fn typed(type_name: &str) -> Value {
+    json!({"@type": format!("type.googleapis.com/{type_name}")})
+}
+
 #[derive(Clone, Copy, PartialEq)]
 enum Discovery {
     Static,
@@ -390,9 +427,227 @@ enum Discovery {
 struct Upstream {
     endpoints: Vec<(String, u16)>,
     tls: Option<String>,
+    /// External backends: the Host header value (the URL's authority).
     host_rewrite: Option<String>,
     path_prefix: String,
-    headers_to_add: Vec<(String, String)>,
+    /// External backends with a credential: the value injected upstream (`Bearer <key>`, or the
+    /// raw key for anthropic). Only ever written into `static_resources.secrets`.
+    credential: Option<String>,
+    /// `authorization` or `x-api-key`.
+    credential_header: &'static str,
+}
+
+impl Upstream {
+    fn external(&self) -> bool {
+        self.host_rewrite.is_some()
+    }
+    /// A path rewrite that changes something (`/v1` alone is the identity).
+    fn rewrites_path(&self) -> bool {
+        !self.path_prefix.is_empty() && self.path_prefix != "/v1"
+    }
+}
+
+/// Cluster names (see docs/architecture.md, "Failover, weighted picks, shadow, quarantine").
+pub fn backend_cluster(name: &str) -> String {
+    format!("backend-{name}")
+}
+pub fn shadow_cluster(name: &str) -> String {
+    format!("shadow-{name}")
+}
+pub fn aggregate_cluster(order: &[&str]) -> String {
+    format!("order.{}", order.join("."))
+}
+pub fn secret_name(backend: &str) -> String {
+    format!("cred-{backend}")
+}
+
+/// One route of the table: a route key the downstream filter can stamp.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutePlan {
+    /// `orders::route_key(rule, order)`; `~/<b>` for unruled targets.
+    pub key: String,
+    /// Backend indexes in attempt order.
+    pub order: Vec<usize>,
+    /// Per-attempt response-header timeout.
+    pub per_try_timeout_ms: u64,
+    /// Backends mirrored to (shadow rules: every backend after the first).
+    pub mirrors: Vec<usize>,
+}
+
+/// Every route key the filter can stamp for this plugin config, in table order: rules in
+/// declaration order, each rule's orders as `rule_orders` lists them, then the unruled targets.
+pub fn route_plans(router: &Router, fallback_timeout_ms: u64) -> Vec<RoutePlan> {
+    let mut out = Vec::new();
+    for i in 0..router.rules_len() {
+        let rule = router.rule(i);
+        for order in router.rule_orders(i) {
+            let names: Vec<&str> = order
+                .iter()
+                .map(|&b| router.backend(b).name.as_str())
+                .collect();
+            let per_try = rule
+                .timeout_ms
+                .or_else(|| router.backend(order[0]).timeout_ms)
+                .unwrap_or(fallback_timeout_ms);
+            let mirrors = if rule.strategy == rc::Strategy::Shadow {
+                order[1..].to_vec()
+            } else {
+                Vec::new()
+            };
+            out.push(RoutePlan {
+                key: orders::route_key(&rule.name, &names),
+                order,
+                per_try_timeout_ms: per_try,
+                mirrors,
+            });
+        }
+    }
+    for b in router.unruled_targets() {
+        let be = router.backend(b);
+        out.push(RoutePlan {
+            key: orders::route_key(orders::UNRULED, &[be.name.as_str()]),
+            order: vec![b],
+            per_try_timeout_ms: be.timeout_ms.unwrap_or(fallback_timeout_ms),
+            mirrors: Vec::new(),
+        });
+    }
+    out
+}
+
+fn dur_ms(ms: u64) -> String {
+    envoy_duration(Duration::from_millis(ms))
+}
+
+/// The wasm filter entry (downstream model-router or upstream), same plugin config JSON.
+fn wasm_filter(name: &str, root_id: &str, vm_id: &str, file: &Path, plugin_json: &str) -> Value {
+    let mut tc = typed("envoy.extensions.filters.http.wasm.v3.Wasm");
+    tc["config"] = json!({
+        "name": name,
+        "root_id": root_id,
+        "allow_on_headers_stop_iteration": true,
+        "fail_open": false,
+        "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": plugin_json},
+        "vm_config": {
+            "vm_id": vm_id,
+            "runtime": "envoy.wasm.runtime.v8",
+            "code": {"local": {"filename": file.to_string_lossy()}},
+        },
+    });
+    json!({"name": "envoy.filters.http.wasm", "typed_config": tc})
+}
+
+/// The upstream HTTP filter chain of a cluster that can send to an external backend: the upstream
+/// wasm (per-attempt guard, model rewrite, `x-llmkube-attempt-backend`), one credential injector
+/// per external backend with a credential (runs only when the attempt goes to that backend), the
+/// removal of the marker header, the codec.
+fn upstream_chain(externals: &[(&str, &Upstream)], wasm: &Path, plugin_json: &str) -> Value {
+    let mut filters = vec![wasm_filter(
+        "llmkube-upstream",
+        "upstream",
+        "llmkube-upstream",
+        wasm,
+        plugin_json,
+    )];
+    for (name, up) in externals {
+        if up.credential.is_none() {
+            continue;
+        }
+        let mut generic = typed("envoy.extensions.http.injected_credentials.generic.v3.Generic");
+        generic["credential"] = json!({"name": secret_name(name)});
+        generic["header"] = json!(up.credential_header);
+        let mut injector =
+            typed("envoy.extensions.filters.http.credential_injector.v3.CredentialInjector");
+        injector["overwrite"] = json!(true);
+        injector["credential"] =
+            json!({"name": "envoy.http.injected_credentials.generic", "typed_config": generic});
+        let mut input = typed("envoy.type.matcher.v3.HttpRequestHeaderMatchInput");
+        input["header_name"] = json!(ATTEMPT_BACKEND_HEADER);
+        let mut wrapped = typed("envoy.extensions.common.matching.v3.ExtensionWithMatcher");
+        wrapped["extension_config"] =
+            json!({"name": "envoy.filters.http.credential_injector", "typed_config": injector});
+        wrapped["xds_matcher"] = json!({"matcher_list": {"matchers": [{
+            "predicate": {"not_matcher": {"single_predicate": {
+                "input": {"name": "attempt-backend", "typed_config": input},
+                "value_match": {"exact": name},
+            }}},
+            "on_match": {"action": {"name": "skip", "typed_config": typed("envoy.extensions.filters.common.matcher.action.v3.SkipFilter")}},
+        }]}});
+        filters.push(json!({"name": secret_name(name), "typed_config": wrapped}));
+    }
+    let mut hm = typed("envoy.extensions.filters.http.header_mutation.v3.HeaderMutation");
+    hm["mutations"] = json!({"request_mutations": [{"remove": ATTEMPT_BACKEND_HEADER}]});
+    filters.push(json!({"name": "envoy.filters.http.header_mutation", "typed_config": hm}));
+    filters.push(json!({"name": "envoy.filters.http.upstream_codec", "typed_config": typed("envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec")}));
+    let mut opts = typed("envoy.extensions.upstreams.http.v3.HttpProtocolOptions");
+    opts["explicit_http_config"] = json!({"http_protocol_options": {}});
+    opts["http_filters"] = Value::Array(filters);
+    json!({"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": opts})
+}
+
+/// A backend or shadow cluster over one backend's endpoints.
+fn endpoint_cluster(
+    name: &str,
+    backend: &str,
+    tier: rc::Tier,
+    up: &Upstream,
+    buffer_limit: u64,
+    ca_file: &str,
+) -> Value {
+    let all_ip = up
+        .endpoints
+        .iter()
+        .all(|(h, _)| h.parse::<IpAddr>().is_ok());
+    let discovery = if all_ip {
+        Discovery::Static
+    } else {
+        Discovery::StrictDns
+    };
+    let tier = match tier {
+        rc::Tier::Local => "local",
+        rc::Tier::Cloud => "cloud",
+    };
+    let lb_endpoints: Vec<Value> = up
+        .endpoints
+        .iter()
+        .map(|(h, p)| {
+            let mut ep = json!({"address": socket(h, *p)});
+            if let Some(authority) = &up.host_rewrite {
+                // `auto_host_rewrite` on routes over aggregates sets Host from this, per attempt.
+                ep["hostname"] = json!(authority);
+            }
+            json!({"endpoint": ep, "metadata": {"filter_metadata": {"llmkube": {"backend": backend, "tier": tier}}}})
+        })
+        .collect();
+    let mut c = json!({
+        "name": name,
+        "type": if discovery == Discovery::Static { "STATIC" } else { "STRICT_DNS" },
+        "connect_timeout": "5s",
+        "lb_policy": "ROUND_ROBIN",
+        "per_connection_buffer_limit_bytes": buffer_limit,
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": lb_endpoints}]},
+    });
+    if discovery == Discovery::StrictDns {
+        c["dns_lookup_family"] = json!("V4_PREFERRED");
+    }
+    if let Some(host) = &up.tls {
+        let san_type = if host.parse::<IpAddr>().is_ok() {
+            "IP_ADDRESS"
+        } else {
+            "DNS"
+        };
+        let mut tls = json!({
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {"validation_context": {
+                "trusted_ca": {"filename": ca_file},
+                "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": host}}],
+            }},
+        });
+        if san_type == "DNS" {
+            tls["sni"] = json!(host);
+        }
+        c["transport_socket"] = json!({"name": "envoy.transport_sockets.tls", "typed_config": tls});
+    }
+    c
 }
 
 fn bootstrap(
@@ -418,94 +673,233 @@ fn bootstrap(
         },
     );
     let plugin_json = serde_json::to_string(&pc).expect("plugin config serialises");
+    // The filter's own view of the config: the routes are enumerated from it, so the generator
+    // and the filter cannot disagree on which route keys exist.
+    let core = match Router::new(pc.clone()) {
+        Ok(r) => r,
+        Err(e) => {
+            diags.error(Problem::new(
+                &label,
+                "spec",
+                format!("the filter refuses the plugin config: {e}"),
+            ));
+            return None;
+        }
+    };
 
-    let mut routes = Vec::new();
-    let mut clusters = Vec::new();
+    let mut ups: Vec<Option<Upstream>> = Vec::with_capacity(spec.backends.len());
     for (i, b) in spec.backends.iter().enumerate() {
         let path = format!("spec.backends[{i}]");
-        let Some(up) = upstream(b, namespace, inputs, opts, &label, &path, diags) else {
-            continue;
-        };
-        let cluster_name = format!("backend-{}", b.name);
-        let mut route = json!({"cluster": cluster_name, "timeout": "0s"});
-        if let Some(h) = &up.host_rewrite {
-            route["host_rewrite_literal"] = json!(h);
-        }
-        if !up.path_prefix.is_empty() {
-            // Requests are `/v1/...`; a base URL that already ends in /v1 replaces it, any other
-            // prefix is put in front.
-            let (pattern, substitution) = match up.path_prefix.strip_suffix("/v1") {
-                Some(_) => ("^/v1/".to_string(), format!("{}/", up.path_prefix)),
-                None => ("^/".to_string(), format!("{}/", up.path_prefix)),
-            };
-            route["regex_rewrite"] =
-                json!({"pattern": {"regex": pattern}, "substitution": substitution});
-        }
-        let mut r = json!({
-            "name": cluster_name,
-            "match": {"prefix": "/", "headers": [{"name": BACKEND_HEADER, "string_match": {"exact": b.name}}]},
-            "route": route,
-            "request_headers_to_remove": ["authorization"],
-        });
-        if !up.headers_to_add.is_empty() {
-            r["request_headers_to_add"] = Value::Array(
-                up.headers_to_add
-                    .iter()
-                    .map(|(k, v)| json!({"header": {"key": k, "value": v}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}))
-                    .collect(),
-            );
-        }
-        routes.push(r);
-
-        let all_ip = up
-            .endpoints
-            .iter()
-            .all(|(h, _)| h.parse::<IpAddr>().is_ok());
-        let discovery = if all_ip {
-            Discovery::Static
-        } else {
-            Discovery::StrictDns
-        };
-        let lb_endpoints: Vec<Value> = up
-            .endpoints
-            .iter()
-            .map(|(h, p)| json!({"endpoint": {"address": socket(h, *p)}}))
-            .collect();
-        let mut c = json!({
-            "name": cluster_name,
-            "type": if discovery == Discovery::Static { "STATIC" } else { "STRICT_DNS" },
-            "connect_timeout": "5s",
-            "lb_policy": "ROUND_ROBIN",
-            "per_connection_buffer_limit_bytes": buffer_limit,
-            "load_assignment": {"cluster_name": cluster_name, "endpoints": [{"lb_endpoints": lb_endpoints}]},
-        });
-        if discovery == Discovery::StrictDns {
-            c["dns_lookup_family"] = json!("V4_PREFERRED");
-        }
-        if let Some(host) = &up.tls {
-            let san_type = if host.parse::<IpAddr>().is_ok() {
-                "IP_ADDRESS"
-            } else {
-                "DNS"
-            };
-            let mut tls = json!({
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                "common_tls_context": {"validation_context": {
-                    "trusted_ca": {"filename": opts.ca_file},
-                    "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": host}}],
-                }},
-            });
-            if san_type == "DNS" {
-                tls["sni"] = json!(host);
-            }
-            c["transport_socket"] =
-                json!({"name": "envoy.transport_sockets.tls", "typed_config": tls});
-        }
-        clusters.push(c);
+        ups.push(upstream(b, namespace, inputs, opts, &label, &path, diags));
     }
     if !diags.errors.is_empty() {
         return None;
     }
+    let ups: Vec<Upstream> = ups.into_iter().map(|u| u.expect("no error")).collect();
+    let name_of = |b: usize| core.backend(b).name.as_str();
+
+    let cap_ms = response_header_cap(spec).as_millis().min(u64::MAX as u128) as u64;
+    let plans = route_plans(&core, cap_ms);
+
+    // Path prefixes are route-level in Envoy: only a route to that backend alone can apply one.
+    for (i, up) in ups.iter().enumerate() {
+        if !up.rewrites_path() {
+            continue;
+        }
+        let shared = plans
+            .iter()
+            .find(|p| (p.order.len() > 1 && p.order.contains(&i)) || p.mirrors.contains(&i));
+        if let Some(p) = shared {
+            diags.error(Problem::new(
+                &label,
+                format!("spec.backends[{i}].external.url"),
+                format!("the path {:?} can only be applied on a route to {} alone, but route {:?} {} (Envoy rewrites paths per route, not per attempt); use a URL without a path, or one ending in /v1", up.path_prefix, name_of(i), p.key, if p.mirrors.contains(&i) { "mirrors to it" } else { "fails over across it and other backends" }),
+            ));
+        }
+    }
+    if !diags.errors.is_empty() {
+        return None;
+    }
+
+    let stream_idle = spec
+        .proxy
+        .as_ref()
+        .and_then(|p| p.stream_idle_timeout.as_deref())
+        .and_then(|s| parse_duration(s).ok())
+        .unwrap_or(DEFAULT_STREAM_IDLE_TIMEOUT);
+    let quarantine = spec
+        .proxy
+        .as_ref()
+        .and_then(|p| p.quarantine_duration.as_deref())
+        .and_then(|s| parse_duration(s).ok())
+        .filter(|d| !d.is_zero())
+        .unwrap_or(DEFAULT_QUARANTINE);
+    let upstream_wasm = upstream_wasm_path(opts);
+
+    // Routes, and the aggregates / shadow targets they need (first-seen order: deterministic).
+    let mut routes = Vec::new();
+    let mut aggregates: Vec<(String, Vec<usize>)> = Vec::new();
+    let mut shadow_targets: Vec<usize> = Vec::new();
+    for p in &plans {
+        let names: Vec<&str> = p.order.iter().map(|&b| name_of(b)).collect();
+        let external = p.order.iter().any(|&b| ups[b].external());
+        let cluster = if p.order.len() == 1 {
+            backend_cluster(names[0])
+        } else {
+            let agg = aggregate_cluster(&names);
+            if !aggregates.iter().any(|(n, _)| *n == agg) {
+                aggregates.push((agg.clone(), p.order.clone()));
+            }
+            agg
+        };
+        let mut retry = json!({
+            "retry_on": RETRY_ON,
+            "num_retries": p.order.len() - 1,
+            "per_try_timeout": dur_ms(p.per_try_timeout_ms),
+            "retry_priority": {"name": "envoy.retry_priorities.previous_priorities",
+                "typed_config": typed("envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig")},
+            "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": typed("envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate")}],
+            "host_selection_retry_max_attempts": p.order.len().max(3),
+        });
+        retry["retry_priority"]["typed_config"]["update_frequency"] = json!(1);
+        let mut action = json!({
+            "cluster": cluster,
+            "timeout": "0s",
+            "idle_timeout": envoy_duration(stream_idle),
+            "retry_policy": retry,
+        });
+        if p.order.len() == 1 {
+            let up = &ups[p.order[0]];
+            if let Some(h) = &up.host_rewrite {
+                action["host_rewrite_literal"] = json!(h);
+            }
+            if !up.path_prefix.is_empty() {
+                // Requests are `/v1/...`; a base URL that already ends in /v1 replaces it, any
+                // other prefix is put in front.
+                let (pattern, substitution) = match up.path_prefix.strip_suffix("/v1") {
+                    Some(_) => ("^/v1/".to_string(), format!("{}/", up.path_prefix)),
+                    None => ("^/".to_string(), format!("{}/", up.path_prefix)),
+                };
+                action["regex_rewrite"] =
+                    json!({"pattern": {"regex": pattern}, "substitution": substitution});
+            }
+        } else if external {
+            // Host per attempt from the endpoint's `hostname` (set on external endpoints).
+            action["auto_host_rewrite"] = json!(true);
+        }
+        if !p.mirrors.is_empty() {
+            action["request_mirror_policies"] = Value::Array(
+                p.mirrors
+                    .iter()
+                    .map(|&b| {
+                        if !shadow_targets.contains(&b) {
+                            shadow_targets.push(b);
+                        }
+                        json!({
+                            "cluster": shadow_cluster(name_of(b)),
+                            "request_headers_mutations": [{"append": {
+                                "header": {"key": SHADOW_HEADER, "value": "true"},
+                                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}],
+                        })
+                    })
+                    .collect(),
+            );
+        }
+        routes.push(json!({
+            "name": p.key,
+            "match": {"prefix": "/", "headers": [{"name": ROUTE_HEADER, "string_match": {"exact": p.key}}]},
+            "route": action,
+            "request_headers_to_remove": ["authorization"],
+        }));
+    }
+    shadow_targets.sort_unstable();
+
+    let chain_for = |members: &[usize]| -> Option<Value> {
+        let externals: Vec<(&str, &Upstream)> = members
+            .iter()
+            .filter(|&&b| ups[b].external())
+            .map(|&b| (name_of(b), &ups[b]))
+            .collect();
+        (!externals.is_empty()).then(|| upstream_chain(&externals, &upstream_wasm, &plugin_json))
+    };
+
+    let mut clusters = Vec::new();
+    let mut secrets = Vec::new();
+    for (i, up) in ups.iter().enumerate() {
+        let name = name_of(i);
+        let cname = backend_cluster(name);
+        let mut c = endpoint_cluster(
+            &cname,
+            name,
+            core.backend(i).tier,
+            up,
+            buffer_limit,
+            &opts.ca_file,
+        );
+        c["outlier_detection"] = json!({
+            "consecutive_5xx": 1,
+            "enforcing_consecutive_5xx": 100,
+            "interval": "1s",
+            "base_ejection_time": envoy_duration(quarantine),
+            "max_ejection_time": envoy_duration(quarantine),
+            "max_ejection_percent": 100,
+            "split_external_local_origin_errors": true,
+            "enforcing_consecutive_local_origin_failure": 0,
+            "enforcing_success_rate": 0,
+            "enforcing_local_origin_success_rate": 0,
+        });
+        c["health_checks"] = json!([{
+            "timeout": "1s",
+            "interval": "1s",
+            "no_traffic_interval": "1s",
+            "unhealthy_threshold": 1,
+            "healthy_threshold": 1,
+            "tcp_health_check": {},
+        }]);
+        c["common_lb_config"] = json!({"healthy_panic_threshold": {"value": 0}});
+        if let Some(chain) = chain_for(&[i]) {
+            c["typed_extension_protocol_options"] = chain;
+        }
+        clusters.push(c);
+        if let Some(cred) = &up.credential {
+            secrets.push(json!({"name": secret_name(name), "generic_secret": {"secret": {"inline_string": cred}}}));
+        }
+    }
+    for &b in &shadow_targets {
+        let name = name_of(b);
+        let mut c = endpoint_cluster(
+            &shadow_cluster(name),
+            name,
+            core.backend(b).tier,
+            &ups[b],
+            buffer_limit,
+            &opts.ca_file,
+        );
+        c["circuit_breakers"] = json!({"thresholds": [{"max_requests": SHADOW_MAX_REQUESTS}]});
+        if let Some(chain) = chain_for(&[b]) {
+            c["typed_extension_protocol_options"] = chain;
+        }
+        clusters.push(c);
+    }
+    for (name, members) in &aggregates {
+        let mut agg = typed("envoy.extensions.clusters.aggregate.v3.ClusterConfig");
+        agg["clusters"] = json!(members
+            .iter()
+            .map(|&b| backend_cluster(name_of(b)))
+            .collect::<Vec<_>>());
+        let mut c = json!({
+            "name": name,
+            "connect_timeout": "5s",
+            "lb_policy": "CLUSTER_PROVIDED",
+            "cluster_type": {"name": "envoy.clusters.aggregate", "typed_config": agg},
+        });
+        if let Some(chain) = chain_for(members) {
+            c["typed_extension_protocol_options"] = chain;
+        }
+        clusters.push(c);
+    }
+
     let body = json!({"error": {
         "message": "no route: the request was not assigned to a backend of this router",
         "type": "invalid_request_error", "param": null, "code": "model_not_found"}})
@@ -517,13 +911,6 @@ fn bootstrap(
         "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
     }));
 
-    let stream_idle = spec
-        .proxy
-        .as_ref()
-        .and_then(|p| p.stream_idle_timeout.as_deref())
-        .and_then(|s| parse_duration(s).ok())
-        .unwrap_or(DEFAULT_STREAM_IDLE_TIMEOUT);
-
     let wasm = wasm_path(opts);
     let hcm = json!({
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
@@ -532,38 +919,33 @@ fn bootstrap(
         "normalize_path": true,
         "merge_slashes": true,
         "stream_idle_timeout": envoy_duration(stream_idle),
-        "route_config": {"name": "llmkube", "virtual_hosts": [{"name": "llmkube", "domains": ["*"], "routes": routes}]},
+        "route_config": {"name": "llmkube", "virtual_hosts": [{
+            "name": "llmkube",
+            "domains": ["*"],
+            "include_attempt_count_in_response": true,
+            "routes": routes,
+        }]},
         "http_filters": [
-            {"name": "envoy.filters.http.wasm", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                "config": {
-                    "name": "llmkube-model-router",
-                    "root_id": "model-router",
-                    "allow_on_headers_stop_iteration": true,
-                    "fail_open": false,
-                    "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": plugin_json},
-                    "vm_config": {
-                        "vm_id": "llmkube",
-                        "runtime": "envoy.wasm.runtime.v8",
-                        "code": {"local": {"filename": wasm.to_string_lossy()}},
-                    },
-                },
-            }},
-            {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
+            wasm_filter("llmkube-model-router", "model-router", "llmkube", &wasm, &plugin_json),
+            {"name": "envoy.filters.http.router", "typed_config": typed("envoy.extensions.filters.http.router.v3.Router")},
         ],
     });
+    let mut resources = json!({
+        "listeners": [{
+            "name": "llmkube",
+            "address": socket(&opts.listen.ip().to_string(), opts.listen.port()),
+            "per_connection_buffer_limit_bytes": buffer_limit,
+            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+        }],
+        "clusters": clusters,
+    });
+    if !secrets.is_empty() {
+        resources["secrets"] = Value::Array(secrets);
+    }
     Some(json!({
         "node": {"id": format!("llmkube-{}", router_key(router).replace('/', ".")), "cluster": "llmkube"},
         "admin": {"address": socket(&opts.admin.ip().to_string(), opts.admin.port())},
-        "static_resources": {
-            "listeners": [{
-                "name": "llmkube",
-                "address": socket(&opts.listen.ip().to_string(), opts.listen.port()),
-                "per_connection_buffer_limit_bytes": buffer_limit,
-                "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
-            }],
-            "clusters": clusters,
-        },
+        "static_resources": resources,
     }))
 }
 
@@ -640,7 +1022,8 @@ fn upstream(
             tls: None,
             host_rewrite: None,
             path_prefix: String::new(),
-            headers_to_add: Vec::new(),
+            credential: None,
+            credential_header: "authorization",
         });
     }
     let e = b.external.as_ref()?;
@@ -664,7 +1047,11 @@ fn upstream(
             return None;
         }
     };
-    let mut headers_to_add = Vec::new();
+    let credential_header = match e.provider {
+        Provider::Anthropic => "x-api-key",
+        _ => "authorization",
+    };
+    let mut credential = None;
     if let Some(s) = &e.credentials_secret_ref {
         if let Some(secret) = inputs.secret(namespace, &s.name) {
             let values = secret_values(secret);
@@ -691,16 +1078,12 @@ fn upstream(
                     );
                     return None;
                 }
-                Some(v) => match e.provider {
-                    Provider::Anthropic => {
-                        headers_to_add.push(("x-api-key".to_string(), v.to_string()));
-                        headers_to_add.push((
-                            "anthropic-version".to_string(),
-                            ANTHROPIC_VERSION.to_string(),
-                        ));
-                    }
-                    _ => headers_to_add.push(("authorization".to_string(), format!("Bearer {v}"))),
-                },
+                Some(v) => {
+                    credential = Some(match e.provider {
+                        Provider::Anthropic => v.to_string(),
+                        _ => format!("Bearer {v}"),
+                    })
+                }
             }
         }
     }
@@ -709,7 +1092,8 @@ fn upstream(
         tls: u.https.then(|| u.host.clone()),
         host_rewrite: Some(u.authority()),
         path_prefix: u.path.clone(),
-        headers_to_add,
+        credential,
+        credential_header,
     })
 }
 

@@ -175,15 +175,23 @@ fn bootstrap_layout() {
     let routes = h["route_config"]["virtual_hosts"][0]["routes"]
         .as_array()
         .unwrap();
-    assert_eq!(routes.len(), 4);
-    let r = route(&b, "backend-local-b");
+    // r0 → local-a, the default route → local-a, the catch-all.
+    assert_eq!(routes.len(), 3);
+    assert_eq!(
+        h["route_config"]["virtual_hosts"][0]["include_attempt_count_in_response"],
+        true
+    );
+    let r = route(&b, "r0/local-a");
     assert_eq!(
         r["match"]["headers"][0],
-        json!({"name": "x-llmkube-backend", "string_match": {"exact": "local-b"}})
+        json!({"name": "x-llmkube-route", "string_match": {"exact": "r0/local-a"}})
     );
-    assert_eq!(r["route"]["cluster"], "backend-local-b");
+    assert_eq!(r["route"]["cluster"], "backend-local-a");
     assert_eq!(r["route"]["timeout"], "0s");
     assert_eq!(r["request_headers_to_remove"], json!(["authorization"]));
+    let r = route(&b, "~/local-a");
+    assert_eq!(r["route"]["cluster"], "backend-local-a");
+    assert_eq!(r["route"]["retry_policy"]["num_retries"], 0);
     let last = routes.last().unwrap();
     assert_eq!(last["match"], json!({"prefix": "/"}));
     assert_eq!(last["direct_response"]["status"], 404);
@@ -235,24 +243,34 @@ fn openai_default_url_tls_and_credentials() {
             ["matcher"]["exact"],
         "api.openai.com"
     );
-    let r = route(&b, "backend-cloud");
-    assert_eq!(r["route"]["host_rewrite_literal"], "api.openai.com");
+    // Unreachable here (no route names it), but it has its cluster, chain and secret anyway.
     assert_eq!(
-        r["request_headers_to_add"][0]["header"],
-        json!({"key": "authorization", "value": "Bearer sk-test"})
+        b["static_resources"]["secrets"],
+        json!([{"name": "cred-cloud", "generic_secret": {"secret": {"inline_string": "Bearer sk-test"}}}])
     );
+    let mut r = router();
+    r["spec"]["rules"] =
+        json!([{"name": "c", "match": {"models": ["gpt-*"]}, "route": {"backends": ["cloud"]}}]);
+    let b = compile(full(r), &opts());
+    let r = route(&b, "c/cloud");
+    assert_eq!(r["route"]["cluster"], "backend-cloud");
+    assert_eq!(r["route"]["host_rewrite_literal"], "api.openai.com");
+    assert!(r.get("request_headers_to_add").is_none());
+    assert_eq!(r["request_headers_to_remove"], json!(["authorization"]));
 }
 
 #[test]
 fn external_url_forms() {
     let mut r = router();
+    r["spec"]["rules"] =
+        json!([{"name": "c", "match": {"models": ["gpt-*"]}, "route": {"backends": ["cloud"]}}]);
     r["spec"]["backends"][2]["external"] =
         json!({"provider": "litellm", "url": "http://10.1.2.3:4000/llm/v1", "model": "m"});
     let b = compile(full(r.clone()), &opts());
     let c = cluster(&b, "backend-cloud");
     assert_eq!(c["type"], "STATIC");
     assert!(c.get("transport_socket").is_none());
-    let rt = route(&b, "backend-cloud");
+    let rt = route(&b, "c/cloud");
     assert_eq!(
         rt["route"]["regex_rewrite"],
         json!({"pattern": {"regex": "^/v1/"}, "substitution": "/llm/v1/"})
@@ -262,21 +280,34 @@ fn external_url_forms() {
     r["spec"]["backends"][2]["external"] = json!({"provider": "anthropic", "url": "https://gw.example.com/anthropic", "model": "claude", "credentialsSecretRef": {"name": "anth"}});
     let sec = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "anth", "namespace": "llm"}, "data": {"ANTHROPIC_API_KEY": "c2stYW50"}});
     let b = compile(
-        docs(&[r, isvc("isvc-a", None), isvc("isvc-b", None), sec]),
+        docs(&[
+            r.clone(),
+            isvc("isvc-a", None),
+            isvc("isvc-b", None),
+            sec.clone(),
+        ]),
         &opts(),
     );
-    let rt = route(&b, "backend-cloud");
+    let rt = route(&b, "c/cloud");
     assert_eq!(
         rt["route"]["regex_rewrite"],
         json!({"pattern": {"regex": "^/"}, "substitution": "/anthropic/"})
     );
+    assert!(rt.get("request_headers_to_add").is_none());
+    // anthropic: the raw key, injected as x-api-key (anthropic-version is the upstream filter's).
     assert_eq!(
-        rt["request_headers_to_add"][0]["header"],
-        json!({"key": "x-api-key", "value": "sk-ant"})
+        b["static_resources"]["secrets"][0]["generic_secret"]["secret"]["inline_string"],
+        "sk-ant"
     );
+
+    // A path prefix cannot be applied per attempt: refused when the backend shares an order.
+    r["spec"]["rules"] = json!([{"name": "c", "route": {"backends": ["local-a", "cloud"]}}]);
     assert_eq!(
-        rt["request_headers_to_add"][1]["header"]["key"],
-        "anthropic-version"
+        compile_err(
+            docs(&[r, isvc("isvc-a", None), isvc("isvc-b", None), sec]),
+            &opts()
+        ),
+        ["ModelRouter/demo: spec.backends[2].external.url: the path \"/anthropic\" can only be applied on a route to cloud alone, but route \"c/local-a,cloud\" fails over across it and other backends (Envoy rewrites paths per route, not per attempt); use a URL without a path, or one ending in /v1"]
     );
 }
 

@@ -7,7 +7,7 @@
 
 mod common;
 use common::*;
-use llmkube_gen::envoy::{compile_envoy, EnvoyOptions, Format, WASM_FILE};
+use llmkube_gen::envoy::{compile_envoy, EnvoyOptions, Format, UPSTREAM_WASM_FILE, WASM_FILE};
 use llmkube_gen::Source;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -34,9 +34,32 @@ fn envoy_bin() -> PathBuf {
     p
 }
 
+/// The filter directory, with `llmkube_upstream.wasm` in it. Until the upstream filter is built
+/// next to the model-router one, a temp dir holds a copy of the model-router module under that
+/// name as a stand-in: `--mode validate` only loads it and runs `on_configure`, and both modules
+/// accept the same plugin config.
 fn wasm_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
+        let d = model_router_dir();
+        if d.join(UPSTREAM_WASM_FILE).is_file() {
+            return d;
+        }
+        let tmp = std::env::temp_dir().join(format!("llmkube-gen-wasm-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        for name in [WASM_FILE, UPSTREAM_WASM_FILE] {
+            std::fs::copy(d.join(WASM_FILE), tmp.join(name)).unwrap();
+        }
+        eprintln!(
+            "note: {UPSTREAM_WASM_FILE} not in {}; validating with the model-router module as a stand-in",
+            d.display()
+        );
+        tmp
+    })
+}
+
+fn model_router_dir() -> PathBuf {
+    {
         if let Some(d) = std::env::var_os("LLMKUBE_WASM_DIR") {
             let d = PathBuf::from(d);
             assert!(
@@ -82,7 +105,7 @@ fn wasm_dir() -> &'static Path {
             d.join(WASM_FILE).display()
         );
         d
-    })
+    }
 }
 
 fn base_id() -> u32 {
@@ -200,7 +223,7 @@ fn endpoints_tls_providers_and_no_idle_timeout() {
     r["spec"]["backends"][1]["resolution"] = json!("endpoint");
     r["spec"]["backends"].as_array_mut().unwrap().push(json!({
         "name": "claude", "tier": "cloud",
-        "external": {"provider": "anthropic", "model": "claude-opus-4", "url": "https://gateway.example.com/anthropic/", "credentialsSecretRef": {"name": "anth"}}
+        "external": {"provider": "anthropic", "model": "claude-opus-4", "url": "https://gateway.example.com/v1/", "credentialsSecretRef": {"name": "anth"}}
     }));
     r["spec"]["backends"].as_array_mut().unwrap().push(json!({
         "name": "lite", "tier": "cloud", "external": {"provider": "litellm", "model": "m", "url": "http://[::1]:4000/v1"}
@@ -238,4 +261,59 @@ fn endpoints_tls_providers_and_no_idle_timeout() {
         ]),
         opts,
     );
+}
+
+/// The data-plane router reduced to the named rules (and the fail-closed `pii` one).
+fn dataplane_with(rules: &[&str]) -> String {
+    let mut r = dataplane_router();
+    let all = r["spec"]["rules"].as_array().unwrap().clone();
+    r["spec"]["rules"] = json!(all
+        .into_iter()
+        .filter(|x| x["name"] == "pii" || rules.contains(&x["name"].as_str().unwrap()))
+        .collect::<Vec<_>>());
+    dataplane_docs(r)
+}
+
+#[test]
+fn weighted_three_backends_six_permutations() {
+    validate("dp-w3", dataplane_with(&["w3"]), EnvoyOptions::default());
+}
+
+#[test]
+fn weighted_five_backends_five_routes() {
+    validate("dp-w5", dataplane_with(&["w5"]), EnvoyOptions::default());
+}
+
+#[test]
+fn shadow_rule_with_a_cloud_target() {
+    validate(
+        "dp-shadow",
+        dataplane_with(&["sh"]),
+        EnvoyOptions::default(),
+    );
+}
+
+#[test]
+fn mixed_tier_rule_with_local_only_variant() {
+    validate(
+        "dp-mixed",
+        dataplane_with(&["mixed"]),
+        EnvoyOptions::default(),
+    );
+}
+
+#[test]
+fn anthropic_and_openai_in_one_aggregate() {
+    let opts = EnvoyOptions {
+        format: Format::Json,
+        ..Default::default()
+    };
+    validate("dp-ext", dataplane_with(&["ext"]), opts);
+}
+
+#[test]
+fn whole_data_plane_with_name_match() {
+    let mut r = dataplane_router();
+    r["spec"]["defaultRouteStrategy"] = json!("BackendNameMatch");
+    validate("dp-all", dataplane_docs(r), EnvoyOptions::default());
 }

@@ -72,3 +72,51 @@ pub fn set(v: &mut Value, pointer: &str, value: Value) {
     }
     *cur = value;
 }
+
+pub const OPENAI_KEY: &str = "sk-openai-SECRET-1234";
+pub const ANTHROPIC_KEY: &str = "sk-ant-SECRET-5678";
+
+/// The issue-3 data plane in one router: weighted rules over 3 and 5 local backends, a shadow rule
+/// with a cloud target, a mixed-tier non-fail-closed rule, an aggregate holding an openai and an
+/// anthropic backend, a fail-closed rule; plus the objects it references.
+pub fn dataplane_router() -> Value {
+    let mut backends = vec![
+        json!({"name": "local-a", "tier": "local", "inferenceServiceRef": {"name": "isvc-a"}}),
+        json!({"name": "local-b", "inferenceServiceRef": {"name": "isvc-b"}, "timeout": "3s", "weight": 3}),
+    ];
+    for x in ["c", "d", "e"] {
+        backends.push(json!({"name": format!("local-{x}"), "inferenceServiceRef": {"name": format!("isvc-{x}")}}));
+    }
+    backends.push(json!({"name": "cloud", "tier": "cloud", "external": {"provider": "openai", "model": "gpt-5", "credentialsSecretRef": {"name": "openai"}}}));
+    backends.push(json!({"name": "claude", "external": {"provider": "anthropic", "model": "claude-opus-4", "credentialsSecretRef": {"name": "anth"}}}));
+    json!({
+        "apiVersion": "inference.llmkube.dev/v1alpha1",
+        "kind": "ModelRouter",
+        "metadata": {"name": "dp", "namespace": "llm"},
+        "spec": {
+            "backends": backends,
+            "defaultRoute": "local-a",
+            "rules": [
+                {"name": "pii", "failClosed": true, "match": {"dataClassification": ["pii"]}, "route": {"backends": ["local-a", "local-b"]}},
+                {"name": "w3", "match": {"models": ["w3-*"]}, "route": {"strategy": "weighted", "backends": ["local-a", "local-b", "local-c"]}},
+                {"name": "w5", "match": {"models": ["w5-*"]}, "route": {"strategy": "weighted", "backends": ["local-a", "local-b", "local-c", "local-d", "local-e"]}},
+                {"name": "sh", "match": {"models": ["sh-*"]}, "route": {"strategy": "shadow", "backends": ["local-a", "local-b", "cloud"]}},
+                {"name": "mixed", "timeout": "7s", "match": {"models": ["mixed-*"]}, "route": {"backends": ["cloud", "local-a"]}},
+                {"name": "ext", "match": {"models": ["ext-*"]}, "route": {"backends": ["cloud", "claude"]}}
+            ],
+            "proxy": {"streamIdleTimeout": "45s", "quarantineDuration": "20s"}
+        }
+    })
+}
+
+pub fn dataplane_docs(router: Value) -> String {
+    let mut v = vec![router];
+    for x in ["a", "b", "c", "d", "e"] {
+        v.push(isvc(&format!("isvc-{x}"), Some(8000)));
+    }
+    v.push(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "openai", "namespace": "llm"},
+                  "stringData": {"OPENAI_API_KEY": OPENAI_KEY}}));
+    v.push(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "anth", "namespace": "llm"},
+                  "stringData": {"ANTHROPIC_API_KEY": ANTHROPIC_KEY}}));
+    docs(&v)
+}

@@ -1,0 +1,599 @@
+//! The issue-3 data plane of the envoy target (docs/architecture.md, "Failover, weighted picks,
+//! shadow, quarantine"): route keys, aggregates, retries and timeouts, quarantine, shadow mirrors,
+//! the upstream chain and credentials.
+
+mod common;
+use common::*;
+use llmkube_gen::envoy::{compile_envoy, EnvoyOptions, Format};
+use llmkube_gen::Source;
+use router_core::config::{PluginConfig, Tier};
+use router_core::orders;
+use router_core::router::Router;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+
+fn opts() -> EnvoyOptions {
+    EnvoyOptions {
+        wasm_dir: "/opt/wasm".into(),
+        format: Format::Json,
+        ..Default::default()
+    }
+}
+
+fn compile_text(text: String) -> String {
+    compile_envoy(
+        &[Source {
+            name: "dp.yaml".into(),
+            text,
+        }],
+        &opts(),
+    )
+    .unwrap_or_else(|e| panic!("{:#?}", e.iter().map(|p| p.to_string()).collect::<Vec<_>>()))
+}
+
+fn compile(router: Value) -> Value {
+    serde_json::from_str(&compile_text(dataplane_docs(router))).unwrap()
+}
+
+fn hcm(b: &Value) -> &Value {
+    &b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+}
+
+fn routes(b: &Value) -> Vec<Value> {
+    hcm(b)["route_config"]["virtual_hosts"][0]["routes"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// Routes to backends (everything but the final catch-all).
+fn backend_routes(b: &Value) -> Vec<Value> {
+    let mut r = routes(b);
+    let last = r.pop().unwrap();
+    assert_eq!(last["name"], "no-backend");
+    assert_eq!(last["match"], json!({"prefix": "/"}));
+    assert_eq!(last["direct_response"]["status"], 404);
+    r
+}
+
+fn route(b: &Value, key: &str) -> Value {
+    routes(b)
+        .into_iter()
+        .find(|r| r["name"] == key)
+        .unwrap_or_else(|| panic!("no route {key}"))
+}
+
+fn clusters(b: &Value) -> Vec<Value> {
+    b["static_resources"]["clusters"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn cluster(b: &Value, name: &str) -> Value {
+    clusters(b)
+        .into_iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no cluster {name}"))
+}
+
+fn has_cluster(b: &Value, name: &str) -> bool {
+    clusters(b).iter().any(|c| c["name"] == name)
+}
+
+fn plugin_of(b: &Value) -> PluginConfig {
+    let s = hcm(b)["http_filters"][0]["typed_config"]["config"]["configuration"]["value"]
+        .as_str()
+        .unwrap();
+    serde_json::from_str(s).unwrap()
+}
+
+fn keys(b: &Value) -> Vec<String> {
+    backend_routes(b)
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn rule_keys(b: &Value, rule: &str) -> Vec<String> {
+    keys(b)
+        .into_iter()
+        .filter(|k| k.starts_with(&format!("{rule}/")))
+        .collect()
+}
+
+/// Upstream HTTP filter names of a cluster (empty: no upstream chain).
+fn chain(c: &Value) -> Vec<String> {
+    c["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        ["http_filters"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| f["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn mirrors(r: &Value) -> Vec<String> {
+    r["route"]["request_mirror_policies"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|m| m["cluster"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn route_set_is_exactly_the_filter_route_keys() {
+    let b = compile(dataplane_router());
+    // What the filter can stamp, from the filter's own engine on the generated plugin config.
+    let core = Router::new(plugin_of(&b)).unwrap();
+    let mut expected = Vec::new();
+    for i in 0..core.rules_len() {
+        for order in core.rule_orders(i) {
+            let names: Vec<&str> = order
+                .iter()
+                .map(|&x| core.backend(x).name.as_str())
+                .collect();
+            expected.push(orders::route_key(&core.rule(i).name, &names));
+        }
+    }
+    for t in core.unruled_targets() {
+        expected.push(orders::route_key(
+            orders::UNRULED,
+            &[core.backend(t).name.as_str()],
+        ));
+    }
+    assert_eq!(keys(&b), expected);
+    // Each route matches its own key exactly on x-llmkube-route, and nothing else.
+    for r in backend_routes(&b) {
+        assert_eq!(
+            r["match"],
+            json!({"prefix": "/", "headers": [{"name": "x-llmkube-route", "string_match": {"exact": r["name"]}}]})
+        );
+    }
+    let unique: BTreeSet<String> = keys(&b).into_iter().collect();
+    assert_eq!(unique.len(), keys(&b).len());
+
+    // The shapes, spelled out.
+    assert_eq!(rule_keys(&b, "pii"), ["pii/local-a,local-b"]);
+    let w3 = rule_keys(&b, "w3");
+    assert_eq!(w3.len(), 6, "3! permutations: {w3:?}");
+    assert!(w3.contains(&"w3/local-c,local-b,local-a".to_string()));
+    let w5 = rule_keys(&b, "w5");
+    assert_eq!(
+        w5,
+        [
+            "w5/local-a,local-b,local-c,local-d,local-e",
+            "w5/local-b,local-a,local-c,local-d,local-e",
+            "w5/local-c,local-a,local-b,local-d,local-e",
+            "w5/local-d,local-a,local-b,local-c,local-e",
+            "w5/local-e,local-a,local-b,local-c,local-d",
+        ]
+    );
+    assert_eq!(
+        rule_keys(&b, "sh"),
+        ["sh/local-a,local-b", "sh/local-a,local-b,cloud"]
+    );
+    // Mixed tiers, not fail-closed: the local-only variant for sensitive requests exists.
+    assert_eq!(
+        rule_keys(&b, "mixed"),
+        ["mixed/local-a", "mixed/cloud,local-a"]
+    );
+    // Only cloud backends: no sensitive variant.
+    assert_eq!(rule_keys(&b, "ext"), ["ext/cloud,claude"]);
+    assert_eq!(rule_keys(&b, "~"), ["~/local-a"]);
+
+    // BackendNameMatch: every backend is an unruled target.
+    let mut r = dataplane_router();
+    r["spec"]["defaultRouteStrategy"] = json!("BackendNameMatch");
+    let b = compile(r);
+    assert_eq!(
+        rule_keys(&b, "~"),
+        [
+            "~/local-a",
+            "~/local-b",
+            "~/local-c",
+            "~/local-d",
+            "~/local-e",
+            "~/cloud",
+            "~/claude"
+        ]
+    );
+}
+
+#[test]
+fn weight_zero_is_drained_from_the_route_table() {
+    let mut r = dataplane_router();
+    r["spec"]["backends"][2]["weight"] = json!(0);
+    let b = compile(r);
+    assert_eq!(
+        rule_keys(&b, "w3"),
+        ["w3/local-a,local-b", "w3/local-b,local-a"]
+    );
+    assert_eq!(rule_keys(&b, "w5").len(), 24, "4 positive weights: 4!");
+}
+
+#[test]
+fn clusters_single_backend_or_deduplicated_aggregate() {
+    let b = compile(dataplane_router());
+    let names: Vec<String> = clusters(&b)
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect();
+    let unique: BTreeSet<&String> = names.iter().collect();
+    assert_eq!(unique.len(), names.len(), "duplicate cluster: {names:?}");
+    let mut used = BTreeSet::new();
+    for r in backend_routes(&b) {
+        let key = r["name"].as_str().unwrap();
+        let order: Vec<&str> = key.split_once('/').unwrap().1.split(',').collect();
+        let c = r["route"]["cluster"].as_str().unwrap();
+        if order.len() == 1 {
+            assert_eq!(c, format!("backend-{}", order[0]));
+        } else {
+            assert_eq!(c, format!("order.{}", order.join(".")));
+            let agg = cluster(&b, c);
+            assert_eq!(agg["lb_policy"], "CLUSTER_PROVIDED");
+            assert_eq!(agg["cluster_type"]["name"], "envoy.clusters.aggregate");
+            let members: Vec<String> = order.iter().map(|m| format!("backend-{m}")).collect();
+            assert_eq!(
+                agg["cluster_type"]["typed_config"]["clusters"],
+                json!(members)
+            );
+            used.insert(c.to_string());
+        }
+    }
+    // pii and sh (sensitive variant) share local-a,local-b; w3 and w5 do not collide.
+    assert_eq!(
+        route(&b, "pii/local-a,local-b")["route"]["cluster"],
+        route(&b, "sh/local-a,local-b")["route"]["cluster"]
+    );
+    let aggs: Vec<&String> = names.iter().filter(|n| n.starts_with("order.")).collect();
+    assert_eq!(aggs.len(), used.len(), "no unused aggregate");
+    assert_eq!(aggs.len(), 1 + 6 + 5 + 1 + 1 + 1);
+}
+
+#[test]
+fn retry_timeouts_and_idle() {
+    let b = compile(dataplane_router());
+    for r in backend_routes(&b) {
+        let key = r["name"].as_str().unwrap();
+        let n = key.split(',').count();
+        let a = &r["route"];
+        assert_eq!(a["timeout"], "0s", "{key}");
+        assert_eq!(a["idle_timeout"], "45s", "{key}");
+        assert_eq!(r["request_headers_to_remove"], json!(["authorization"]));
+        assert!(r.get("request_headers_to_add").is_none());
+        let p = &a["retry_policy"];
+        assert_eq!(p["retry_on"], "5xx,reset,connect-failure,refused-stream");
+        assert_eq!(p["num_retries"], n - 1, "{key}");
+        assert_eq!(
+            p["retry_priority"],
+            json!({"name": "envoy.retry_priorities.previous_priorities", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
+                "update_frequency": 1}})
+        );
+        assert_eq!(
+            p["retry_host_predicate"][0]["name"],
+            "envoy.retry_host_predicates.previous_hosts"
+        );
+        assert!(p["host_selection_retry_max_attempts"].as_u64().unwrap() >= n as u64);
+    }
+    // Rule timeout wins; else the first backend's own (local-b: 3s); else the cap (120s).
+    let per_try = |k: &str| route(&b, k)["route"]["retry_policy"]["per_try_timeout"].clone();
+    assert_eq!(per_try("mixed/cloud,local-a"), "7s");
+    assert_eq!(per_try("mixed/local-a"), "7s");
+    assert_eq!(per_try("w3/local-b,local-a,local-c"), "3s");
+    assert_eq!(per_try("w3/local-a,local-b,local-c"), "120s");
+    assert_eq!(per_try("~/local-a"), "120s");
+    assert_eq!(
+        hcm(&b)["route_config"]["virtual_hosts"][0]["include_attempt_count_in_response"],
+        true
+    );
+
+    let mut r = dataplane_router();
+    r["spec"]["proxy"] = json!({"streamIdleTimeout": "0s", "responseHeaderTimeout": "30s"});
+    let b = compile(r);
+    assert_eq!(
+        route(&b, "w3/local-a,local-b,local-c")["route"]["idle_timeout"],
+        "0s"
+    );
+    assert_eq!(hcm(&b)["stream_idle_timeout"], "0s");
+    assert_eq!(
+        route(&b, "~/local-a")["route"]["retry_policy"]["per_try_timeout"],
+        "30s"
+    );
+    // Defaults: 300s idle.
+    let mut r = dataplane_router();
+    r["spec"]["proxy"] = json!({});
+    let b = compile(r);
+    assert_eq!(route(&b, "~/local-a")["route"]["idle_timeout"], "300s");
+}
+
+#[test]
+fn quarantine_health_and_panic_on_backend_clusters() {
+    let b = compile(dataplane_router());
+    let core = Router::new(plugin_of(&b)).unwrap();
+    for (i, name) in [
+        "local-a", "local-b", "local-c", "local-d", "local-e", "cloud", "claude",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let c = cluster(&b, &format!("backend-{name}"));
+        assert_eq!(
+            c["outlier_detection"],
+            json!({
+                "consecutive_5xx": 1, "enforcing_consecutive_5xx": 100, "interval": "1s",
+                "base_ejection_time": "20s", "max_ejection_time": "20s", "max_ejection_percent": 100,
+                "split_external_local_origin_errors": true, "enforcing_consecutive_local_origin_failure": 0,
+                "enforcing_success_rate": 0, "enforcing_local_origin_success_rate": 0,
+            }),
+            "{name}"
+        );
+        let hc = &c["health_checks"][0];
+        assert_eq!(hc["interval"], "1s");
+        assert_eq!(hc["unhealthy_threshold"], 1);
+        assert_eq!(hc["healthy_threshold"], 1);
+        assert_eq!(hc["tcp_health_check"], json!({}));
+        assert_eq!(
+            c["common_lb_config"],
+            json!({"healthy_panic_threshold": {"value": 0}})
+        );
+        let tier = if core.backend(i).tier == Tier::Local {
+            "local"
+        } else {
+            "cloud"
+        };
+        for ep in c["load_assignment"]["endpoints"][0]["lb_endpoints"]
+            .as_array()
+            .unwrap()
+        {
+            assert_eq!(
+                ep["metadata"],
+                json!({"filter_metadata": {"llmkube": {"backend": name, "tier": tier}}})
+            );
+        }
+    }
+    // Default quarantine 15s.
+    let mut r = dataplane_router();
+    r["spec"]["proxy"] = json!({});
+    let b = compile(r);
+    assert_eq!(
+        cluster(&b, "backend-local-a")["outlier_detection"]["base_ejection_time"],
+        "15s"
+    );
+    assert_eq!(
+        cluster(&b, "backend-local-a")["outlier_detection"]["max_ejection_time"],
+        "15s"
+    );
+}
+
+#[test]
+fn mirrors_only_on_shadow_routes_and_never_to_cloud_on_local_orders() {
+    let b = compile(dataplane_router());
+    let core = Router::new(plugin_of(&b)).unwrap();
+    let tier_of = |name: &str| {
+        (0..7)
+            .map(|i| core.backend(i))
+            .find(|x| x.name == name)
+            .unwrap()
+            .tier
+    };
+    for r in backend_routes(&b) {
+        let key = r["name"].as_str().unwrap();
+        let (rule, order) = key.split_once('/').unwrap();
+        let order: Vec<&str> = order.split(',').collect();
+        let m = mirrors(&r);
+        if rule != "sh" {
+            assert!(m.is_empty(), "{key} mirrors {m:?}");
+            continue;
+        }
+        let want: Vec<String> = order[1..].iter().map(|x| format!("shadow-{x}")).collect();
+        assert_eq!(m, want, "{key}");
+        if order.iter().all(|x| tier_of(x) == Tier::Local) {
+            for target in &m {
+                assert_eq!(
+                    tier_of(target.strip_prefix("shadow-").unwrap()),
+                    Tier::Local
+                );
+            }
+        }
+        for p in r["route"]["request_mirror_policies"].as_array().unwrap() {
+            assert_eq!(
+                p["request_headers_mutations"],
+                json!([{"append": {"header": {"key": "x-llmkube-shadow", "value": "true"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}])
+            );
+        }
+    }
+    assert_eq!(
+        mirrors(&route(&b, "sh/local-a,local-b")),
+        ["shadow-local-b"]
+    );
+    assert_eq!(
+        mirrors(&route(&b, "sh/local-a,local-b,cloud")),
+        ["shadow-local-b", "shadow-cloud"]
+    );
+    // Shadow clusters only for shadow targets: no outlier detection, 4 in flight.
+    for c in clusters(&b) {
+        let n = c["name"].as_str().unwrap();
+        if let Some(t) = n.strip_prefix("shadow-") {
+            assert!(["local-b", "cloud"].contains(&t), "{n}");
+            assert!(c.get("outlier_detection").is_none());
+            assert!(c.get("health_checks").is_none());
+            assert_eq!(c["circuit_breakers"]["thresholds"][0]["max_requests"], 4);
+        }
+    }
+    assert!(has_cluster(&b, "shadow-cloud") && has_cluster(&b, "shadow-local-b"));
+    // The shadow cluster has the same endpoints as the backend cluster.
+    assert_eq!(
+        cluster(&b, "shadow-cloud")["load_assignment"]["endpoints"],
+        cluster(&b, "backend-cloud")["load_assignment"]["endpoints"]
+    );
+}
+
+#[test]
+fn upstream_chain_only_where_an_external_backend_can_be_reached() {
+    let b = compile(dataplane_router());
+    let full_chain = |creds: &[&str]| {
+        let mut v = vec!["envoy.filters.http.wasm".to_string()];
+        v.extend(creds.iter().map(|c| format!("cred-{c}")));
+        v.push("envoy.filters.http.header_mutation".into());
+        v.push("envoy.filters.http.upstream_codec".into());
+        v
+    };
+    for c in clusters(&b) {
+        let n = c["name"].as_str().unwrap();
+        let ch = chain(&c);
+        match n {
+            "backend-cloud"
+            | "shadow-cloud"
+            | "order.local-a.local-b.cloud"
+            | "order.cloud.local-a" => {
+                assert_eq!(ch, full_chain(&["cloud"]), "{n}")
+            }
+            "backend-claude" => assert_eq!(ch, full_chain(&["claude"])),
+            "order.cloud.claude" => assert_eq!(ch, full_chain(&["cloud", "claude"])),
+            _ => assert!(ch.is_empty(), "{n} has an upstream chain"),
+        }
+    }
+    let agg = cluster(&b, "order.cloud.claude");
+    let opts = &agg["typed_extension_protocol_options"]
+        ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"];
+    assert_eq!(
+        opts["explicit_http_config"],
+        json!({"http_protocol_options": {}})
+    );
+    let f = &opts["http_filters"];
+    let w = &f[0]["typed_config"]["config"];
+    assert_eq!(w["root_id"], "upstream");
+    assert_eq!(w["vm_config"]["vm_id"], "llmkube-upstream");
+    assert_eq!(w["allow_on_headers_stop_iteration"], true);
+    assert_eq!(w["fail_open"], false);
+    assert_eq!(
+        w["vm_config"]["code"]["local"]["filename"],
+        "/opt/wasm/llmkube_upstream.wasm"
+    );
+    let pc: PluginConfig =
+        serde_json::from_str(w["configuration"]["value"].as_str().unwrap()).unwrap();
+    assert_eq!(pc, plugin_of(&b));
+    for (i, (backend, header)) in [("cloud", "authorization"), ("claude", "x-api-key")]
+        .iter()
+        .enumerate()
+    {
+        let m = &f[1 + i]["typed_config"];
+        assert_eq!(
+            m["@type"],
+            "type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher"
+        );
+        let inj = &m["extension_config"];
+        assert_eq!(inj["name"], "envoy.filters.http.credential_injector");
+        let cred = &inj["typed_config"]["credential"]["typed_config"];
+        assert_eq!(
+            cred["credential"],
+            json!({"name": format!("cred-{backend}")})
+        );
+        assert_eq!(cred["header"], *header);
+        let pred = &m["xds_matcher"]["matcher_list"]["matchers"][0];
+        let single = &pred["predicate"]["not_matcher"]["single_predicate"];
+        assert_eq!(
+            single["input"]["typed_config"]["header_name"],
+            "x-llmkube-attempt-backend"
+        );
+        assert_eq!(single["value_match"], json!({"exact": backend}));
+        assert_eq!(
+            pred["on_match"]["action"]["typed_config"]["@type"],
+            "type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter"
+        );
+    }
+    assert_eq!(
+        f[3]["typed_config"]["mutations"],
+        json!({"request_mutations": [{"remove": "x-llmkube-attempt-backend"}]})
+    );
+    // Host per attempt: external endpoints carry the authority, aggregates with one rewrite to it.
+    assert_eq!(
+        cluster(&b, "backend-claude")["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+            ["endpoint"]["hostname"],
+        "api.anthropic.com"
+    );
+    assert_eq!(
+        route(&b, "ext/cloud,claude")["route"]["auto_host_rewrite"],
+        true
+    );
+    assert!(route(&b, "w3/local-a,local-b,local-c")["route"]
+        .get("auto_host_rewrite")
+        .is_none());
+    assert!(b["node"]["id"].is_string() && b["node"]["cluster"].is_string());
+}
+
+#[test]
+fn credentials_only_in_static_secrets() {
+    let text = compile_text(dataplane_docs(dataplane_router()));
+    let b: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        b["static_resources"]["secrets"],
+        json!([
+            {"name": "cred-cloud", "generic_secret": {"secret": {"inline_string": format!("Bearer {OPENAI_KEY}")}}},
+            {"name": "cred-claude", "generic_secret": {"secret": {"inline_string": ANTHROPIC_KEY}}},
+        ])
+    );
+    for key in [OPENAI_KEY, ANTHROPIC_KEY] {
+        assert_eq!(text.matches(key).count(), 1, "{key} appears elsewhere");
+        let mut rest = b.clone();
+        rest["static_resources"]
+            .as_object_mut()
+            .unwrap()
+            .remove("secrets");
+        assert!(!rest.to_string().contains(key));
+        // Not even a fragment of the key (e.g. without "Bearer ").
+        assert!(!rest.to_string().contains(&key[3..]));
+    }
+    // YAML output too.
+    let y = compile_envoy(
+        &[Source {
+            name: "dp.yaml".into(),
+            text: dataplane_docs(dataplane_router()),
+        }],
+        &EnvoyOptions {
+            format: Format::Yaml,
+            ..opts()
+        },
+    )
+    .unwrap();
+    assert_eq!(y.matches(OPENAI_KEY).count(), 1);
+    assert_eq!(y.matches(ANTHROPIC_KEY).count(), 1);
+}
+
+#[test]
+fn deterministic() {
+    let a = compile_text(dataplane_docs(dataplane_router()));
+    for _ in 0..3 {
+        assert_eq!(a, compile_text(dataplane_docs(dataplane_router())));
+    }
+    // Table order: rules in declaration order, then unruled targets; the catch-all last.
+    let b: Value = serde_json::from_str(&a).unwrap();
+    let rules: Vec<String> = keys(&b)
+        .iter()
+        .map(|k| k.split_once('/').unwrap().0.to_string())
+        .fold(Vec::new(), |mut v, r| {
+            if v.last() != Some(&r) {
+                v.push(r);
+            }
+            v
+        });
+    assert_eq!(rules, ["pii", "w3", "w5", "sh", "mixed", "ext", "~"]);
+}
+
+#[test]
+fn capability_filtered_rules() {
+    let mut r = dataplane_router();
+    r["spec"]["backends"][0]["capabilities"] = json!(["vision"]);
+    r["spec"]["rules"] = json!([
+        {"name": "see", "match": {"requiredCapabilities": ["vision"]}, "route": {"backends": ["local-b", "local-a"]}},
+    ]);
+    let b = compile(r);
+    assert_eq!(keys(&b), ["see/local-a", "~/local-a"]);
+}

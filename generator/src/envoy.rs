@@ -890,6 +890,9 @@ fn bootstrap(
             .collect::<Vec<_>>());
         let mut c = json!({
             "name": name,
+            // Dots in a cluster name split Envoy's stat tag extraction (`envoy_cluster_name`
+            // would be "order"); backend names are DNS labels, so '_' is unambiguous here.
+            "alt_stat_name": name.replace('.', "_"),
             "connect_timeout": "5s",
             "lb_policy": "CLUSTER_PROVIDED",
             "cluster_type": {"name": "envoy.clusters.aggregate", "typed_config": agg},

@@ -237,6 +237,7 @@ fn clusters_single_backend_or_deduplicated_aggregate() {
             assert_eq!(c, format!("order.{}", order.join(".")));
             let agg = cluster(&b, c);
             assert_eq!(agg["lb_policy"], "CLUSTER_PROVIDED");
+            assert_eq!(agg["alt_stat_name"], format!("order_{}", order.join("_")));
             assert_eq!(agg["cluster_type"]["name"], "envoy.clusters.aggregate");
             let members: Vec<String> = order.iter().map(|m| format!("backend-{m}")).collect();
             assert_eq!(

@@ -418,6 +418,43 @@ pub fn module_imports(wasm: &[u8]) -> anyhow::Result<Vec<(String, String)>> {
         .collect())
 }
 
+/// Builds a workspace cdylib for `wasm32-wasip1` (release, as it ships) and returns the `.wasm`
+/// path. Run once per test process: cargo is a no-op when fresh and it prevents testing a stale
+/// module. Uses `$CARGO_TARGET_DIR` if set, else `<workspace>/target`.
+///
+/// `package` is the cargo package (`probe-filter`), `artifact` the file stem (`probe_filter`).
+pub fn build_wasm(package: &str, artifact: &str) -> anyhow::Result<std::path::PathBuf> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .current_dir(&workspace)
+        .env("CARGO_TARGET_DIR", &target)
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip1",
+            "-p",
+            package,
+        ])
+        .output()
+        .context("running cargo")?;
+    if !out.status.success() {
+        return Err(anyhow!(
+            "building {package} for wasm32-wasip1 failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let wasm = target.join(format!("wasm32-wasip1/release/{artifact}.wasm"));
+    if !wasm.exists() {
+        return Err(anyhow!("{} missing after build", wasm.display()));
+    }
+    Ok(wasm)
+}
+
 /// Imports Envoy would refuse (anything but `env.proxy_*` it implements and its WASI set).
 pub fn unsupported_imports(wasm: &[u8]) -> anyhow::Result<Vec<(String, String)>> {
     Ok(module_imports(wasm)?
@@ -538,7 +575,7 @@ impl Host {
                 &[ROOT_CONTEXT_ID as i32, vm_len],
                 ROOT_CONTEXT_ID,
             )?
-            .map_or(true, |r| r != 0);
+            .is_none_or(|r| r != 0);
         let cfg_len = host.store.data().opts.plugin_configuration.len() as i32;
         host.configure_ok = host
             .call(
@@ -546,7 +583,7 @@ impl Host {
                 &[ROOT_CONTEXT_ID as i32, cfg_len],
                 ROOT_CONTEXT_ID,
             )?
-            .map_or(true, |r| r != 0);
+            .is_none_or(|r| r != 0);
         host.pump()?;
         Ok(host)
     }

@@ -12,36 +12,10 @@ use wasm_host::*;
 
 fn probe_path() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        if let Ok(p) = std::env::var("PROBE_FILTER_WASM") {
-            return PathBuf::from(p);
-        }
-        let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace.join("target"));
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = std::process::Command::new(cargo)
-            .current_dir(&workspace)
-            .env("CARGO_TARGET_DIR", &target)
-            .args([
-                "build",
-                "--release",
-                "--target",
-                "wasm32-wasip1",
-                "-p",
-                "probe-filter",
-            ])
-            .output()
-            .expect("running cargo to build the probe filter");
-        assert!(
-            out.status.success(),
-            "building probe-filter failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let wasm = target.join("wasm32-wasip1/release/probe_filter.wasm");
-        assert!(wasm.exists(), "{} missing after build", wasm.display());
-        wasm
+    PATH.get_or_init(|| match std::env::var("PROBE_FILTER_WASM") {
+        Ok(p) => PathBuf::from(p),
+        // Panics (fails the test) if the module cannot be built: never skip.
+        Err(_) => build_wasm("probe-filter", "probe_filter").unwrap_or_else(|e| panic!("{e:#}")),
     })
     .clone()
 }

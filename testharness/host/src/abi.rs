@@ -288,6 +288,15 @@ fn buffer_get(st: &HostState, buffer_type: i32) -> Result<Vec<u8>, i32> {
 
 // ---- properties -----------------------------------------------------------------------------
 
+/// NUL-separated segments. Envoy's parser stops at the end of the buffer, so a trailing NUL
+/// (as hand-written encoders emit; the SDK strips it) names the same path.
+pub(crate) fn parse_path(raw: &[u8]) -> Vec<String> {
+    let raw = raw.strip_suffix(&[0]).unwrap_or(raw);
+    raw.split(|b| *b == 0)
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
 fn property(st: &HostState, path: &[String]) -> Option<Vec<u8>> {
     if let Some(v) = st.opts.properties.get(path) {
         return Some(v.clone());
@@ -524,10 +533,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
             let Some(raw) = read(&mut c, pp, ps) else {
                 return Ok(INVALID_MEMORY);
             };
-            let path: Vec<String> = raw
-                .split(|b| *b == 0)
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect();
+            let path = parse_path(&raw);
             match property(c.data(), &path) {
                 Some(v) => copy_out(&mut c, &v, rp, rs),
                 None => Ok(NOT_FOUND),
@@ -541,10 +547,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
             let (Some(raw), Some(val)) = (read(&mut c, pp, ps), read(&mut c, vp, vs)) else {
                 return INVALID_MEMORY;
             };
-            let path: Vec<String> = raw
-                .split(|b| *b == 0)
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect();
+            let path = parse_path(&raw);
             c.data_mut().opts.properties.insert(path, val);
             OK
         },
@@ -1001,6 +1004,13 @@ mod tests {
             vec![(":path".into(), "/x".into()), ("x-a".into(), "".into())]
         );
         assert_eq!(deserialize_map(&[]).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn property_paths_tolerate_a_trailing_nul() {
+        let want = vec!["xds".to_string(), "cluster_name".to_string()];
+        assert_eq!(parse_path(b"xds\0cluster_name"), want);
+        assert_eq!(parse_path(b"xds\0cluster_name\0"), want);
     }
 
     #[test]

@@ -1,0 +1,619 @@
+//! The model-router and upstream filters' behaviour, on the compiled release modules, driven by
+//! the wasmtime host exactly as Envoy drives them.
+
+use serde_json::{json, Value};
+use wasm_host::{Host, LogLevel, StreamOutcome, VmOptions, ENVOY_WASI_FUNCTIONS};
+
+fn router_config() -> Value {
+    json!({
+        "router": "llm/demo",
+        "max_body_bytes": 4096,
+        "default_route_strategy": "BackendNameMatch",
+        "default_route": "qwen-small",
+        "backends": [
+            {"name": "qwen-small", "display_name": "qwen3-8b", "capabilities": ["tools"]},
+            {"name": "llama-big", "capabilities": ["tools", "long-context"], "model_info": {"context_length": 131072}},
+            {"name": "gpt", "tier": "cloud", "external_model": "gpt-5", "provider": "openai"},
+            {"name": "claude", "tier": "cloud", "external_model": "claude-opus-4-7", "provider": "anthropic"}
+        ],
+        "rules": [
+            {"name": "regulated", "data_classification": ["pii", "phi"], "fail_closed": true, "backends": ["llama-big", "qwen-small"]},
+            {"name": "research", "headers": [{"name": "x-team", "value": "research"}], "backends": ["gpt", "llama-big"]},
+            {"name": "qwen", "models": ["qwen3-*"], "backends": ["qwen-small"]},
+            {"name": "spread", "models": ["spread"], "strategy": "weighted", "backends": ["qwen-small", "llama-big"]}
+        ],
+        "audit": {"caller_header": "x-llmkube-client"}
+    })
+}
+
+fn wasm(lib: &str) -> std::path::PathBuf {
+    let package = match lib {
+        "llmkube_model_router" => "llmkube-model-router",
+        "llmkube_upstream" => "llmkube-upstream",
+        other => panic!("unknown filter {other}"),
+    };
+    e2e::wasm::build_filter(package, lib)
+}
+
+fn host_with(lib: &str, config: &Value) -> Host {
+    let opts = VmOptions {
+        root_id: "model-router".into(),
+        ..Default::default()
+    }
+    .with_plugin_config(serde_json::to_vec(config).unwrap())
+    .allow_stop_iteration(true);
+    let host = Host::from_file(wasm(lib), opts).expect("module loads");
+    assert!(
+        host.configure_ok(),
+        "on_configure refused: {:?}",
+        host.logs()
+    );
+    host
+}
+
+fn router() -> Host {
+    host_with("llmkube_model_router", &router_config())
+}
+
+fn post(host: &mut Host, extra: &[(&str, &str)], body: &str) -> StreamOutcome {
+    let len = body.len().to_string();
+    let mut headers = vec![
+        (":method", "POST"),
+        (":path", "/v1/chat/completions"),
+        (":authority", "gw"),
+        ("content-type", "application/json"),
+        ("content-length", len.as_str()),
+    ];
+    headers.extend_from_slice(extra);
+    host.run_request(&headers, body.as_bytes(), 0)
+        .expect("no trap")
+}
+
+fn error_of(o: &StreamOutcome) -> (u32, String) {
+    let r = o.local_response.as_ref().expect("a local response");
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let v: Value = serde_json::from_slice(&r.body).expect("JSON error body");
+    (r.status, v["error"]["code"].as_str().unwrap().to_string())
+}
+
+#[test]
+fn modules_import_only_what_envoy_provides() {
+    for lib in ["llmkube_model_router", "llmkube_upstream"] {
+        let bytes = std::fs::read(wasm(lib)).unwrap();
+        for (module, name) in wasm_host::module_imports(&bytes).unwrap() {
+            let ok = (module == "env" && name.starts_with("proxy_"))
+                || (module == "wasi_snapshot_preview1"
+                    && ENVOY_WASI_FUNCTIONS.contains(&name.as_str()));
+            assert!(
+                ok,
+                "{lib} imports {module}.{name}, which Envoy does not provide"
+            );
+        }
+        assert!(bytes.len() <= 600 * 1024, "{lib} is {} bytes", bytes.len());
+    }
+}
+
+#[test]
+fn routes_by_body_model_and_stamps_the_decision() {
+    let mut h = router();
+    let o = post(
+        &mut h,
+        &[],
+        r#"{"messages":[{"role":"user","content":"hi"}],"model":"qwen3-8b"}"#,
+    );
+    assert!(o.local_response.is_none(), "{:?}", o.local_response);
+    assert!(o.complete);
+    assert_eq!(o.header("x-ai-eg-model"), Some("qwen3-8b"));
+    assert_eq!(o.header("x-llmkube-rule"), Some("qwen"));
+    assert_eq!(o.header("x-llmkube-backend"), Some("qwen-small"));
+    assert_eq!(o.header("x-llmkube-route"), Some("qwen/qwen-small"));
+    assert_eq!(o.header("x-llmkube-sensitive"), None);
+    // The body goes on untouched.
+    assert_eq!(
+        o.body_str(),
+        r#"{"messages":[{"role":"user","content":"hi"}],"model":"qwen3-8b"}"#
+    );
+
+    let o = post(&mut h, &[("x-team", "research")], r#"{"model":"anything"}"#);
+    assert_eq!(o.header("x-llmkube-route"), Some("research/gpt,llama-big"));
+    // BackendNameMatch, then the default route: no rule header.
+    let o = post(&mut h, &[], r#"{"model":"llama-big"}"#);
+    assert_eq!(o.header("x-llmkube-route"), Some("~/llama-big"));
+    assert_eq!(o.header("x-llmkube-rule"), None);
+    let o = post(&mut h, &[], r#"{"model":"unknown-model"}"#);
+    assert_eq!(o.header("x-llmkube-backend"), Some("qwen-small"));
+}
+
+#[test]
+fn client_decision_headers_are_removed_on_every_request() {
+    let mut h = router();
+    let spoof: Vec<(&str, &str)> = [
+        "x-llmkube-backend",
+        "X-LLMKUBE-RULE",
+        "x-ai-eg-model",
+        "x-gateway-destination-endpoint",
+        "x-llmkube-shadow",
+        "x-llmkube-route",
+        "x-llmkube-sensitive",
+        "x-llmkube-attempt-backend",
+    ]
+    .iter()
+    .flat_map(|n| [(*n, "spoofed"), (*n, "again")])
+    .collect();
+    // An inference request: the filter's own values win.
+    let o = post(&mut h, &spoof, r#"{"model":"qwen3-8b"}"#);
+    assert_eq!(o.header("x-llmkube-backend"), Some("qwen-small"));
+    let fwd = o.forwarded_headers.as_ref().unwrap();
+    assert!(
+        !fwd.iter().any(|(_, v)| v == "spoofed" || v == "again"),
+        "{fwd:?}"
+    );
+    // Any other request: the headers are simply gone, so no route can use them.
+    let mut headers = vec![
+        (":method", "GET"),
+        (":path", "/healthz"),
+        (":authority", "gw"),
+    ];
+    headers.extend_from_slice(&spoof);
+    let o = h.run_request(&headers, b"", 0).unwrap();
+    let fwd = o.forwarded_headers.as_ref().unwrap();
+    assert!(
+        !fwd.iter().any(|(k, _)| k.starts_with("x-llmkube")
+            || k == "x-ai-eg-model"
+            || k == "x-gateway-destination-endpoint"),
+        "{fwd:?}"
+    );
+}
+
+#[test]
+fn the_same_decision_whatever_the_chunking() {
+    let body = r#"{"messages":[{"role":"user","content":"a fairly long prompt \"with escapes\" é"}],"stream":true,"model":"qwen3-8b"}"#;
+    for chunk in [1, 2, 3, 7, 16, 64, body.len()] {
+        let mut h = router();
+        let len = body.len().to_string();
+        let o = h
+            .run_request(
+                &[
+                    (":method", "POST"),
+                    (":path", "/v1/chat/completions"),
+                    ("content-length", &len),
+                ],
+                body.as_bytes(),
+                chunk,
+            )
+            .unwrap();
+        assert_eq!(o.header("x-llmkube-rule"), Some("qwen"), "chunk {chunk}");
+        assert_eq!(o.body_str(), body, "chunk {chunk}");
+    }
+}
+
+#[test]
+fn bad_bodies_get_documented_errors_and_are_not_forwarded() {
+    let mut h = router();
+    for (body, status, code) in [
+        ("{", 400, "invalid_json"),
+        ("not json", 400, "invalid_json"),
+        (r#"{"model":"a","model":"b"}"#, 400, "duplicate_key"),
+        (r#"{"model":"a","m":{"x":1,"x":2}}"#, 400, "duplicate_key"),
+        (r#"{"messages":[]}"#, 400, "missing_model"),
+        (r#"{"model":7}"#, 400, "missing_model"),
+        (
+            "{\"model\":\"a\\r\\nx-llmkube-backend: gpt\"}",
+            400,
+            "invalid_model",
+        ),
+    ] {
+        let o = post(&mut h, &[], body);
+        assert_eq!(error_of(&o), (status, code.to_string()), "{body}");
+        assert!(
+            o.forwarded_headers.is_none() && o.forwarded_body.is_empty(),
+            "{body} was forwarded"
+        );
+    }
+    assert!(!h.is_dead());
+}
+
+#[test]
+fn body_limits_answer_413_naming_the_limit() {
+    let mut h = router();
+    let big = format!(r#"{{"model":"qwen3-8b","pad":"{}"}}"#, "x".repeat(5000));
+    // Declared too large.
+    let o = post(&mut h, &[], &big);
+    let (status, code) = error_of(&o);
+    assert_eq!((status, code.as_str()), (413, "request_too_large"));
+    assert!(o
+        .local_response
+        .as_ref()
+        .unwrap()
+        .body_str()
+        .contains("4096 bytes"));
+    // Chunked, no content-length: caught as the body grows.
+    let o = h
+        .run_request(
+            &[(":method", "POST"), (":path", "/v1/chat/completions")],
+            big.as_bytes(),
+            1000,
+        )
+        .unwrap();
+    assert_eq!(error_of(&o).0, 413);
+    assert!(o.forwarded_headers.is_none());
+    // Exactly at the limit is fine.
+    let pad = 4096 - r#"{"model":"qwen3-8b","pad":""}"#.len();
+    let exact = format!(r#"{{"model":"qwen3-8b","pad":"{}"}}"#, "x".repeat(pad));
+    assert_eq!(exact.len(), 4096);
+    let o = post(&mut h, &[], &exact);
+    assert!(o.local_response.is_none());
+    // Empty body on an inference path.
+    let o = h
+        .run_request(
+            &[
+                (":method", "POST"),
+                (":path", "/v1/chat/completions"),
+                ("content-length", "0"),
+            ],
+            b"",
+            0,
+        )
+        .unwrap();
+    assert_eq!(error_of(&o), (400, "invalid_json".into()));
+}
+
+#[test]
+fn models_list_is_answered_from_config() {
+    let mut h = router();
+    let o = h
+        .run_request(&[(":method", "GET"), (":path", "/v1/models?x=1")], b"", 0)
+        .unwrap();
+    let r = o.local_response.expect("answered locally");
+    assert_eq!(r.status, 200);
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["qwen3-8b", "llama-big", "gpt", "claude"]);
+    assert_eq!(v["data"][1]["context_length"], 131072);
+    assert_eq!(v["data"][1]["input_modalities"], json!(["text"]));
+}
+
+#[test]
+fn unknown_models_and_sensitive_leaks_are_refused() {
+    let mut cfg = router_config();
+    cfg["default_route"] = Value::Null;
+    cfg["default_route_strategy"] = json!("Static");
+    let mut h = host_with("llmkube_model_router", &cfg);
+    assert_eq!(
+        error_of(&post(&mut h, &[], r#"{"model":"nope"}"#)),
+        (404, "model_not_found".into())
+    );
+
+    let mut cfg = router_config();
+    cfg["default_route"] = json!("gpt");
+    cfg["sensitive_classifications"] = json!(["secret"]);
+    let mut h = host_with("llmkube_model_router", &cfg);
+    let o = post(
+        &mut h,
+        &[("x-llmkube-classification", "SECRET")],
+        r#"{"model":"unknown"}"#,
+    );
+    assert_eq!(error_of(&o), (503, "fail_closed".into()));
+    assert!(o.forwarded_headers.is_none());
+    // A sensitive request on a mixed rule goes to its local backend only, and is marked.
+    let o = post(
+        &mut h,
+        &[
+            ("x-team", "research"),
+            ("x-llmkube-classification", "secret"),
+        ],
+        r#"{"model":"m"}"#,
+    );
+    assert_eq!(o.header("x-llmkube-route"), Some("research/llama-big"));
+    assert_eq!(o.header("x-llmkube-sensitive"), Some("true"));
+}
+
+#[test]
+fn weighted_rules_spread_by_weight() {
+    let mut cfg = router_config();
+    cfg["backends"][0]["weight"] = json!(3);
+    cfg["backends"][1]["weight"] = json!(1);
+    let mut h = host_with("llmkube_model_router", &cfg);
+    let mut first_small = 0;
+    let n = 2000;
+    for _ in 0..n {
+        let o = post(&mut h, &[], r#"{"model":"spread"}"#);
+        match o.header("x-llmkube-route") {
+            Some("spread/qwen-small,llama-big") => first_small += 1,
+            Some("spread/llama-big,qwen-small") => {}
+            other => panic!("unexpected route {other:?}"),
+        }
+    }
+    // Expected 0.75; 2000 draws: standard error ~0.01.
+    let share = first_small as f64 / n as f64;
+    assert!((share - 0.75).abs() < 0.05, "share {share}");
+}
+
+fn respond(
+    h: &mut Host,
+    req: &StreamOutcome,
+    status: &str,
+    metadata: &[(&str, &str)],
+) -> StreamOutcome {
+    for (k, v) in metadata {
+        h.set_property(
+            &[
+                "xds",
+                "upstream_host_metadata",
+                "filter_metadata",
+                "llmkube",
+                k,
+            ],
+            v.as_bytes(),
+        );
+    }
+    h.run_response(
+        req.stream,
+        &[
+            (":status", status),
+            ("content-type", "application/json"),
+            ("x-envoy-attempt-count", "2"),
+        ],
+        b"{}",
+        0,
+    )
+    .unwrap()
+}
+
+#[test]
+fn failed_upstreams_become_502_or_fail_closed_503() {
+    let mut h = router();
+    let req = post(&mut h, &[], r#"{"model":"qwen3-8b"}"#);
+    let res = respond(
+        &mut h,
+        &req,
+        "503",
+        &[("backend", "qwen-small"), ("tier", "local")],
+    );
+    assert_eq!(error_of(&res), (502, "all_backends_failed".into()));
+
+    let req = post(
+        &mut h,
+        &[("x-llmkube-classification", "pii")],
+        r#"{"model":"qwen3-8b"}"#,
+    );
+    // Envoy's own "no healthy upstream": no endpoint metadata.
+    let mut h2 = router();
+    let req2 = post(
+        &mut h2,
+        &[("x-llmkube-classification", "pii")],
+        r#"{"model":"qwen3-8b"}"#,
+    );
+    let res = h2
+        .run_response(
+            req2.stream,
+            &[(":status", "503")],
+            b"no healthy upstream",
+            0,
+        )
+        .unwrap();
+    assert_eq!(error_of(&res), (503, "fail_closed".into()));
+    // A 4xx passes through; the attempt count header does not.
+    let res = respond(
+        &mut h,
+        &req,
+        "429",
+        &[("backend", "llama-big"), ("tier", "local")],
+    );
+    assert!(res.local_response.is_none());
+    assert_eq!(res.header("x-envoy-attempt-count"), None);
+}
+
+#[test]
+fn a_sensitive_request_answered_by_cloud_is_reported_loudly() {
+    let mut h = router();
+    let req = post(
+        &mut h,
+        &[("x-llmkube-classification", "phi")],
+        r#"{"model":"qwen3-8b"}"#,
+    );
+    respond(
+        &mut h,
+        &req,
+        "200",
+        &[("backend", "gpt"), ("tier", "cloud")],
+    );
+    assert!(h
+        .logs()
+        .iter()
+        .any(|(l, m)| *l == LogLevel::Critical && m.contains("SENSITIVE DATA VIOLATION")));
+    let m = h
+        .metric("llmkube.sensitive_violations")
+        .expect("violation counter");
+    assert_eq!(m.value, 1);
+    h.log_and_done(req.stream).unwrap();
+    let audit = h.logs_matching("llmkube-audit ");
+    let v: Value = serde_json::from_str(
+        audit
+            .last()
+            .unwrap()
+            .split_once("llmkube-audit ")
+            .unwrap()
+            .1,
+    )
+    .unwrap();
+    assert_eq!(v["violation"], true);
+    assert_eq!(v["backend"], "gpt");
+}
+
+#[test]
+fn every_request_leaves_one_audit_line() {
+    let mut h = router();
+    let req = post(
+        &mut h,
+        &[
+            ("x-request-id", "rid-1"),
+            ("x-llmkube-client", "svc-a\u{1}"),
+            ("authorization", "Bearer sk-client-secret"),
+            ("x-llmkube-task-complexity", "simple"),
+        ],
+        r#"{"model":"qwen3-8b","stream":true}"#,
+    );
+    h.run_response(
+        req.stream,
+        &[(":status", "200"), ("content-type", "text/event-stream")],
+        b"data: {}\n\n",
+        0,
+    )
+    .unwrap();
+    h.log_and_done(req.stream).unwrap();
+    let bad = post(&mut h, &[], "{");
+    h.log_and_done(bad.stream).unwrap();
+    let lines = h.logs_matching("llmkube-audit ");
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let parse = |l: &str| -> Value {
+        serde_json::from_str(l.split_once("llmkube-audit ").unwrap().1).unwrap()
+    };
+    let ok = parse(&lines[0]);
+    assert_eq!(ok["request_id"], "rid-1");
+    assert_eq!(ok["router"], "llm/demo");
+    assert_eq!(ok["model"], "qwen3-8b");
+    assert_eq!(ok["rule"], "qwen");
+    assert_eq!(ok["backend"], "qwen-small");
+    assert_eq!(ok["tier"], "local");
+    assert_eq!(ok["status"], 200);
+    assert_eq!(ok["outcome"], "ok_stream");
+    assert_eq!(ok["task_complexity"], "simple");
+    assert_eq!(ok["caller"], "svc-a?");
+    assert!(ok.get("request_body").is_none());
+    assert_eq!(parse(&lines[1])["outcome"], "invalid_request");
+    assert!(
+        !h.logs().iter().any(|(_, m)| m.contains("sk-client-secret")),
+        "credential in logs"
+    );
+}
+
+#[test]
+fn hostile_bodies_never_kill_the_vm() {
+    let mut h = router();
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let alphabet = b"{}[]\":,\\u0123456789abcdefmodel truenull-+.eE \xff\xc3\x80\x00";
+    for _ in 0..500 {
+        let len = (next() % 200) as usize;
+        let body: Vec<u8> = (0..len)
+            .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+            .collect();
+        let o = h
+            .run_request(
+                &[(":method", "POST"), (":path", "/v1/completions")],
+                &body,
+                (next() % 17 + 1) as usize,
+            )
+            .expect("no trap");
+        if let Some(r) = &o.local_response {
+            assert!([400, 404, 413, 503].contains(&r.status), "{}", r.status);
+        }
+    }
+    let deep = format!("{{\"model\":\"m\",\"a\":{}}}", "[".repeat(100_000));
+    let o = post(&mut h, &[], &deep[..4000]);
+    assert_eq!(error_of(&o).0, 400);
+    assert!(!h.is_dead());
+    // And it still routes.
+    assert_eq!(
+        post(&mut h, &[], r#"{"model":"qwen3-8b"}"#).header("x-llmkube-rule"),
+        Some("qwen")
+    );
+}
+
+fn upstream(metadata_backend: Option<&str>) -> Host {
+    let mut opts = VmOptions {
+        root_id: "upstream".into(),
+        ..Default::default()
+    }
+    .with_plugin_config(serde_json::to_vec(&router_config()).unwrap())
+    .allow_stop_iteration(true);
+    if let Some(b) = metadata_backend {
+        opts = opts.with_property(
+            &[
+                "xds",
+                "upstream_host_metadata",
+                "filter_metadata",
+                "llmkube",
+                "backend",
+            ],
+            b,
+        );
+    }
+    let h = Host::from_file(wasm("llmkube_upstream"), opts).unwrap();
+    assert!(h.configure_ok());
+    h
+}
+
+fn attempt(h: &mut Host, extra: &[(&str, &str)], body: &str) -> StreamOutcome {
+    let len = body.len().to_string();
+    let mut headers = vec![
+        (":method", "POST"),
+        (":path", "/v1/chat/completions"),
+        ("content-length", len.as_str()),
+    ];
+    headers.extend_from_slice(extra);
+    h.run_request(&headers, body.as_bytes(), 5).unwrap()
+}
+
+#[test]
+fn upstream_rewrites_model_and_fixes_length_for_external_backends() {
+    let mut h = upstream(Some("claude"));
+    let body = r#"{"messages":[{"role":"user","content":"x"}],"model":"qwen3-8b","stream":false}"#;
+    let o = attempt(
+        &mut h,
+        &[("authorization", "Bearer leftover"), ("x-api-key", "old")],
+        body,
+    );
+    let expected =
+        r#"{"messages":[{"role":"user","content":"x"}],"model":"claude-opus-4-7","stream":false}"#;
+    assert_eq!(o.body_str(), expected);
+    assert_eq!(
+        o.header("content-length"),
+        Some(expected.len().to_string().as_str())
+    );
+    assert_eq!(o.header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(o.header("x-llmkube-attempt-backend"), Some("claude"));
+    assert_eq!(o.header("authorization"), None);
+    assert_eq!(o.header("x-api-key"), None);
+
+    // A local backend: untouched body, credentials still cleared.
+    let mut h = upstream(Some("qwen-small"));
+    let o = attempt(&mut h, &[("authorization", "Bearer leftover")], body);
+    assert_eq!(o.body_str(), body);
+    assert_eq!(o.header("authorization"), None);
+    assert_eq!(o.header("x-llmkube-attempt-backend"), Some("qwen-small"));
+}
+
+#[test]
+fn upstream_refuses_sensitive_attempts_to_cloud_or_unknown_endpoints() {
+    for backend in [Some("gpt"), None] {
+        let mut h = upstream(backend);
+        let o = attempt(
+            &mut h,
+            &[("x-llmkube-sensitive", "true")],
+            r#"{"model":"m"}"#,
+        );
+        assert_eq!(error_of(&o), (503, "fail_closed".into()), "{backend:?}");
+        assert!(o.forwarded_headers.is_none() && o.forwarded_body.is_empty());
+    }
+    let h = upstream(Some("gpt"));
+    drop(h);
+    let mut h = upstream(Some("llama-big"));
+    let o = attempt(
+        &mut h,
+        &[("x-llmkube-sensitive", "true")],
+        r#"{"model":"m"}"#,
+    );
+    assert!(o.local_response.is_none());
+}

@@ -86,7 +86,7 @@ pub fn pick_order(
         order.push(pool.remove(idx));
         if !permute_all {
             // First pick by weight; the rest fail over in declared order.
-            order.extend(pool.drain(..));
+            order.append(&mut pool);
         }
     }
     order

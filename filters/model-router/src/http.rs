@@ -36,6 +36,9 @@ pub(crate) struct Request {
     audited: bool,
 }
 
+/// `:method`, `:path` and `content-length` of a request.
+type RequestLine = (Vec<u8>, Vec<u8>, Option<u64>);
+
 struct Routed {
     rule: Option<usize>,
     backend: usize,
@@ -89,7 +92,7 @@ impl Request {
     }
 
     /// Reads the request headers once: routing inputs, audit inputs, method, path, length.
-    fn read_headers(&mut self, shared: &Shared) -> Result<(Vec<u8>, Vec<u8>, Option<u64>), String> {
+    fn read_headers(&mut self, shared: &Shared) -> Result<RequestLine, String> {
         let pairs = edge::header_pairs(Map::RequestHeaders)
             .map_err(|e| format!("reading request headers: {e}"))?;
         let router = &shared.router;
@@ -121,7 +124,7 @@ impl Request {
                     {
                         self.audit.caller = Some(caller_label(&value));
                     }
-                    if needed.iter().any(|n| *n == lower) {
+                    if needed.contains(&lower) {
                         self.headers
                             .push(lower, String::from_utf8_lossy(&value).into_owned());
                     }

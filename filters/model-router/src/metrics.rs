@@ -11,10 +11,13 @@ use router_core::router::Router;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+/// (rule, backend, outcome) → the counter's id, `None` if the host refused to define it.
+type CounterIds = HashMap<(Option<usize>, Option<usize>, Outcome), Option<u32>>;
+
 pub(crate) struct Metrics {
     rule_names: Vec<String>,
     backend_names: Vec<String>,
-    ids: RefCell<HashMap<(Option<usize>, Option<usize>, Outcome), Option<u32>>>,
+    ids: RefCell<CounterIds>,
     violations: Option<u32>,
 }
 

@@ -34,14 +34,15 @@ pub(crate) struct Request {
     audit: AuditRecord,
     /// Whether this request is one we audit (inference and models requests).
     audited: bool,
+    /// Rule and backend (the chosen one, then the one that answered) the counters are kept by.
+    rule_index: Option<usize>,
+    backend_index: Option<usize>,
 }
 
 /// `:method`, `:path` and `content-length` of a request.
 type RequestLine = (Vec<u8>, Vec<u8>, Option<u64>);
 
 struct Routed {
-    rule: Option<usize>,
-    backend: usize,
     fail_closed: bool,
     sensitive: bool,
 }
@@ -64,12 +65,27 @@ impl Request {
                 ..Default::default()
             },
             audited: false,
+            rule_index: None,
+            backend_index: None,
         }
     }
 
     fn fail(&mut self, err: &ApiError, outcome: Outcome) -> Action {
-        self.audit.outcome = Some(outcome);
+        self.settle(outcome);
         self.respond(err.status, &err.body(), err.code)
+    }
+
+    /// Records how the request ended: the audit outcome and its counter, once.
+    fn settle(&mut self, outcome: Outcome) {
+        if self.audit.outcome.is_some() {
+            return;
+        }
+        self.audit.outcome = Some(outcome);
+        if let Some(shared) = &self.shared {
+            shared
+                .metrics
+                .count(self.rule_index, self.backend_index, outcome);
+        }
     }
 
     fn respond(&mut self, status: u32, body: &[u8], details: &str) -> Action {
@@ -180,7 +196,6 @@ impl Request {
                 } else {
                     Outcome::FailClosed
                 };
-                shared.metrics.count(None, None, outcome);
                 return self.fail(&e, outcome);
             }
         };
@@ -188,9 +203,9 @@ impl Request {
         self.audit.backend = Some(backend.name.clone());
         self.audit.tier = Some(tier_name(backend.tier));
         self.audit.rule = decision.rule.map(|r| router.rule(r).name.clone());
+        self.rule_index = decision.rule;
+        self.backend_index = Some(decision.backend());
         self.routed = Some(Routed {
-            rule: decision.rule,
-            backend: decision.backend(),
             fail_closed: decision.rule.is_some_and(|r| router.rule(r).fail_closed),
             sensitive: decision.sensitive,
         });
@@ -264,7 +279,7 @@ impl HttpContext for Request {
         let config = &shared.router.config;
         if method == b"GET" && path == config.models_path.as_bytes() {
             self.audited = true;
-            self.audit.outcome = Some(Outcome::Ok);
+            self.settle(Outcome::Ok);
             return self.respond(200, shared.router.models_body(), "llmkube_models");
         }
         if method != b"POST" || !config.inference_paths.iter().any(|p| p.as_bytes() == path) {
@@ -324,8 +339,7 @@ impl HttpContext for Request {
         let (Some(shared), Some(routed)) = (self.shared.clone(), self.routed.as_ref()) else {
             return Action::Continue;
         };
-        let (fail_closed, sensitive, rule) = (routed.fail_closed, routed.sensitive, routed.rule);
-        let mut backend_index = Some(routed.backend);
+        let (fail_closed, sensitive) = (routed.fail_closed, routed.sensitive);
         let mut status = 0u32;
         let mut streaming = false;
         if let Ok(pairs) = edge::header_pairs(Map::ResponseHeaders) {
@@ -362,7 +376,7 @@ impl HttpContext for Request {
         };
         if let Some(backend) = served("backend") {
             let tier = served("tier");
-            backend_index = shared.router.backend_index(&backend);
+            self.backend_index = shared.router.backend_index(&backend);
             self.audit.backend = Some(backend);
             self.audit.tier = match tier.as_deref() {
                 Some("cloud") => Some("cloud"),
@@ -397,7 +411,6 @@ impl HttpContext for Request {
             } else {
                 Outcome::AllBackendsFailed
             };
-            shared.metrics.count(rule, backend_index, outcome);
             return self.fail(&err, outcome);
         }
         let outcome = match (status, streaming) {
@@ -405,8 +418,7 @@ impl HttpContext for Request {
             (200..=299, false) => Outcome::Ok,
             _ => Outcome::UpstreamError,
         };
-        self.audit.outcome = Some(outcome);
-        shared.metrics.count(rule, backend_index, outcome);
+        self.settle(outcome);
         Action::Continue
     }
 
@@ -414,9 +426,7 @@ impl HttpContext for Request {
         if !self.audited {
             return;
         }
-        if self.audit.outcome.is_none() {
-            self.audit.outcome = Some(Outcome::Cancelled);
-        }
+        self.settle(Outcome::Cancelled);
         let now = edge::now_nanos();
         self.audit.latency_ms = now.saturating_sub(self.started_ns) as f64 / 1e6;
         edge::log(Level::Info, &self.audit.line());

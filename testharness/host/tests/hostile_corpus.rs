@@ -39,7 +39,7 @@ fn host(max_body_bytes: u64) -> Host {
     h
 }
 
-#[path = "../../fixtures/tests/hostile_inputs.rs"]
+#[path = "../../fixtures/tests/support/hostile_inputs.rs"]
 mod inputs;
 use inputs::{at_limit, corpus, Expect, Expect::*};
 

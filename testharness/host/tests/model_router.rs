@@ -617,3 +617,44 @@ fn upstream_refuses_sensitive_attempts_to_cloud_or_unknown_endpoints() {
     );
     assert!(o.local_response.is_none());
 }
+
+#[test]
+fn audit_client_address_and_body_follow_the_audit_policy() {
+    let mut cfg = router_config();
+    cfg["audit"] = json!({
+        "log_client_address": true,
+        "trusted_proxy_cidrs": ["10.0.0.0/8"],
+        "include_request_body": true
+    });
+    let opts = VmOptions {
+        root_id: "model-router".into(),
+        ..Default::default()
+    }
+    .with_plugin_config(serde_json::to_vec(&cfg).unwrap())
+    .allow_stop_iteration(true)
+    .with_property(&["source", "address"], "10.1.2.3:41000");
+    let mut h = Host::from_file(wasm("llmkube_model_router"), opts).unwrap();
+    let body = r#"{"model":"qwen3-8b","messages":[]}"#;
+    let req = post(
+        &mut h,
+        &[("x-forwarded-for", "203.0.113.9, 10.9.9.9")],
+        body,
+    );
+    h.log_and_done(req.stream).unwrap();
+    let line = h.logs_matching("llmkube-audit ").pop().unwrap();
+    let v: Value = serde_json::from_str(line.split_once("llmkube-audit ").unwrap().1).unwrap();
+    // The peer is a trusted proxy: the rightmost untrusted X-Forwarded-For hop is the client.
+    assert_eq!(v["client"], "203.0.113.9");
+    assert_eq!(v["request_body"], body);
+
+    // Defaults: neither the client address nor the body is logged.
+    let mut h = router();
+    let req = post(&mut h, &[("x-forwarded-for", "203.0.113.9")], body);
+    h.log_and_done(req.stream).unwrap();
+    let line = h.logs_matching("llmkube-audit ").pop().unwrap();
+    let v: Value = serde_json::from_str(line.split_once("llmkube-audit ").unwrap().1).unwrap();
+    assert!(
+        v.get("client").is_none() && v.get("request_body").is_none(),
+        "{v}"
+    );
+}

@@ -1,0 +1,64 @@
+//! Time the compiled model-router filter spends per request on wasmtime, by body size: a quick
+//! in-process estimate of the filter's own µs/KiB (no network, no Envoy). The benchmark that
+//! counts is `bench/run` (Envoy's V8, side by side with native filters); this one isolates the
+//! wasm code so a change to the scanner can be judged in seconds.
+//!
+//! `cargo run -p wasm-host --example filter_cost` (dependencies, wasmtime included, are optimised
+//! in the dev profile; the release profile would LTO all of wasmtime for nothing)
+
+use std::time::Instant;
+use wasm_host::{build_wasm, Host, VmOptions};
+
+fn body(kib: usize) -> Vec<u8> {
+    let sentence = "The quick brown fox jumps over the lazy dog, again and again; ";
+    let mut content = String::new();
+    while content.len() < kib * 1024 {
+        content.push_str(sentence);
+        content.push_str("\\n");
+    }
+    format!(
+        r#"{{"messages":[{{"role":"system","content":"You are helpful."}},{{"role":"user","content":"{content}"}}],"temperature":0.2,"model":"qwen3-8b"}}"#
+    )
+    .into_bytes()
+}
+
+fn main() {
+    let wasm = build_wasm("llmkube-model-router", "llmkube_model_router").expect("build");
+    let config = serde_json::json!({
+        "router": "bench/r", "max_body_bytes": 8388608, "default_route": "a",
+        "backends": [{"name": "a"}, {"name": "b"}],
+        "rules": [{"name": "q", "models": ["qwen3-*"], "backends": ["b", "a"]}]
+    });
+    let opts = VmOptions::default()
+        .with_plugin_config(serde_json::to_vec(&config).unwrap())
+        .allow_stop_iteration(true);
+    let mut host = Host::from_file(&wasm, opts).expect("load");
+    let mut base = None;
+    println!("{:>8} {:>12} {:>12}", "KiB", "µs/request", "µs/KiB");
+    for kib in [0usize, 1, 16, 256, 2048] {
+        let b = body(kib);
+        let len = b.len().to_string();
+        let headers = [
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-length", len.as_str()),
+        ];
+        let iters = (256 * 1024 * 1024 / b.len().max(1024)).clamp(20, 20_000);
+        for _ in 0..5 {
+            host.run_request(&headers, &b, 0).unwrap();
+        }
+        let t = Instant::now();
+        for _ in 0..iters {
+            let o = host.run_request(&headers, &b, 0).unwrap();
+            assert!(o.local_response.is_none());
+        }
+        let per = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+        let base_us = *base.get_or_insert(per);
+        let per_kib = if kib == 0 {
+            0.0
+        } else {
+            (per - base_us) / (b.len() as f64 / 1024.0)
+        };
+        println!("{:>8} {:>12.2} {:>12.3}", b.len() / 1024, per, per_kib);
+    }
+}

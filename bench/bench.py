@@ -117,8 +117,21 @@ MODEL_ROUTER = OurFilter(
     name="llmkube.model-router", crate="llmkube-model-router",
     wasm="llmkube_model_router.wasm", root_id="model-router", vm_id="llmkube",
     config=MODEL_ROUTER_CONFIG)
+# The per-attempt upstream filter, on the cluster as the generator places it for a route that can
+# reach an external backend. The bench's endpoint is labelled as the external backend cloud-gpt,
+# so every L4 request takes its most expensive path: buffer, rescan, rewrite `model`.
+UPSTREAM = OurFilter(
+    name="llmkube.upstream", crate="llmkube-upstream",
+    wasm="llmkube_upstream.wasm", root_id="upstream", vm_id="llmkube-upstream",
+    config=MODEL_ROUTER_CONFIG)
+UPSTREAM_ENDPOINT = {"backend": "cloud-gpt", "tier": "cloud"}
+UPSTREAM_MODEL = "gpt-5"
 FULL_CHAIN: list[OurFilter] = [
     MODEL_ROUTER,
+]
+# Filters of ours that run on the upstream cluster (per attempt) in the full chain.
+FULL_CHAIN_UPSTREAM: list[OurFilter] = [
+    UPSTREAM,
 ]
 
 
@@ -130,6 +143,7 @@ class Listener:
     filters: list = field(default_factory=list)   # http filter dicts, router appended later
     ours: list = field(default_factory=list)      # OurFilter entries used
     port: int = 0
+    upstream: list = field(default_factory=list)  # OurFilter entries on its upstream cluster
 
 
 def buffer_filter() -> dict:
@@ -172,7 +186,9 @@ def listeners(with_wasm: bool = True) -> list[Listener]:
         ls.append(Listener("L3", "model/rule filter (wasm)", "ours",
                            [wasm_filter(MODEL_ROUTER)], [MODEL_ROUTER]))
         ls.append(Listener("L4", "full chain (wasm)", "ours",
-                           [wasm_filter(f) for f in FULL_CHAIN], list(FULL_CHAIN)))
+                           [wasm_filter(f) for f in FULL_CHAIN],
+                           list(FULL_CHAIN) + list(FULL_CHAIN_UPSTREAM),
+                           upstream=list(FULL_CHAIN_UPSTREAM)))
     return ls
 
 
@@ -261,7 +277,7 @@ def routes_for(l: Listener) -> list:
         return [{"match": {"prefix": "/"}, "route": {"cluster": "upstream"}}]
     rs = [{"match": {"prefix": "/", "headers": [{"name": "x-llmkube-backend",
                                                   "string_match": {"exact": b}}]},
-           "route": {"cluster": f"backend-{b}"},
+           "route": {"cluster": f"{l.key}-attempt" if l.upstream else f"backend-{b}"},
            "request_headers_to_remove": ["authorization"]} for b in BACKENDS]
     rs.append({"match": {"prefix": "/"}, "direct_response": {"status": 404, "body": {
         "inline_string": '{"error":{"message":"no route","type":"invalid_request_error"}}'}}})
@@ -287,6 +303,19 @@ def bootstrap(ls: list[Listener], admin_port: int, up_port: int) -> dict:
     clusters = [cluster("upstream", up_port)]
     if any(l.kind == "ours" for l in ls):
         clusters += [cluster(f"backend-{b}", up_port) for b in BACKENDS]
+    for l in ls:
+        if l.upstream:
+            c = cluster(f"{l.key}-attempt", up_port)
+            c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["metadata"] = {
+                "filter_metadata": {"llmkube": UPSTREAM_ENDPOINT}}
+            c["typed_extension_protocol_options"] = {
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http_protocol_options": {}},
+                    "http_filters": [wasm_filter(f) for f in l.upstream] + [{
+                        "name": "envoy.filters.http.upstream_codec", "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"}}]}}
+            clusters.append(c)
     return {"admin": {"address": {"socket_address": {"address": "127.0.0.1",
                                                      "port_value": admin_port}}},
             "static_resources": {"listeners": lis, "clusters": clusters}}
@@ -418,7 +447,11 @@ def verify(env: Envoy, ls: list[Listener], bodies: dict):
             want_backend = EXPECTED_BACKEND if l.kind == "ours" else "cloud-gpt"
             if status != 200:
                 problems.append(f"{l.key} {size}B model-{v}: HTTP {status} {data[:200]!r}")
-            elif h.get("x-seen-bytes") != str(len(body)):
+            # The upstream filter rewrites `model` to the provider's name on the way out.
+            want_len = len(body) + (len(UPSTREAM_MODEL) - len(MODEL) if l.upstream else 0)
+            if status != 200:
+                pass
+            elif h.get("x-seen-bytes") != str(want_len):
                 problems.append(f"{l.key} {size}B model-{v}: upstream saw {h.get('x-seen-bytes')}"
                                 f" bytes, sent {len(body)}")
             elif h.get("x-seen-backend") != want_backend:
@@ -555,7 +588,7 @@ def main():
             write_doc(a.render, md)
         return
     if a.list_crates:
-        print("\n".join(sorted({f.crate for f in FULL_CHAIN} | {MODEL_ROUTER.crate})))
+        print("\n".join(sorted({f.crate for f in FULL_CHAIN + FULL_CHAIN_UPSTREAM} | {MODEL_ROUTER.crate})))
         return
     mode = "quick" if a.quick else "full"
     reps = a.reps or (1 if a.quick else 3)

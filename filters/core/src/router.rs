@@ -119,6 +119,13 @@ impl Decision {
 }
 
 impl Router {
+    /// Parses and compiles the plugin configuration JSON the generator wrote.
+    pub fn from_json(raw: &[u8]) -> Result<Router, String> {
+        let config: PluginConfig =
+            serde_json::from_slice(raw).map_err(|e| format!("invalid configuration: {e}"))?;
+        Router::new(config)
+    }
+
     /// Compiles a plugin config. Errors name what is wrong; the filter refuses to start on them.
     pub fn new(config: PluginConfig) -> Result<Router, String> {
         let mut index: HashMap<&str, usize> = HashMap::new();

@@ -233,6 +233,15 @@ pub fn buffer(kind: Buffer, start: usize, max: usize) -> HostResult<Option<Vec<u
     }
 }
 
+/// The plugin configuration bytes (`configuration` of the filter's config in Envoy).
+pub fn plugin_configuration() -> Result<Vec<u8>, String> {
+    match buffer(Buffer::PluginConfiguration, 0, usize::MAX) {
+        Ok(Some(raw)) => Ok(raw),
+        Ok(None) => Err("no plugin configuration".to_string()),
+        Err(e) => Err(format!("reading the plugin configuration: {e}")),
+    }
+}
+
 /// Every header of a map, in order, repeats included, as raw bytes.
 pub fn header_pairs(map: Map) -> HostResult<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut data = null_mut();

@@ -7,11 +7,10 @@
 mod http;
 mod metrics;
 
-use filter_edge::{self as edge, Buffer, Level};
+use filter_edge::{self as edge, Level};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 use router_core::audit::Cidr;
-use router_core::config::PluginConfig;
 use router_core::orders::Rng;
 use router_core::router::Router;
 use router_core::scan::Scanner;
@@ -46,33 +45,9 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let raw = match edge::buffer(Buffer::PluginConfiguration, 0, usize::MAX) {
-            Ok(Some(raw)) => raw,
-            Ok(None) => {
-                edge::log(Level::Error, "model-router: no plugin configuration");
-                return false;
-            }
-            Err(e) => {
-                edge::log(
-                    Level::Error,
-                    &format!("model-router: reading configuration: {e}"),
-                );
-                return false;
-            }
-        };
-        let config: PluginConfig = match serde_json::from_slice(&raw) {
-            Ok(c) => c,
-            Err(e) => {
-                edge::log(
-                    Level::Error,
-                    &format!("model-router: invalid configuration: {e}"),
-                );
-                return false;
-            }
-        };
-        let stamped = config.stamped_headers();
-        match Router::new(config) {
+        match edge::plugin_configuration().and_then(|raw| Router::from_json(&raw)) {
             Ok(router) => {
+                let stamped = router.config.stamped_headers();
                 edge::log(
                     Level::Info,
                     &format!("model-router: configured for {}", router.config.router),

@@ -14,7 +14,7 @@
 use filter_edge::{self as edge, Buffer, Level, Map, MetricKind};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use router_core::config::{PluginConfig, Tier, ATTEMPT_BACKEND_HEADER, SENSITIVE_HEADER};
+use router_core::config::{Tier, ATTEMPT_BACKEND_HEADER, SENSITIVE_HEADER};
 use router_core::errors::ApiError;
 use router_core::router::Router;
 use router_core::scan::Scanner;
@@ -53,14 +53,7 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let config = match edge::buffer(Buffer::PluginConfiguration, 0, usize::MAX) {
-            Ok(Some(raw)) => {
-                serde_json::from_slice::<PluginConfig>(&raw).map_err(|e| e.to_string())
-            }
-            Ok(None) => Err("no plugin configuration".to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        match config.and_then(Router::new) {
+        match edge::plugin_configuration().and_then(|raw| Router::from_json(&raw)) {
             Ok(router) => {
                 self.shared = Some(Rc::new(Shared {
                     router,

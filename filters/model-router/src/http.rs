@@ -108,9 +108,23 @@ impl Request {
     }
 
     /// Reads the request headers once: routing inputs, audit inputs, method, path, length.
+    ///
+    /// Decision headers are ours alone: whatever the client sent under those names is removed
+    /// here, on every request, before anything reads headers. Reading the map once and removing
+    /// only names that are present keeps this to one hostcall for a request that sends none.
     fn read_headers(&mut self, shared: &Shared) -> Result<RequestLine, String> {
-        let pairs = edge::header_pairs(Map::RequestHeaders)
+        let mut pairs = edge::header_pairs(Map::RequestHeaders)
             .map_err(|e| format!("reading request headers: {e}"))?;
+        for name in &shared.stamped {
+            if pairs
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case(name.as_bytes()))
+            {
+                edge::remove_header(Map::RequestHeaders, name)
+                    .map_err(|e| format!("removing {name}: {e}"))?;
+                pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(name.as_bytes()));
+            }
+        }
         let router = &shared.router;
         let needed = router.needed_headers();
         let audit_cfg = &router.config.audit;
@@ -261,13 +275,6 @@ impl HttpContext for Request {
         let Some(shared) = self.shared.clone() else {
             return self.internal("filter is not configured");
         };
-        // Decision headers are ours alone: drop whatever the client sent, on every request,
-        // before anything reads them.
-        for name in &shared.stamped {
-            if let Err(e) = edge::remove_header(Map::RequestHeaders, name) {
-                return self.internal(&format!("removing {name}: {e}"));
-            }
-        }
         let (method, path, length) = match self.read_headers(&shared) {
             Ok(v) => v,
             Err(e) => return self.internal(&e),

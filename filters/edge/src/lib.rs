@@ -108,6 +108,7 @@ extern "C" {
         return_value_size: *mut usize,
     ) -> u32;
     fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
+    fn proxy_get_log_level(return_level: *mut u32) -> u32;
     fn proxy_define_metric(
         metric_type: u32,
         name_data: *const u8,
@@ -165,6 +166,10 @@ mod native {
     ) -> u32 {
         super::NOT_FOUND
     }
+    pub unsafe fn proxy_get_log_level(l: *mut u32) -> u32 {
+        *l = 0;
+        super::OK
+    }
     pub unsafe fn proxy_get_current_time_nanoseconds(t: *mut u64) -> u32 {
         *t = 0;
         super::OK
@@ -210,6 +215,15 @@ unsafe fn take(data: *mut u8, size: usize) -> Vec<u8> {
         Vec::new()
     } else {
         Vec::from_raw_parts(data, size, size)
+    }
+}
+
+/// Whether the host would keep a log line at `level`: lets a caller skip building one.
+pub fn log_enabled(level: Level) -> bool {
+    let mut current = 0u32;
+    match unsafe { proxy_get_log_level(&mut current) } {
+        OK => level as u32 >= current,
+        _ => true,
     }
 }
 

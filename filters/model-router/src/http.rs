@@ -434,6 +434,11 @@ impl HttpContext for Request {
             return;
         }
         self.settle(Outcome::Cancelled);
+        // The audit line goes to the gateway's log at info; if the operator set the wasm log
+        // above that, Envoy would drop it, so don't spend the serialisation.
+        if !edge::log_enabled(Level::Info) {
+            return;
+        }
         let now = edge::now_nanos();
         self.audit.latency_ms = now.saturating_sub(self.started_ns) as f64 / 1e6;
         edge::log(Level::Info, &self.audit.line());

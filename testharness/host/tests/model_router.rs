@@ -658,3 +658,27 @@ fn audit_client_address_and_body_follow_the_audit_policy() {
         "{v}"
     );
 }
+
+#[test]
+fn no_audit_line_is_built_when_the_host_would_drop_it() {
+    let opts = VmOptions {
+        root_id: "model-router".into(),
+        log_level: LogLevel::Warn,
+        ..Default::default()
+    }
+    .with_plugin_config(serde_json::to_vec(&router_config()).unwrap())
+    .allow_stop_iteration(true);
+    let mut h = Host::from_file(wasm("llmkube_model_router"), opts).unwrap();
+    let req = post(&mut h, &[], r#"{"model":"qwen3-8b"}"#);
+    assert_eq!(req.header("x-llmkube-rule"), Some("qwen"));
+    h.log_and_done(req.stream).unwrap();
+    assert!(h.logs_matching("llmkube-audit ").is_empty());
+    // Counters do not depend on the log level.
+    assert!(
+        h.metrics()
+            .iter()
+            .any(|m| m.name.starts_with("llmkube.requests.") && m.value == 1),
+        "{:?}",
+        h.metrics()
+    );
+}

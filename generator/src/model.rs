@@ -636,4 +636,13 @@ impl ModelRouterSpec {
                 .collect(),
         }
     }
+    /// `proxy.quarantineDuration`, default 15s (validation refuses 0 and unparsable values).
+    pub fn quarantine(&self) -> Duration {
+        self.proxy
+            .as_ref()
+            .and_then(|p| p.quarantine_duration.as_deref())
+            .and_then(|s| crate::duration::parse_duration(s).ok())
+            .filter(|d| !d.is_zero())
+            .unwrap_or(DEFAULT_QUARANTINE)
+    }
 }

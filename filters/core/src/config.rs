@@ -66,6 +66,10 @@ pub struct PluginConfig {
     pub rules: Vec<RuleConfig>,
     #[serde(default, skip_serializing_if = "AuditConfig::is_default")]
     pub audit: AuditConfig,
+    /// `spec.proxy.quarantineDuration` in milliseconds: how long a backend whose stream went
+    /// silent past the idle timeout stays out of the attempt orders the filter stamps.
+    #[serde(default = "default_quarantine_ms")]
+    pub quarantine_ms: u64,
 }
 
 /// `spec.policy.auditLog`, as far as the filter acts on it (the sink is the gateway's log).
@@ -226,6 +230,10 @@ fn default_complexity_header() -> String {
 }
 fn default_sensitive() -> Vec<String> {
     DEFAULT_SENSITIVE.iter().map(|s| s.to_string()).collect()
+}
+pub const DEFAULT_QUARANTINE_MS: u64 = 15_000;
+fn default_quarantine_ms() -> u64 {
+    DEFAULT_QUARANTINE_MS
 }
 fn default_weight() -> u32 {
     1

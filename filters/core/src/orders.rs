@@ -18,6 +18,11 @@ use crate::config::{Strategy, Tier};
 /// order (n routes).
 pub const MAX_PERMUTED: usize = 4;
 
+/// Orders up to this long also get a route for every shortened form (quarantined backends left
+/// out, see `quarantine`): 2^n - 1 routes for n backends in declared order, all 64 arrangements
+/// of 4 weighted ones. Longer orders keep their quarantined members and rely on Envoy's.
+pub const MAX_SKIPPABLE: usize = 6;
+
 /// Route key for requests no rule matched (BackendNameMatch or the default route).
 pub const UNRULED: &str = "~";
 
@@ -92,8 +97,34 @@ pub fn pick_order(
     order
 }
 
-/// Every order `pick_order` can return for this rule, sensitive or not; deduplicated, sorted.
+/// Every order the filter can stamp for this rule: what `pick_order` can return, sensitive or
+/// not, and each of those with any quarantined members left out; deduplicated, sorted.
 pub fn all_orders(input: &OrderInput<'_>) -> Vec<Vec<usize>> {
+    let mut out = Vec::new();
+    for order in picked_orders(input) {
+        if order.len() <= MAX_SKIPPABLE {
+            // Every non-empty subsequence, by bitmask over positions (order kept).
+            for mask in 1u32..(1u32 << order.len()) {
+                out.push(
+                    order
+                        .iter()
+                        .enumerate()
+                        .filter(|&(i, _)| mask & (1 << i) != 0)
+                        .map(|(_, &b)| b)
+                        .collect(),
+                );
+            }
+        } else {
+            out.push(order);
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Every order `pick_order` can return for this rule, sensitive or not.
+fn picked_orders(input: &OrderInput<'_>) -> Vec<Vec<usize>> {
     let mut out = Vec::new();
     for sensitive in [false, true] {
         let pool = allowed(input, sensitive);
@@ -178,7 +209,19 @@ mod tests {
         let mut r = Rng::new(1);
         assert_eq!(pick_order(&inp, false, &mut || r.next_u64()), vec![0, 1, 2]);
         assert_eq!(pick_order(&inp, true, &mut || r.next_u64()), vec![1, 2]);
-        assert_eq!(all_orders(&inp), vec![vec![0, 1, 2], vec![1, 2]]);
+        // Both picks and every shortened form a quarantine can produce, in declared order.
+        assert_eq!(
+            all_orders(&inp),
+            vec![
+                vec![0],
+                vec![0, 1],
+                vec![0, 1, 2],
+                vec![0, 2],
+                vec![1],
+                vec![1, 2],
+                vec![2]
+            ]
+        );
     }
 
     #[test]
@@ -194,8 +237,12 @@ mod tests {
         let all = all_orders(&inp);
         assert_eq!(
             all.len(),
-            6,
-            "3! permutations of the positive-weight backends"
+            15,
+            "every arrangement of every non-empty subset of the 3 positive-weight backends"
+        );
+        assert!(
+            all.iter().all(|o| !o.contains(&2)),
+            "weight 0 never appears"
         );
         let mut r = Rng::new(42);
         let mut first = [0u32; 4];
@@ -226,10 +273,60 @@ mod tests {
             weights: &weights,
         };
         let all = all_orders(&inp);
-        assert_eq!(all.len(), 6);
+        // Each subset S of the 6 has |S| orders (any member first, the rest declared): 6 * 2^5.
+        assert_eq!(all.len(), 192);
         let mut r = Rng::new(7);
         for _ in 0..1000 {
             assert!(all.contains(&pick_order(&inp, false, &mut || r.next_u64())));
+        }
+    }
+
+    #[test]
+    fn orders_longer_than_skippable_are_not_shortened() {
+        let n = MAX_SKIPPABLE + 1;
+        let tiers = vec![Tier::Local; n];
+        let weights = vec![1; n];
+        let cands: Vec<usize> = (0..n).collect();
+        let inp = OrderInput {
+            strategy: Strategy::PrimaryFallback,
+            candidates: &cands,
+            tiers: &tiers,
+            weights: &weights,
+        };
+        assert_eq!(all_orders(&inp), vec![cands.clone()]);
+    }
+
+    #[test]
+    fn every_shortened_pick_has_a_route() {
+        // What the filter does at run time (pick, then leave quarantined members out) must
+        // always land on an enumerated order.
+        let tiers = [Tier::Local, Tier::Cloud, Tier::Local, Tier::Local];
+        let weights = [2, 1, 1, 5];
+        for strategy in [
+            Strategy::PrimaryFallback,
+            Strategy::Weighted,
+            Strategy::Shadow,
+        ] {
+            let inp = OrderInput {
+                strategy,
+                candidates: &[0, 1, 2, 3],
+                tiers: &tiers,
+                weights: &weights,
+            };
+            let all = all_orders(&inp);
+            let mut r = Rng::new(3);
+            for round in 0..2000u64 {
+                let sensitive = round % 2 == 0;
+                let mut q = crate::quarantine::Quarantine::new(4);
+                for b in 0..4 {
+                    if (round >> (b + 1)) & 1 == 1 {
+                        q.mark(b, 10);
+                    }
+                }
+                let mut o = pick_order(&inp, sensitive, &mut || r.next_u64());
+                assert!(q.skip_in(&mut o, 0));
+                assert!(o.is_empty() || all.contains(&o), "{strategy:?} {o:?}");
+            }
         }
     }
 }

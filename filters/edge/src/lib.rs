@@ -16,6 +16,7 @@ use std::ptr::null_mut;
 pub const OK: u32 = 0;
 pub const NOT_FOUND: u32 = 1;
 pub const BAD_ARGUMENT: u32 = 2;
+pub const CAS_MISMATCH: u32 = 8;
 
 /// A hostcall returned a status other than the ones the caller can handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +117,21 @@ extern "C" {
         return_id: *mut u32,
     ) -> u32;
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
+    fn proxy_get_shared_data(
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+        return_cas: *mut u32,
+    ) -> u32;
+    fn proxy_set_shared_data(
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+        cas: u32,
+    ) -> u32;
+    fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
 }
 
 // Native builds (unit tests of code that links this crate) get inert stand-ins: the real
@@ -179,6 +195,27 @@ mod native {
         super::OK
     }
     pub unsafe fn proxy_increment_metric(_: u32, _: i64) -> u32 {
+        super::OK
+    }
+    pub unsafe fn proxy_get_shared_data(
+        _: *const u8,
+        _: usize,
+        _: *mut *mut u8,
+        _: *mut usize,
+        _: *mut u32,
+    ) -> u32 {
+        super::NOT_FOUND
+    }
+    pub unsafe fn proxy_set_shared_data(
+        _: *const u8,
+        _: usize,
+        _: *const u8,
+        _: usize,
+        _: u32,
+    ) -> u32 {
+        super::OK
+    }
+    pub unsafe fn proxy_set_tick_period_milliseconds(_: u32) -> u32 {
         super::OK
     }
     #[allow(clippy::too_many_arguments)]
@@ -413,6 +450,39 @@ pub fn define_metric(kind: MetricKind, name: &str) -> HostResult<u32> {
 pub fn increment_metric(id: u32, by: i64) {
     // A lost increment is not worth failing a request over.
     let _ = unsafe { proxy_increment_metric(id, by) };
+}
+
+/// A value of the host's shared data (one store for every worker's VM of this vm_id) and its
+/// compare-and-swap token; `None` when the key was never set.
+pub fn shared_data(key: &str) -> HostResult<Option<(Vec<u8>, u32)>> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    let mut cas = 0u32;
+    let status =
+        unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas) };
+    match status {
+        OK => Ok(Some((unsafe { take(data, size) }, cas))),
+        NOT_FOUND => Ok(None),
+        s => Err(HostError {
+            call: "proxy_get_shared_data",
+            status: s,
+        }),
+    }
+}
+
+/// Writes shared data if nobody wrote it since `cas` was read (0: unconditionally). A lost race
+/// comes back as an error with status `CAS_MISMATCH`.
+pub fn set_shared_data(key: &str, value: &[u8], cas: u32) -> HostResult<()> {
+    let status =
+        unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) };
+    check("proxy_set_shared_data", status)
+}
+
+/// Asks for `on_tick` on this VM's root context every `ms` milliseconds.
+pub fn set_tick_period(ms: u32) -> HostResult<()> {
+    check("proxy_set_tick_period_milliseconds", unsafe {
+        proxy_set_tick_period_milliseconds(ms)
+    })
 }
 
 #[cfg(test)]

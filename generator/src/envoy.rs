@@ -457,6 +457,18 @@ pub fn shadow_cluster(name: &str) -> String {
 pub fn aggregate_cluster(order: &[&str]) -> String {
     format!("order.{}", order.join("."))
 }
+/// The aggregate of a route whose attempts have different timeouts: over `via-<b>` clusters.
+pub fn attempts_cluster(order: &[&str]) -> String {
+    format!("attempts.{}", order.join("."))
+}
+/// A cluster whose one endpoint is the internal listener [`attempt_listener`] of a backend.
+pub fn via_cluster(name: &str) -> String {
+    format!("via-{name}")
+}
+/// The internal listener that sends one attempt to `backend-<name>` with that backend's timeout.
+pub fn attempt_listener(name: &str) -> String {
+    format!("attempt-{name}")
+}
 pub fn secret_name(backend: &str) -> String {
     format!("cred-{backend}")
 }
@@ -468,15 +480,39 @@ pub struct RoutePlan {
     pub key: String,
     /// Backend indexes in attempt order.
     pub order: Vec<usize>,
-    /// Per-attempt response-header timeout.
-    pub per_try_timeout_ms: u64,
+    /// Effective response-header timeout of each attempt (same length as `order`):
+    /// `min(rule.timeout || backend.timeout || cap, cap)` with the attempt's backend.
+    pub attempt_timeouts_ms: Vec<u64>,
     /// Backends mirrored to (shadow rules: every backend after the first).
     pub mirrors: Vec<usize>,
 }
 
+impl RoutePlan {
+    /// True when the attempts need different response-header timeouts: Envoy's
+    /// `per_try_timeout` is one value per route, so such a route sends each attempt through an
+    /// internal listener that applies that backend's own timeout (see [`via_cluster`]).
+    pub fn per_backend_timeouts(&self) -> bool {
+        self.attempt_timeouts_ms
+            .iter()
+            .any(|&t| t != self.attempt_timeouts_ms[0])
+    }
+
+    /// The route-level `per_try_timeout` when every attempt has the same one.
+    pub fn uniform_timeout_ms(&self) -> Option<u64> {
+        (!self.per_backend_timeouts()).then(|| self.attempt_timeouts_ms[0])
+    }
+}
+
 /// Every route key the filter can stamp for this plugin config, in table order: rules in
 /// declaration order, each rule's orders as `rule_orders` lists them, then the unruled targets.
-pub fn route_plans(router: &Router, fallback_timeout_ms: u64) -> Vec<RoutePlan> {
+/// `cap_ms` is `spec.proxy.responseHeaderTimeout`: the timeout of an attempt without a rule or
+/// backend timeout, and the upper bound of every resolved one.
+pub fn route_plans(router: &Router, cap_ms: u64) -> Vec<RoutePlan> {
+    let attempt_timeout = |rule: Option<u64>, b: usize| -> u64 {
+        rule.or(router.backend(b).timeout_ms)
+            .unwrap_or(cap_ms)
+            .min(cap_ms)
+    };
     let mut out = Vec::new();
     for i in 0..router.rules_len() {
         let rule = router.rule(i);
@@ -485,10 +521,10 @@ pub fn route_plans(router: &Router, fallback_timeout_ms: u64) -> Vec<RoutePlan> 
                 .iter()
                 .map(|&b| router.backend(b).name.as_str())
                 .collect();
-            let per_try = rule
-                .timeout_ms
-                .or_else(|| router.backend(order[0]).timeout_ms)
-                .unwrap_or(fallback_timeout_ms);
+            let attempt_timeouts_ms = order
+                .iter()
+                .map(|&b| attempt_timeout(rule.timeout_ms, b))
+                .collect();
             let mirrors = if rule.strategy == rc::Strategy::Shadow {
                 order[1..].to_vec()
             } else {
@@ -497,7 +533,7 @@ pub fn route_plans(router: &Router, fallback_timeout_ms: u64) -> Vec<RoutePlan> 
             out.push(RoutePlan {
                 key: orders::route_key(&rule.name, &names),
                 order,
-                per_try_timeout_ms: per_try,
+                attempt_timeouts_ms,
                 mirrors,
             });
         }
@@ -507,7 +543,7 @@ pub fn route_plans(router: &Router, fallback_timeout_ms: u64) -> Vec<RoutePlan> 
         out.push(RoutePlan {
             key: orders::route_key(orders::UNRULED, &[be.name.as_str()]),
             order: vec![b],
-            per_try_timeout_ms: be.timeout_ms.unwrap_or(fallback_timeout_ms),
+            attempt_timeouts_ms: vec![attempt_timeout(None, b)],
             mirrors: Vec::new(),
         });
     }
@@ -650,6 +686,110 @@ fn endpoint_cluster(
     c
 }
 
+/// The Host and path handling of a route that sends to this backend alone (an external backend's
+/// URL authority and path prefix).
+fn direct_rewrites(action: &mut Value, up: &Upstream) {
+    if let Some(h) = &up.host_rewrite {
+        action["host_rewrite_literal"] = json!(h);
+    }
+    if !up.path_prefix.is_empty() {
+        // Requests are `/v1/...`; a base URL that already ends in /v1 replaces it, any other
+        // prefix is put in front.
+        let (pattern, substitution) = match up.path_prefix.strip_suffix("/v1") {
+            Some(_) => ("^/v1/".to_string(), format!("{}/", up.path_prefix)),
+            None => ("^/".to_string(), format!("{}/", up.path_prefix)),
+        };
+        action["regex_rewrite"] =
+            json!({"pattern": {"regex": pattern}, "substitution": substitution});
+    }
+}
+
+/// Limits of the `via-<b>` clusters: they only carry attempts to an in-process listener, so
+/// the real limits are those of `backend-<b>` behind it.
+const VIA_CIRCUIT_LIMIT: u32 = 1_000_000;
+
+/// `via-<b>`: one endpoint, the internal listener `attempt-<b>`, carrying the same endpoint
+/// metadata (and `hostname`, for `auto_host_rewrite`) as `backend-<b>`'s endpoints, so filters
+/// reading `xds.upstream_host_metadata` on the outer side see the attempt's backend. No outlier
+/// detection and no health check: the quarantine lives on `backend-<b>`, behind the listener.
+fn via_cluster_config(backend: &str, tier: rc::Tier, up: &Upstream, buffer_limit: u64) -> Value {
+    let name = via_cluster(backend);
+    let tier = match tier {
+        rc::Tier::Local => "local",
+        rc::Tier::Cloud => "cloud",
+    };
+    let mut ep = json!({"address": {"envoy_internal_address": {"server_listener_name": attempt_listener(backend)}}});
+    if let Some(authority) = &up.host_rewrite {
+        ep["hostname"] = json!(authority);
+    }
+    let raw = json!({"name": "envoy.transport_sockets.raw_buffer",
+        "typed_config": typed("envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer")});
+    let mut internal =
+        typed("envoy.extensions.transport_sockets.internal_upstream.v3.InternalUpstreamTransport");
+    internal["transport_socket"] = raw;
+    json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "5s",
+        "lb_policy": "ROUND_ROBIN",
+        "per_connection_buffer_limit_bytes": buffer_limit,
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{
+            "endpoint": ep,
+            "metadata": {"filter_metadata": {"llmkube": {"backend": backend, "tier": tier}}},
+        }]}]},
+        "transport_socket": {"name": "envoy.transport_sockets.internal_upstream", "typed_config": internal},
+        "circuit_breakers": {"thresholds": [{
+            "max_connections": VIA_CIRCUIT_LIMIT,
+            "max_pending_requests": VIA_CIRCUIT_LIMIT,
+            "max_requests": VIA_CIRCUIT_LIMIT,
+            "max_retries": VIA_CIRCUIT_LIMIT,
+        }]},
+    })
+}
+
+/// `attempt-<b>`: an internal listener that sends every request to `backend-<b>` with b's own
+/// response-header timeout (`per_try_timeout`, no retry). A timeout is its 504, a quarantined
+/// backend its immediate 503: both reach the outer route as a 5xx and move the request to the
+/// next backend. No idle or request timeout here (the outer route's `idle_timeout` guards
+/// streams) and no header edits beyond the direct route's Host/path handling.
+fn attempt_listener_config(
+    backend: &str,
+    up: &Upstream,
+    timeout_ms: u64,
+    buffer_limit: u64,
+) -> Value {
+    let name = attempt_listener(backend);
+    let mut action = json!({
+        "cluster": backend_cluster(backend),
+        "timeout": "0s",
+        "retry_policy": {"num_retries": 0, "per_try_timeout": dur_ms(timeout_ms)},
+    });
+    direct_rewrites(&mut action, up);
+    let hcm = json!({
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": name.replace('-', "_"),
+        "codec_type": "AUTO",
+        "stream_idle_timeout": "0s",
+        "request_timeout": "0s",
+        // The outer listener accepted the headers at its default limit (60 KiB) and added a few.
+        "max_request_headers_kb": 96,
+        "route_config": {"name": name, "virtual_hosts": [{
+            "name": name,
+            "domains": ["*"],
+            "routes": [{"match": {"prefix": "/"}, "route": action}],
+        }]},
+        "http_filters": [
+            {"name": "envoy.filters.http.router", "typed_config": typed("envoy.extensions.filters.http.router.v3.Router")},
+        ],
+    });
+    json!({
+        "name": name,
+        "internal_listener": {},
+        "per_connection_buffer_limit_bytes": buffer_limit,
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+    })
+}
+
 fn bootstrap(
     router: &ModelRouter,
     inputs: &Inputs,
@@ -727,26 +867,33 @@ fn bootstrap(
         .and_then(|p| p.stream_idle_timeout.as_deref())
         .and_then(|s| parse_duration(s).ok())
         .unwrap_or(DEFAULT_STREAM_IDLE_TIMEOUT);
-    let quarantine = spec
-        .proxy
-        .as_ref()
-        .and_then(|p| p.quarantine_duration.as_deref())
-        .and_then(|s| parse_duration(s).ok())
-        .filter(|d| !d.is_zero())
-        .unwrap_or(DEFAULT_QUARANTINE);
+    let quarantine = spec.quarantine();
     let upstream_wasm = upstream_wasm_path(opts);
 
-    // Routes, and the aggregates / shadow targets they need (first-seen order: deterministic).
+    // Routes, and the aggregates / shadow targets / attempt hops they need (first-seen order:
+    // deterministic).
     let mut routes = Vec::new();
     let mut aggregates: Vec<(String, Vec<usize>)> = Vec::new();
     let mut shadow_targets: Vec<usize> = Vec::new();
+    // Backends some route reaches through `via-<b>` → `attempt-<b>`, with their attempt timeout.
+    let mut hops: BTreeMap<usize, u64> = BTreeMap::new();
     for p in &plans {
         let names: Vec<&str> = p.order.iter().map(|&b| name_of(b)).collect();
         let external = p.order.iter().any(|&b| ups[b].external());
+        let per_try = p.uniform_timeout_ms();
         let cluster = if p.order.len() == 1 {
             backend_cluster(names[0])
         } else {
-            let agg = aggregate_cluster(&names);
+            let agg = match per_try {
+                Some(_) => aggregate_cluster(&names),
+                None => {
+                    for (&b, &t) in p.order.iter().zip(&p.attempt_timeouts_ms) {
+                        let prev = hops.insert(b, t);
+                        debug_assert!(prev.is_none_or(|x| x == t), "one timeout per backend");
+                    }
+                    attempts_cluster(&names)
+                }
+            };
             if !aggregates.iter().any(|(n, _)| *n == agg) {
                 aggregates.push((agg.clone(), p.order.clone()));
             }
@@ -755,7 +902,6 @@ fn bootstrap(
         let mut retry = json!({
             "retry_on": RETRY_ON,
             "num_retries": p.order.len() - 1,
-            "per_try_timeout": dur_ms(p.per_try_timeout_ms),
             "retry_priority": {"name": "envoy.retry_priorities.previous_priorities",
                 "typed_config": typed("envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig")},
             "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
@@ -763,6 +909,11 @@ fn bootstrap(
             "host_selection_retry_max_attempts": p.order.len().max(3),
         });
         retry["retry_priority"]["typed_config"]["update_frequency"] = json!(1);
+        // Without it (attempts with different timeouts), each attempt's own timeout is applied
+        // by the internal listener `attempt-<b>` it goes through.
+        if let Some(ms) = per_try {
+            retry["per_try_timeout"] = json!(dur_ms(ms));
+        }
         let mut action = json!({
             "cluster": cluster,
             "timeout": "0s",
@@ -770,20 +921,7 @@ fn bootstrap(
             "retry_policy": retry,
         });
         if p.order.len() == 1 {
-            let up = &ups[p.order[0]];
-            if let Some(h) = &up.host_rewrite {
-                action["host_rewrite_literal"] = json!(h);
-            }
-            if !up.path_prefix.is_empty() {
-                // Requests are `/v1/...`; a base URL that already ends in /v1 replaces it, any
-                // other prefix is put in front.
-                let (pattern, substitution) = match up.path_prefix.strip_suffix("/v1") {
-                    Some(_) => ("^/v1/".to_string(), format!("{}/", up.path_prefix)),
-                    None => ("^/".to_string(), format!("{}/", up.path_prefix)),
-                };
-                action["regex_rewrite"] =
-                    json!({"pattern": {"regex": pattern}, "substitution": substitution});
-            }
+            direct_rewrites(&mut action, &ups[p.order[0]]);
         } else if external {
             // Host per attempt from the endpoint's `hostname` (set on external endpoints).
             action["auto_host_rewrite"] = json!(true);
@@ -884,9 +1022,14 @@ fn bootstrap(
     }
     for (name, members) in &aggregates {
         let mut agg = typed("envoy.extensions.clusters.aggregate.v3.ClusterConfig");
+        let member = if name.starts_with("attempts.") {
+            via_cluster
+        } else {
+            backend_cluster
+        };
         agg["clusters"] = json!(members
             .iter()
-            .map(|&b| backend_cluster(name_of(b)))
+            .map(|&b| member(name_of(b)))
             .collect::<Vec<_>>());
         let mut c = json!({
             "name": name,
@@ -901,6 +1044,22 @@ fn bootstrap(
             c["typed_extension_protocol_options"] = chain;
         }
         clusters.push(c);
+    }
+    let mut attempt_listeners = Vec::new();
+    for (&b, &timeout_ms) in &hops {
+        let name = name_of(b);
+        clusters.push(via_cluster_config(
+            name,
+            core.backend(b).tier,
+            &ups[b],
+            buffer_limit,
+        ));
+        attempt_listeners.push(attempt_listener_config(
+            name,
+            &ups[b],
+            timeout_ms,
+            buffer_limit,
+        ));
     }
 
     let body = json!({"error": {
@@ -933,23 +1092,33 @@ fn bootstrap(
             {"name": "envoy.filters.http.router", "typed_config": typed("envoy.extensions.filters.http.router.v3.Router")},
         ],
     });
+    let mut listeners = vec![json!({
+        "name": "llmkube",
+        "address": socket(&opts.listen.ip().to_string(), opts.listen.port()),
+        "per_connection_buffer_limit_bytes": buffer_limit,
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+    })];
+    let hop_routes = !attempt_listeners.is_empty();
+    listeners.extend(attempt_listeners);
     let mut resources = json!({
-        "listeners": [{
-            "name": "llmkube",
-            "address": socket(&opts.listen.ip().to_string(), opts.listen.port()),
-            "per_connection_buffer_limit_bytes": buffer_limit,
-            "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
-        }],
+        "listeners": listeners,
         "clusters": clusters,
     });
     if !secrets.is_empty() {
         resources["secrets"] = Value::Array(secrets);
     }
-    Some(json!({
+    let mut bootstrap = json!({
         "node": {"id": format!("llmkube-{}", router_key(router).replace('/', ".")), "cluster": "llmkube"},
         "admin": {"address": socket(&opts.admin.ip().to_string(), opts.admin.port())},
         "static_resources": resources,
-    }))
+    });
+    if hop_routes {
+        bootstrap["bootstrap_extensions"] = json!([{
+            "name": "envoy.bootstrap.internal_listener",
+            "typed_config": typed("envoy.extensions.bootstrap.internal_listener.v3.InternalListener"),
+        }]);
+    }
+    Some(bootstrap)
 }
 
 /// Where a backend's traffic goes.

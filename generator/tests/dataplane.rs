@@ -217,9 +217,34 @@ fn weight_zero_is_drained_from_the_route_table() {
     assert_eq!(rule_keys(&b, "w5").len(), 24, "4 positive weights: 4!");
 }
 
+/// The effective response-header timeout of each attempt of route `key`, from the plugin config
+/// (rule timeout, else the attempt's backend's, which the plugin config resolves to the cap).
+fn expected_timeouts(pc: &PluginConfig, key: &str) -> Vec<u64> {
+    let (rule, order) = key.split_once('/').unwrap();
+    let rule_t = pc
+        .rules
+        .iter()
+        .find(|r| r.name == rule)
+        .and_then(|r| r.timeout_ms);
+    order
+        .split(',')
+        .map(|b| {
+            let be = pc.backends.iter().find(|x| x.name == b).unwrap();
+            rule_t.or(be.timeout_ms).unwrap()
+        })
+        .collect()
+}
+
+/// Whether route `key` has attempts with different timeouts (then it goes through the hop).
+fn hop(pc: &PluginConfig, key: &str) -> bool {
+    let t = expected_timeouts(pc, key);
+    t.iter().any(|&x| x != t[0])
+}
+
 #[test]
 fn clusters_single_backend_or_deduplicated_aggregate() {
     let b = compile(dataplane_router());
+    let pc = plugin_of(&b);
     let names: Vec<String> = clusters(&b)
         .iter()
         .map(|c| c["name"].as_str().unwrap().to_string())
@@ -234,12 +259,21 @@ fn clusters_single_backend_or_deduplicated_aggregate() {
         if order.len() == 1 {
             assert_eq!(c, format!("backend-{}", order[0]));
         } else {
-            assert_eq!(c, format!("order.{}", order.join(".")));
+            // Attempts with different timeouts: an `attempts.` aggregate over `via-` clusters.
+            let (prefix, member) = if hop(&pc, key) {
+                ("attempts", "via")
+            } else {
+                ("order", "backend")
+            };
+            assert_eq!(c, format!("{prefix}.{}", order.join(".")), "{key}");
             let agg = cluster(&b, c);
             assert_eq!(agg["lb_policy"], "CLUSTER_PROVIDED");
-            assert_eq!(agg["alt_stat_name"], format!("order_{}", order.join("_")));
+            assert_eq!(
+                agg["alt_stat_name"],
+                format!("{prefix}_{}", order.join("_"))
+            );
             assert_eq!(agg["cluster_type"]["name"], "envoy.clusters.aggregate");
-            let members: Vec<String> = order.iter().map(|m| format!("backend-{m}")).collect();
+            let members: Vec<String> = order.iter().map(|m| format!("{member}-{m}")).collect();
             assert_eq!(
                 agg["cluster_type"]["typed_config"]["clusters"],
                 json!(members)
@@ -252,9 +286,16 @@ fn clusters_single_backend_or_deduplicated_aggregate() {
         route(&b, "pii/local-a,local-b")["route"]["cluster"],
         route(&b, "sh/local-a,local-b")["route"]["cluster"]
     );
-    let aggs: Vec<&String> = names.iter().filter(|n| n.starts_with("order.")).collect();
+    let aggs: Vec<&String> = names
+        .iter()
+        .filter(|n| n.starts_with("order.") || n.starts_with("attempts."))
+        .collect();
     assert_eq!(aggs.len(), used.len(), "no unused aggregate");
     assert_eq!(aggs.len(), 1 + 6 + 5 + 1 + 1 + 1);
+    // local-b (3s) sits in every pii/w3/w5/sh order next to 120s backends; mixed has a rule
+    // timeout; ext's two backends both have the 120s cap.
+    let order_aggs: Vec<&&String> = aggs.iter().filter(|n| n.starts_with("order.")).collect();
+    assert_eq!(order_aggs, [&"order.cloud.local-a", &"order.cloud.claude"]);
 }
 
 #[test]
@@ -283,13 +324,27 @@ fn retry_timeouts_and_idle() {
         );
         assert!(p["host_selection_retry_max_attempts"].as_u64().unwrap() >= n as u64);
     }
-    // Rule timeout wins; else the first backend's own (local-b: 3s); else the cap (120s).
+    // Rule timeout wins; else the attempt's backend's own (local-b: 3s); else the cap (120s).
+    // One value for every attempt: the route's per_try_timeout; different ones: none on the
+    // route, each attempt's in its `attempt-<b>` listener (see per_backend_timeouts_* below).
     let per_try = |k: &str| route(&b, k)["route"]["retry_policy"]["per_try_timeout"].clone();
     assert_eq!(per_try("mixed/cloud,local-a"), "7s");
     assert_eq!(per_try("mixed/local-a"), "7s");
-    assert_eq!(per_try("w3/local-b,local-a,local-c"), "3s");
-    assert_eq!(per_try("w3/local-a,local-b,local-c"), "120s");
+    assert_eq!(per_try("ext/cloud,claude"), "120s");
+    assert_eq!(per_try("w3/local-b,local-a,local-c"), Value::Null);
+    assert_eq!(per_try("w3/local-a,local-b,local-c"), Value::Null);
     assert_eq!(per_try("~/local-a"), "120s");
+    let pc = plugin_of(&b);
+    for r in backend_routes(&b) {
+        let key = r["name"].as_str().unwrap();
+        let t = expected_timeouts(&pc, key);
+        let want = if hop(&pc, key) {
+            Value::Null
+        } else {
+            json!(format!("{}s", t[0] / 1000))
+        };
+        assert_eq!(r["route"]["retry_policy"]["per_try_timeout"], want, "{key}");
+    }
     assert_eq!(
         hcm(&b)["route_config"]["virtual_hosts"][0]["include_attempt_count_in_response"],
         true
@@ -452,7 +507,7 @@ fn upstream_chain_only_where_an_external_backend_can_be_reached() {
         match n {
             "backend-cloud"
             | "shadow-cloud"
-            | "order.local-a.local-b.cloud"
+            | "attempts.local-a.local-b.cloud"
             | "order.cloud.local-a" => {
                 assert_eq!(ch, full_chain(&["cloud"]), "{n}")
             }
@@ -597,4 +652,368 @@ fn capability_filtered_rules() {
     ]);
     let b = compile(r);
     assert_eq!(keys(&b), ["see/local-a", "~/local-a"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-attempt timeouts: a route whose attempts need different response-header timeouts sends
+// each attempt through the internal listener `attempt-<b>` (via cluster `via-<b>`).
+
+fn listeners(b: &Value) -> Vec<Value> {
+    b["static_resources"]["listeners"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn listener(b: &Value, name: &str) -> Value {
+    listeners(b)
+        .into_iter()
+        .find(|l| l["name"] == name)
+        .unwrap_or_else(|| panic!("no listener {name}"))
+}
+
+/// The route of internal listener `attempt-<backend>`.
+fn attempt_route(b: &Value, backend: &str) -> Value {
+    let l = listener(b, &format!("attempt-{backend}"));
+    let hcm = &l["filter_chains"][0]["filters"][0]["typed_config"];
+    let routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+        .as_array()
+        .unwrap();
+    assert_eq!(routes.len(), 1);
+    routes[0].clone()
+}
+
+fn endpoint0(c: &Value) -> Value {
+    c["load_assignment"]["endpoints"][0]["lb_endpoints"][0].clone()
+}
+
+/// The seed's example: primary-fallback [local (timeout 10s), anthropic (timeout 60s)] without a
+/// rule timeout.
+fn seed_example(rule_timeout: Option<&str>) -> Value {
+    let mut rule = json!({"name": "pf", "match": {"models": ["*"]}, "route": {"backends": ["local", "anthropic"]}});
+    if let Some(t) = rule_timeout {
+        rule["timeout"] = json!(t);
+    }
+    json!({
+        "apiVersion": "inference.llmkube.dev/v1alpha1",
+        "kind": "ModelRouter",
+        "metadata": {"name": "seed", "namespace": "llm"},
+        "spec": {
+            "backends": [
+                {"name": "local", "tier": "local", "inferenceServiceRef": {"name": "isvc-a"}, "timeout": "10s"},
+                {"name": "anthropic", "timeout": "60s", "external": {"provider": "anthropic", "model": "claude-opus-4", "credentialsSecretRef": {"name": "anth"}}}
+            ],
+            "rules": [rule],
+            "proxy": {"streamIdleTimeout": "45s"}
+        }
+    })
+}
+
+#[test]
+fn per_backend_timeouts_seed_example_goes_through_attempt_listeners() {
+    let b = compile(seed_example(None));
+    let r = route(&b, "pf/local,anthropic");
+    let a = &r["route"];
+    assert_eq!(a["cluster"], "attempts.local.anthropic");
+    assert_eq!(a["timeout"], "0s");
+    assert_eq!(a["idle_timeout"], "45s");
+    assert_eq!(a["auto_host_rewrite"], true);
+    assert_eq!(r["request_headers_to_remove"], json!(["authorization"]));
+    let p = &a["retry_policy"];
+    assert!(
+        p.get("per_try_timeout").is_none(),
+        "one route-level timeout would apply to every attempt: {p}"
+    );
+    assert_eq!(p["retry_on"], "5xx,reset,connect-failure,refused-stream");
+    assert_eq!(p["num_retries"], 1);
+    assert_eq!(
+        p["retry_priority"]["name"],
+        "envoy.retry_priorities.previous_priorities"
+    );
+
+    // The aggregate: over via- clusters, with the upstream chain an order.* aggregate would have.
+    let agg = cluster(&b, "attempts.local.anthropic");
+    assert_eq!(agg["alt_stat_name"], "attempts_local_anthropic");
+    assert_eq!(agg["lb_policy"], "CLUSTER_PROVIDED");
+    assert_eq!(
+        agg["cluster_type"]["typed_config"]["clusters"],
+        json!(["via-local", "via-anthropic"])
+    );
+    assert_eq!(
+        chain(&agg),
+        [
+            "envoy.filters.http.wasm",
+            "cred-anthropic",
+            "envoy.filters.http.header_mutation",
+            "envoy.filters.http.upstream_codec"
+        ]
+    );
+    // (the same chain as any cluster that can reach only anthropic among the externals)
+    assert_eq!(
+        agg["typed_extension_protocol_options"],
+        cluster(&b, "backend-anthropic")["typed_extension_protocol_options"]
+    );
+
+    // via-<b>: one internal endpoint, the backend's endpoint metadata (and hostname), no
+    // quarantine of its own.
+    for (name, hostname) in [("local", None), ("anthropic", Some("api.anthropic.com"))] {
+        let via = cluster(&b, &format!("via-{name}"));
+        let real = cluster(&b, &format!("backend-{name}"));
+        assert_eq!(via["type"], "STATIC");
+        let ep = endpoint0(&via);
+        assert_eq!(
+            ep["endpoint"]["address"],
+            json!({"envoy_internal_address": {"server_listener_name": format!("attempt-{name}")}})
+        );
+        assert_eq!(ep["metadata"], endpoint0(&real)["metadata"]);
+        assert_eq!(
+            ep["metadata"]["filter_metadata"]["llmkube"]["backend"],
+            name
+        );
+        assert_eq!(
+            ep["endpoint"]["hostname"].as_str(),
+            hostname,
+            "{name}: auto_host_rewrite reads it"
+        );
+        assert_eq!(endpoint0(&real)["endpoint"]["hostname"].as_str(), hostname);
+        assert_eq!(
+            via["transport_socket"]["name"],
+            "envoy.transport_sockets.internal_upstream"
+        );
+        assert_eq!(
+            via["transport_socket"]["typed_config"]["transport_socket"]["name"],
+            "envoy.transport_sockets.raw_buffer"
+        );
+        for absent in [
+            "outlier_detection",
+            "health_checks",
+            "typed_extension_protocol_options",
+        ] {
+            assert!(via.get(absent).is_none(), "via-{name} has {absent}");
+        }
+        assert!(
+            via["circuit_breakers"]["thresholds"][0]["max_requests"]
+                .as_u64()
+                .unwrap()
+                >= 100_000
+        );
+        assert_eq!(
+            via["per_connection_buffer_limit_bytes"],
+            real["per_connection_buffer_limit_bytes"]
+        );
+        // The real cluster keeps the quarantine.
+        assert_eq!(real["outlier_detection"]["consecutive_5xx"], 1);
+        assert!(real["health_checks"].is_array());
+    }
+
+    // attempt-<b>: internal listener, no timeouts of its own but b's per-try timeout.
+    let public = listener(&b, "llmkube");
+    for (name, per_try) in [("local", "10s"), ("anthropic", "60s")] {
+        let l = listener(&b, &format!("attempt-{name}"));
+        assert_eq!(l["internal_listener"], json!({}));
+        assert!(l.get("address").is_none());
+        assert_eq!(
+            l["per_connection_buffer_limit_bytes"],
+            public["per_connection_buffer_limit_bytes"]
+        );
+        let hcm = &l["filter_chains"][0]["filters"][0]["typed_config"];
+        assert_eq!(hcm["stream_idle_timeout"], "0s");
+        assert_eq!(hcm["request_timeout"], "0s");
+        let filters: Vec<&str> = hcm["http_filters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(filters, ["envoy.filters.http.router"]);
+        let vh = &hcm["route_config"]["virtual_hosts"][0];
+        assert!(vh.get("include_attempt_count_in_response").is_none());
+        let r = attempt_route(&b, name);
+        for absent in [
+            "request_headers_to_remove",
+            "request_headers_to_add",
+            "response_headers_to_add",
+        ] {
+            assert!(r.get(absent).is_none(), "attempt-{name} route has {absent}");
+        }
+        let a = &r["route"];
+        assert_eq!(a["cluster"], format!("backend-{name}"));
+        assert_eq!(a["timeout"], "0s");
+        assert_eq!(
+            a["retry_policy"],
+            json!({"num_retries": 0, "per_try_timeout": per_try})
+        );
+    }
+    // The external backend's Host, as on a route to it alone.
+    assert_eq!(
+        attempt_route(&b, "anthropic")["route"]["host_rewrite_literal"],
+        "api.anthropic.com"
+    );
+    assert!(attempt_route(&b, "local")["route"]
+        .get("host_rewrite_literal")
+        .is_none());
+    assert_eq!(
+        b["bootstrap_extensions"],
+        json!([{"name": "envoy.bootstrap.internal_listener", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}])
+    );
+}
+
+#[test]
+fn rule_timeout_or_equal_backend_timeouts_keep_one_route_level_timeout() {
+    let assert_no_hop = |b: &Value| {
+        assert_eq!(listeners(b).len(), 1);
+        assert!(b.get("bootstrap_extensions").is_none());
+        for c in clusters(b) {
+            let n = c["name"].as_str().unwrap();
+            assert!(!n.starts_with("via-") && !n.starts_with("attempts."), "{n}");
+        }
+    };
+    // rule.timeout wins for every attempt.
+    let b = compile(seed_example(Some("30s")));
+    assert_no_hop(&b);
+    let r = route(&b, "pf/local,anthropic");
+    assert_eq!(r["route"]["cluster"], "order.local.anthropic");
+    assert_eq!(r["route"]["retry_policy"]["per_try_timeout"], "30s");
+
+    // Same effective timeout on every backend: explicit 5s twice; explicit 120s next to the
+    // 120s default.
+    for (ta, tb, want) in [
+        (Some("5s"), Some("5s"), "5s"),
+        (Some("120s"), None, "120s"),
+        (None, None, "120s"),
+    ] {
+        let mut r = seed_example(None);
+        for (i, t) in [ta, tb].iter().enumerate() {
+            match t {
+                Some(t) => r["spec"]["backends"][i]["timeout"] = json!(t),
+                None => {
+                    r["spec"]["backends"][i]
+                        .as_object_mut()
+                        .unwrap()
+                        .remove("timeout");
+                }
+            }
+        }
+        let b = compile(r);
+        assert_no_hop(&b);
+        let r = route(&b, "pf/local,anthropic");
+        assert_eq!(r["route"]["cluster"], "order.local.anthropic");
+        assert_eq!(r["route"]["retry_policy"]["per_try_timeout"], want);
+    }
+}
+
+#[test]
+fn attempt_timeouts_are_capped_by_response_header_timeout() {
+    // A backend without a timeout gets the cap; one with a tighter timeout keeps it.
+    let mut r = seed_example(None);
+    r["spec"]["backends"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("timeout");
+    r["spec"]["proxy"] = json!({"responseHeaderTimeout": "30s"});
+    let b = compile(r);
+    assert_eq!(
+        attempt_route(&b, "local")["route"]["retry_policy"]["per_try_timeout"],
+        "10s"
+    );
+    assert_eq!(
+        attempt_route(&b, "anthropic")["route"]["retry_policy"]["per_try_timeout"],
+        "30s"
+    );
+
+    // A backend timeout beyond the cap is refused ("can only tighten").
+    let mut r = seed_example(None);
+    r["spec"]["proxy"] = json!({"responseHeaderTimeout": "30s"});
+    let err = compile_envoy(
+        &[Source {
+            name: "dp.yaml".into(),
+            text: dataplane_docs(r),
+        }],
+        &opts(),
+    )
+    .unwrap_err();
+    let text: Vec<String> = err.iter().map(|p| p.to_string()).collect();
+    assert!(
+        text.iter()
+            .any(|l| l.contains("spec.backends[1].timeout") && l.contains("tighten")),
+        "{text:#?}"
+    );
+
+    // And route_plans caps whatever the plugin config carries.
+    let b = compile(seed_example(None));
+    let mut pc = plugin_of(&b);
+    pc.backends[0].timeout_ms = Some(200_000);
+    pc.backends[1].timeout_ms = Some(45_000);
+    let core = Router::new(pc.clone()).unwrap();
+    let plans = llmkube_gen::envoy::route_plans(&core, 60_000);
+    let p = plans
+        .iter()
+        .find(|p| p.key == "pf/local,anthropic")
+        .unwrap();
+    assert_eq!(p.attempt_timeouts_ms, [60_000, 45_000]);
+    assert!(p.per_backend_timeouts());
+    pc.rules[0].timeout_ms = Some(90_000);
+    let core = Router::new(pc).unwrap();
+    let plans = llmkube_gen::envoy::route_plans(&core, 60_000);
+    for p in &plans {
+        if p.key.starts_with("pf/") {
+            assert!(p.attempt_timeouts_ms.iter().all(|&t| t == 60_000), "{p:?}");
+            assert_eq!(p.uniform_timeout_ms(), Some(60_000));
+        }
+    }
+}
+
+/// In the whole data-plane router: exactly the routes whose attempts have different timeouts get
+/// the hop, each hop backend has one via cluster and one listener (shared by every route), with
+/// that backend's timeout.
+#[test]
+fn hops_only_where_attempt_timeouts_differ_one_listener_per_backend() {
+    let b = compile(dataplane_router());
+    let pc = plugin_of(&b);
+    let mut hop_backends = BTreeSet::new();
+    for r in backend_routes(&b) {
+        let key = r["name"].as_str().unwrap();
+        let order: Vec<&str> = key.split_once('/').unwrap().1.split(',').collect();
+        let c = r["route"]["cluster"].as_str().unwrap();
+        assert_eq!(c.starts_with("attempts."), hop(&pc, key), "{key} → {c}");
+        if hop(&pc, key) {
+            hop_backends.extend(order.iter().map(|s| s.to_string()));
+            let members = cluster(&b, c)["cluster_type"]["typed_config"]["clusters"].clone();
+            let want: Vec<String> = order.iter().map(|m| format!("via-{m}")).collect();
+            assert_eq!(members, json!(want));
+        }
+    }
+    assert!(hop_backends.contains("local-b") && hop_backends.contains("cloud"));
+    let names: Vec<String> = listeners(&b)
+        .iter()
+        .map(|l| l["name"].as_str().unwrap().to_string())
+        .collect();
+    let mut want = vec!["llmkube".to_string()];
+    // Listeners in backend declaration order.
+    for be in &pc.backends {
+        if hop_backends.contains(&be.name) {
+            want.push(format!("attempt-{}", be.name));
+        }
+    }
+    assert_eq!(names, want);
+    for be in &pc.backends {
+        let has = has_cluster(&b, &format!("via-{}", be.name));
+        assert_eq!(has, hop_backends.contains(&be.name), "{}", be.name);
+        if has {
+            let t = be.timeout_ms.unwrap();
+            assert_eq!(
+                attempt_route(&b, &be.name)["route"]["retry_policy"]["per_try_timeout"],
+                format!("{}s", t / 1000)
+            );
+        }
+    }
+    assert_eq!(
+        attempt_route(&b, "local-b")["route"]["retry_policy"]["per_try_timeout"],
+        "3s"
+    );
+    assert_eq!(
+        attempt_route(&b, "local-a")["route"]["retry_policy"]["per_try_timeout"],
+        "120s"
+    );
 }

@@ -317,3 +317,34 @@ fn whole_data_plane_with_name_match() {
     r["spec"]["defaultRouteStrategy"] = json!("BackendNameMatch");
     validate("dp-all", dataplane_docs(r), EnvoyOptions::default());
 }
+
+/// Attempts with different timeouts go through internal listeners (`attempt-<b>`), including to
+/// external backends with TLS, credentials and a Host rewrite.
+#[test]
+fn per_backend_timeouts_through_internal_listeners() {
+    let mut r = dataplane_router();
+    r["spec"]["backends"][6]["timeout"] = json!("30s");
+    let all = r["spec"]["rules"].as_array().unwrap().clone();
+    r["spec"]["rules"] = json!(all
+        .into_iter()
+        .filter(|x| ["pii", "ext", "sh"].contains(&x["name"].as_str().unwrap()))
+        .collect::<Vec<_>>());
+    let text = dataplane_docs(r);
+    assert!(text.contains("claude"));
+    let opts = EnvoyOptions {
+        format: Format::Json,
+        ..Default::default()
+    };
+    let out = compile_envoy(
+        &[Source {
+            name: "x.yaml".into(),
+            text: text.clone(),
+        }],
+        &opts,
+    )
+    .unwrap();
+    for s in ["attempt-claude", "attempts.cloud.claude", "via-local-b"] {
+        assert!(out.contains(s), "{s}");
+    }
+    validate("dp-attempts", text, opts);
+}

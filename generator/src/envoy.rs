@@ -17,7 +17,11 @@
 //!
 //! Route `timeout: 0s`: Envoy's route timeout spans until the whole response has been received,
 //! which would cut long streams; `per_try_timeout` bounds the time to response headers per attempt
-//! and `idle_timeout` (`spec.proxy.streamIdleTimeout`) a silent stream.
+//! and `idle_timeout` (`spec.proxy.streamIdleTimeout`) a silent stream. `per_try_timeout` is one
+//! value per route, so an order whose attempts need different timeouts (no rule timeout, backends
+//! with different ones) goes to the aggregate `attempts.<b1>.<b2>...` over `via-<b>` clusters
+//! instead: each attempt passes through the internal listener `attempt-<b>`, whose route to
+//! `backend-<b>` carries b's own timeout.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};

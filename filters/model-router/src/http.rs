@@ -20,6 +20,8 @@ const ENDPOINT_METADATA: &[&str] = &[
     "llmkube",
 ];
 const ATTEMPT_COUNT_HEADER: &str = "x-envoy-attempt-count";
+/// Envoy's response code details when the route/HCM idle timeout ends a stream.
+const STREAM_IDLE_DETAILS: &[u8] = b"stream_idle_timeout";
 
 pub(crate) struct Request {
     shared: Option<Rc<Shared>>,
@@ -45,6 +47,31 @@ type RequestLine = (Vec<u8>, Vec<u8>, Option<u64>);
 struct Routed {
     fail_closed: bool,
     sensitive: bool,
+    /// The backend whose response headers came through (status below 500).
+    served: Option<usize>,
+    /// Its response reached end of stream.
+    complete: bool,
+}
+
+/// The answer when no backend can serve a routed request: 503 `fail_closed` for a fail-closed
+/// rule or a sensitive request, else 502 `all_backends_failed`.
+fn unavailable(fail_closed: bool, sensitive: bool, status: u32, why: &str) -> (ApiError, Outcome) {
+    if fail_closed || sensitive {
+        let why = if why.is_empty() {
+            format!("last status {status}")
+        } else {
+            why.to_string()
+        };
+        let err = ApiError::fail_closed(format!(
+            "no eligible backend could serve this request ({why}); the rule is fail-closed"
+        ));
+        (err, Outcome::FailClosedRuntime)
+    } else {
+        (
+            ApiError::all_backends_failed(status),
+            Outcome::AllBackendsFailed,
+        )
+    }
 }
 
 impl Request {
@@ -202,7 +229,7 @@ impl Request {
             let mut rng = shared.rng.borrow_mut();
             router.decide(&model, &self.headers, &mut || rng.next_u64())
         };
-        let decision = match decision {
+        let mut decision = match decision {
             Ok(d) => d,
             Err(e) => {
                 let outcome = if e.code == "model_not_found" {
@@ -213,6 +240,21 @@ impl Request {
                 return self.fail(&e, outcome);
             }
         };
+        shared.health.skip_in(&mut decision.order, self.started_ns);
+        let fail_closed = decision.rule.is_some_and(|r| router.rule(r).fail_closed);
+        if decision.order.is_empty() {
+            // Every backend that could serve it is quarantined: what Envoy answers when all are
+            // ejected, without asking it.
+            self.rule_index = decision.rule;
+            self.audit.rule = decision.rule.map(|r| router.rule(r).name.clone());
+            let (err, outcome) = unavailable(
+                fail_closed,
+                decision.sensitive,
+                503,
+                "every backend is quarantined",
+            );
+            return self.fail(&err, outcome);
+        }
         let backend = router.backend(decision.backend());
         self.audit.backend = Some(backend.name.clone());
         self.audit.tier = Some(tier_name(backend.tier));
@@ -220,8 +262,10 @@ impl Request {
         self.rule_index = decision.rule;
         self.backend_index = Some(decision.backend());
         self.routed = Some(Routed {
-            fail_closed: decision.rule.is_some_and(|r| router.rule(r).fail_closed),
+            fail_closed,
             sensitive: decision.sensitive,
+            served: None,
+            complete: false,
         });
         let route_key = router.route_key(&decision);
         let mut stamp = vec![
@@ -257,6 +301,31 @@ impl Request {
             return self.fail(&ApiError::empty_body(), Outcome::InvalidRequest);
         }
         self.route(&shared, &body)
+    }
+}
+
+impl Request {
+    /// A response that started and then never finished because the stream idle timeout cut it
+    /// quarantines the backend that went silent (the seed's "wedged replica"). Envoy's outlier
+    /// detection never hears of that cut, so the filter keeps the backend out of its orders.
+    fn quarantine_if_went_silent(&self) {
+        let (Some(shared), Some(routed)) = (&self.shared, &self.routed) else {
+            return;
+        };
+        let Some(backend) = routed.served.filter(|_| !routed.complete) else {
+            return;
+        };
+        let cut_idle = edge::property(&["response", "code_details"])
+            .ok()
+            .flatten()
+            .is_some_and(|d| d == STREAM_IDLE_DETAILS);
+        if cut_idle {
+            shared.health.quarantine(
+                backend,
+                edge::now_nanos(),
+                "its stream went silent past streamIdleTimeout",
+            );
+        }
     }
 }
 
@@ -339,7 +408,7 @@ impl HttpContext for Request {
         Action::Continue
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         if self.answered {
             return Action::Continue;
         }
@@ -406,19 +475,12 @@ impl HttpContext for Request {
         }
         self.audit.status = status;
         if status >= 500 {
-            let err = if fail_closed || sensitive {
-                ApiError::fail_closed(format!(
-                    "no eligible backend could serve this request (last status {status}); the rule is fail-closed"
-                ))
-            } else {
-                ApiError::all_backends_failed(status)
-            };
-            let outcome = if err.code == "fail_closed" {
-                Outcome::FailClosedRuntime
-            } else {
-                Outcome::AllBackendsFailed
-            };
+            let (err, outcome) = unavailable(fail_closed, sensitive, status, "");
             return self.fail(&err, outcome);
+        }
+        if let Some(routed) = self.routed.as_mut() {
+            routed.served = self.backend_index;
+            routed.complete = end_of_stream;
         }
         let outcome = match (status, streaming) {
             (200..=299, true) => Outcome::OkStream,
@@ -429,10 +491,20 @@ impl HttpContext for Request {
         Action::Continue
     }
 
+    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+        if end_of_stream {
+            if let Some(routed) = self.routed.as_mut() {
+                routed.complete = true;
+            }
+        }
+        Action::Continue
+    }
+
     fn on_log(&mut self) {
         if !self.audited {
             return;
         }
+        self.quarantine_if_went_silent();
         self.settle(Outcome::Cancelled);
         // The audit line goes to the gateway's log at info; if the operator set the wasm log
         // above that, Envoy would drop it, so don't spend the serialisation.

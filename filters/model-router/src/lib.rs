@@ -4,6 +4,7 @@
 //! This layer only moves headers and bytes; `router_core` decides. Every hostcall goes through
 //! `filter_edge`, which returns errors instead of panicking.
 
+mod health;
 mod http;
 mod metrics;
 
@@ -34,6 +35,8 @@ pub(crate) struct Shared {
     pub metrics: metrics::Metrics,
     /// `auditLog.trustedProxyCIDRs`, parsed once.
     pub trusted_proxies: Vec<Cidr>,
+    /// Backends this filter keeps out of attempt orders (stream-idle quarantine).
+    pub health: health::Health,
 }
 
 #[derive(Default)]
@@ -68,8 +71,18 @@ impl RootContext for Root {
                     .filter_map(|c| Cidr::parse(c))
                     .collect();
                 let metrics = metrics::Metrics::new(&router);
+                let health = health::Health::new(&router);
+                health.refresh();
+                if let Err(e) = edge::set_tick_period(health::REFRESH_MS) {
+                    // Without ticks a quarantine still holds on the worker that set it.
+                    edge::log(
+                        Level::Warn,
+                        &format!("model-router: no tick, quarantines stay per worker: {e}"),
+                    );
+                }
                 self.shared = Some(Rc::new(Shared {
                     metrics,
+                    health,
                     trusted_proxies,
                     router,
                     stamped,
@@ -85,6 +98,12 @@ impl RootContext for Root {
                 );
                 false
             }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        if let Some(shared) = &self.shared {
+            shared.health.refresh();
         }
     }
 

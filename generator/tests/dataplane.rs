@@ -158,33 +158,55 @@ fn route_set_is_exactly_the_filter_route_keys() {
     let unique: BTreeSet<String> = keys(&b).into_iter().collect();
     assert_eq!(unique.len(), keys(&b).len());
 
-    // The shapes, spelled out.
-    assert_eq!(rule_keys(&b, "pii"), ["pii/local-a,local-b"]);
-    let w3 = rule_keys(&b, "w3");
-    assert_eq!(w3.len(), 6, "3! permutations: {w3:?}");
-    assert!(w3.contains(&"w3/local-c,local-b,local-a".to_string()));
-    let w5 = rule_keys(&b, "w5");
+    // The shapes, spelled out. Every order the filter can pick, and each of them with any
+    // quarantined members left out (orders::MAX_SKIPPABLE): every non-empty subsequence.
     assert_eq!(
-        w5,
-        [
-            "w5/local-a,local-b,local-c,local-d,local-e",
-            "w5/local-b,local-a,local-c,local-d,local-e",
-            "w5/local-c,local-a,local-b,local-d,local-e",
-            "w5/local-d,local-a,local-b,local-c,local-e",
-            "w5/local-e,local-a,local-b,local-c,local-d",
-        ]
+        rule_keys(&b, "pii"),
+        ["pii/local-a", "pii/local-a,local-b", "pii/local-b"]
     );
+    let w3 = rule_keys(&b, "w3");
+    assert_eq!(
+        w3.len(),
+        3 + 6 + 6,
+        "arrangements of non-empty subsets: {w3:?}"
+    );
+    assert!(w3.contains(&"w3/local-c,local-b,local-a".to_string()));
+    assert!(w3.contains(&"w3/local-c,local-a".to_string()));
+    // First pick by weight, the rest in declared order: 5 picked orders of 5, and their
+    // subsequences.
+    let w5 = rule_keys(&b, "w5");
+    assert_eq!(w5.len(), 80);
+    for k in [
+        "w5/local-a,local-b,local-c,local-d,local-e",
+        "w5/local-e,local-a,local-b,local-c,local-d",
+        "w5/local-e,local-d",
+        "w5/local-c",
+    ] {
+        assert!(w5.contains(&k.to_string()), "{k}");
+    }
+    assert!(!w5.contains(&"w5/local-b,local-c,local-a".to_string()));
     assert_eq!(
         rule_keys(&b, "sh"),
-        ["sh/local-a,local-b", "sh/local-a,local-b,cloud"]
+        [
+            "sh/local-a",
+            "sh/local-a,local-b",
+            "sh/local-a,local-b,cloud",
+            "sh/local-a,cloud",
+            "sh/local-b",
+            "sh/local-b,cloud",
+            "sh/cloud"
+        ]
     );
     // Mixed tiers, not fail-closed: the local-only variant for sensitive requests exists.
     assert_eq!(
         rule_keys(&b, "mixed"),
-        ["mixed/local-a", "mixed/cloud,local-a"]
+        ["mixed/local-a", "mixed/cloud", "mixed/cloud,local-a"]
     );
     // Only cloud backends: no sensitive variant.
-    assert_eq!(rule_keys(&b, "ext"), ["ext/cloud,claude"]);
+    assert_eq!(
+        rule_keys(&b, "ext"),
+        ["ext/cloud", "ext/cloud,claude", "ext/claude"]
+    );
     assert_eq!(rule_keys(&b, "~"), ["~/local-a"]);
 
     // BackendNameMatch: every backend is an unruled target.
@@ -212,9 +234,19 @@ fn weight_zero_is_drained_from_the_route_table() {
     let b = compile(r);
     assert_eq!(
         rule_keys(&b, "w3"),
-        ["w3/local-a,local-b", "w3/local-b,local-a"]
+        [
+            "w3/local-a",
+            "w3/local-a,local-b",
+            "w3/local-b",
+            "w3/local-b,local-a"
+        ]
     );
-    assert_eq!(rule_keys(&b, "w5").len(), 24, "4 positive weights: 4!");
+    assert_eq!(
+        rule_keys(&b, "w5").len(),
+        4 + 12 + 24 + 24,
+        "4 positive weights: every arrangement of a non-empty subset"
+    );
+    assert!(rule_keys(&b, "w5").iter().all(|k| !k.contains("local-c")));
 }
 
 /// The effective response-header timeout of each attempt of route `key`, from the plugin config
@@ -291,11 +323,26 @@ fn clusters_single_backend_or_deduplicated_aggregate() {
         .filter(|n| n.starts_with("order.") || n.starts_with("attempts."))
         .collect();
     assert_eq!(aggs.len(), used.len(), "no unused aggregate");
-    assert_eq!(aggs.len(), 1 + 6 + 5 + 1 + 1 + 1);
-    // local-b (3s) sits in every pii/w3/w5/sh order next to 120s backends; mixed has a rule
-    // timeout; ext's two backends both have the 120s cap.
-    let order_aggs: Vec<&&String> = aggs.iter().filter(|n| n.starts_with("order.")).collect();
-    assert_eq!(order_aggs, [&"order.cloud.local-a", &"order.cloud.claude"]);
+    // One per distinct multi-backend order, whatever rules share it.
+    let orders: BTreeSet<String> = keys(&b)
+        .iter()
+        .map(|k| k.split_once('/').unwrap().1.to_string())
+        .filter(|o| o.contains(','))
+        .collect();
+    assert_eq!(aggs.len(), orders.len());
+    assert_eq!(aggs.len(), 83);
+    // local-b (3s) next to 120s backends: attempts; mixed has a rule timeout; ext's two backends
+    // both have the 120s cap.
+    for (name, present) in [
+        ("attempts.local-a.local-b", true),
+        ("attempts.local-b.local-a.local-c", true),
+        ("order.local-a.local-c", true),
+        ("order.cloud.local-a", true),
+        ("order.cloud.claude", true),
+        ("order.local-a.local-b", false),
+    ] {
+        assert_eq!(has_cluster(&b, name), present, "{name}");
+    }
 }
 
 #[test]
@@ -458,7 +505,11 @@ fn mirrors_only_on_shadow_routes_and_never_to_cloud_on_local_orders() {
                 );
             }
         }
-        for p in r["route"]["request_mirror_policies"].as_array().unwrap() {
+        for p in r["route"]["request_mirror_policies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             assert_eq!(
                 p["request_headers_mutations"],
                 json!([{"append": {"header": {"key": "x-llmkube-shadow", "value": "true"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}])
@@ -504,17 +555,30 @@ fn upstream_chain_only_where_an_external_backend_can_be_reached() {
     for c in clusters(&b) {
         let n = c["name"].as_str().unwrap();
         let ch = chain(&c);
-        match n {
-            "backend-cloud"
-            | "shadow-cloud"
-            | "attempts.local-a.local-b.cloud"
-            | "order.cloud.local-a" => {
-                assert_eq!(ch, full_chain(&["cloud"]), "{n}")
-            }
-            "backend-claude" => assert_eq!(ch, full_chain(&["claude"])),
-            "order.cloud.claude" => assert_eq!(ch, full_chain(&["cloud", "claude"])),
-            _ => assert!(ch.is_empty(), "{n} has an upstream chain"),
+        // Members: a backend/shadow cluster's own backend, an aggregate's order.
+        let members: Vec<&str> = match n.split_once('.') {
+            Some(("order" | "attempts", order)) => order.split('.').collect(),
+            _ => vec![n.split_once('-').unwrap().1],
+        };
+        let externals: Vec<&str> = ["cloud", "claude"]
+            .into_iter()
+            .filter(|e| members.contains(e))
+            .collect();
+        if n.starts_with("via-") || externals.is_empty() {
+            // via- clusters: the aggregate above them carries the chain.
+            assert!(ch.is_empty(), "{n} has an upstream chain");
+        } else {
+            assert_eq!(ch, full_chain(&externals), "{n}");
         }
+    }
+    for n in [
+        "backend-cloud",
+        "shadow-cloud",
+        "attempts.local-a.local-b.cloud",
+        "order.cloud.local-a",
+        "order.cloud.claude",
+    ] {
+        assert!(!chain(&cluster(&b, n)).is_empty(), "{n}");
     }
     let agg = cluster(&b, "order.cloud.claude");
     let opts = &agg["typed_extension_protocol_options"]

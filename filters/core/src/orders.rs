@@ -63,14 +63,20 @@ fn allowed(input: &OrderInput<'_>, sensitive: bool) -> Vec<usize> {
         .collect()
 }
 
-/// The order for one request. `random` yields uniformly distributed u64s. Empty means no backend
+/// The order for one request. `healthy` says which backends may be tried now (the filter's own
+/// quarantine); it is only applied to pools of up to `MAX_SKIPPABLE`, the orders the route table
+/// has shortened forms for. `random` yields uniformly distributed u64s. Empty means no backend
 /// may serve this request under this rule.
 pub fn pick_order(
     input: &OrderInput<'_>,
     sensitive: bool,
+    healthy: &dyn Fn(usize) -> bool,
     random: &mut dyn FnMut() -> u64,
 ) -> Vec<usize> {
     let mut pool = allowed(input, sensitive);
+    if pool.len() <= MAX_SKIPPABLE {
+        pool.retain(|&b| healthy(b));
+    }
     if input.strategy != Strategy::Weighted || pool.len() <= 1 {
         return pool;
     }
@@ -207,8 +213,14 @@ mod tests {
             weights: &weights,
         };
         let mut r = Rng::new(1);
-        assert_eq!(pick_order(&inp, false, &mut || r.next_u64()), vec![0, 1, 2]);
-        assert_eq!(pick_order(&inp, true, &mut || r.next_u64()), vec![1, 2]);
+        assert_eq!(
+            pick_order(&inp, false, &|_| true, &mut || r.next_u64()),
+            vec![0, 1, 2]
+        );
+        assert_eq!(
+            pick_order(&inp, true, &|_| true, &mut || r.next_u64()),
+            vec![1, 2]
+        );
         // Both picks and every shortened form a quarantine can produce, in declared order.
         assert_eq!(
             all_orders(&inp),
@@ -248,7 +260,7 @@ mod tests {
         let mut first = [0u32; 4];
         let n = 100_000;
         for _ in 0..n {
-            let o = pick_order(&inp, false, &mut || r.next_u64());
+            let o = pick_order(&inp, false, &|_| true, &mut || r.next_u64());
             assert!(all.contains(&o), "{o:?} not enumerated");
             assert!(!o.contains(&2), "weight 0 is drained");
             first[o[0]] += 1;
@@ -277,12 +289,13 @@ mod tests {
         assert_eq!(all.len(), 192);
         let mut r = Rng::new(7);
         for _ in 0..1000 {
-            assert!(all.contains(&pick_order(&inp, false, &mut || r.next_u64())));
+            assert!(all.contains(&pick_order(&inp, false, &|_| true, &mut || r.next_u64())));
         }
     }
 
     #[test]
     fn orders_longer_than_skippable_are_not_shortened() {
+        // Neither in the route table nor at pick time (the table has no route for it).
         let n = MAX_SKIPPABLE + 1;
         let tiers = vec![Tier::Local; n];
         let weights = vec![1; n];
@@ -294,6 +307,11 @@ mod tests {
             weights: &weights,
         };
         assert_eq!(all_orders(&inp), vec![cands.clone()]);
+        let mut r = Rng::new(1);
+        assert_eq!(
+            pick_order(&inp, false, &|b| b != 0, &mut || r.next_u64()),
+            cands
+        );
     }
 
     #[test]
@@ -323,8 +341,9 @@ mod tests {
                         q.mark(b, 10);
                     }
                 }
-                let mut o = pick_order(&inp, sensitive, &mut || r.next_u64());
-                assert!(q.skip_in(&mut o, 0));
+                let healthy = |b: usize| !q.is_quarantined(b, 0);
+                let o = pick_order(&inp, sensitive, &healthy, &mut || r.next_u64());
+                assert!(o.iter().all(|&b| healthy(b)), "{o:?}");
                 assert!(o.is_empty() || all.contains(&o), "{strategy:?} {o:?}");
             }
         }

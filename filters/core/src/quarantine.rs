@@ -11,8 +11,6 @@
 //! Wire format of the shared-data value: one little-endian `u64` deadline (host clock, ns) per
 //! backend index; 0 means not quarantined. Short or foreign values decode as "nobody".
 
-use crate::orders;
-
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Quarantine {
     until: Vec<u64>,
@@ -63,17 +61,6 @@ impl Quarantine {
     pub fn any(&self, now: u64) -> bool {
         self.until.iter().any(|&t| t > now)
     }
-
-    /// Leaves quarantined backends out of an attempt order, when the route table has a route for
-    /// the shortened order (`orders::MAX_SKIPPABLE`). Returns false, order untouched, when it
-    /// cannot; the order may end up empty (everyone quarantined).
-    pub fn skip_in(&self, order: &mut Vec<usize>, now: u64) -> bool {
-        if order.len() > orders::MAX_SKIPPABLE {
-            return false;
-        }
-        order.retain(|&b| !self.is_quarantined(b, now));
-        true
-    }
 }
 
 #[cfg(test)]
@@ -106,29 +93,5 @@ mod tests {
         assert!(!q.is_quarantined(1, 0));
         assert!(q.any(999));
         assert!(!q.any(1_000));
-    }
-
-    #[test]
-    fn skips_quarantined_backends_keeping_order() {
-        let mut q = Quarantine::new(4);
-        q.mark(2, 100);
-        let mut order = vec![3, 2, 0];
-        assert!(q.skip_in(&mut order, 50));
-        assert_eq!(order, vec![3, 0]);
-        let mut only = vec![2];
-        assert!(q.skip_in(&mut only, 50));
-        assert!(only.is_empty(), "all quarantined");
-        let mut later = vec![2, 1];
-        assert!(q.skip_in(&mut later, 100));
-        assert_eq!(later, vec![2, 1], "expired: back in the order");
-    }
-
-    #[test]
-    fn long_orders_are_left_alone() {
-        let mut q = Quarantine::new(orders::MAX_SKIPPABLE + 1);
-        q.mark(0, 100);
-        let mut order: Vec<usize> = (0..=orders::MAX_SKIPPABLE).collect();
-        assert!(!q.skip_in(&mut order, 0));
-        assert_eq!(order.len(), orders::MAX_SKIPPABLE + 1);
     }
 }

@@ -251,11 +251,26 @@ impl Router {
         &self.models_body
     }
 
-    /// Decides where a request goes. `random` supplies entropy for weighted rules.
+    /// Decides where a request goes, every backend counted healthy. `random` supplies entropy
+    /// for weighted rules.
     pub fn decide(
         &self,
         model: &str,
         headers: &RequestHeaders,
+        random: &mut dyn FnMut() -> u64,
+    ) -> Result<Decision, ApiError> {
+        self.decide_among(model, headers, &|_| true, random)
+    }
+
+    /// Decides where a request goes when only backends for which `healthy` holds may be tried.
+    /// A rule left with none falls through to later rules, unless it is fail-closed or the
+    /// request sensitive (503 `fail_closed`); when nothing else resolves, 502
+    /// `all_backends_failed` rather than 404, since a rule did match.
+    pub fn decide_among(
+        &self,
+        model: &str,
+        headers: &RequestHeaders,
+        healthy: &dyn Fn(usize) -> bool,
         random: &mut dyn FnMut() -> u64,
     ) -> Result<Decision, ApiError> {
         let classes: Vec<String> = headers.items(&self.classification_header).collect();
@@ -265,11 +280,12 @@ impl Router {
             .next()
             .map(|v| v.trim().to_ascii_lowercase());
 
+        let mut matched_unhealthy = false;
         for (ri, rule) in self.rules.iter().enumerate() {
             if !self.rule_matches(rule, model, headers, &classes, complexity.as_deref()) {
                 continue;
             }
-            let order = orders::pick_order(&self.order_input(rule), sensitive, random);
+            let order = orders::pick_order(&self.order_input(rule), sensitive, healthy, random);
             if !order.is_empty() {
                 return Ok(Decision {
                     rule: Some(ri),
@@ -282,16 +298,24 @@ impl Router {
             if rule.fail_closed || sensitive {
                 return Err(self.refuse(&classes, sensitive, &format!("rule {:?}", rule.name)));
             }
+            matched_unhealthy = true;
         }
         if self.config.default_route_strategy
             == crate::config::DefaultRouteStrategy::BackendNameMatch
         {
             if let Some(&b) = self.by_model.get(model) {
-                return self.unruled(b, sensitive, &classes, "the backend named by the model");
+                return self.unruled(
+                    b,
+                    sensitive,
+                    healthy,
+                    &classes,
+                    "the backend named by the model",
+                );
             }
         }
         match self.default_route {
-            Some(b) => self.unruled(b, sensitive, &classes, "the default route"),
+            Some(b) => self.unruled(b, sensitive, healthy, &classes, "the default route"),
+            None if matched_unhealthy => Err(ApiError::all_backends_failed(503)),
             None => Err(ApiError::model_not_found(model)),
         }
     }
@@ -377,11 +401,19 @@ impl Router {
         &self,
         backend: usize,
         sensitive: bool,
+        healthy: &dyn Fn(usize) -> bool,
         classes: &[String],
         what: &str,
     ) -> Result<Decision, ApiError> {
         if sensitive && self.backends[backend].tier != Tier::Local {
             return Err(self.refuse(classes, true, what));
+        }
+        if !healthy(backend) {
+            return Err(if sensitive {
+                ApiError::fail_closed(format!("{what} is quarantined"))
+            } else {
+                ApiError::all_backends_failed(503)
+            });
         }
         Ok(Decision {
             rule: None,
@@ -633,5 +665,67 @@ mod tests {
             v["data"][1]["output_modalities"],
             serde_json::json!(["text", "audio"])
         );
+    }
+
+    #[test]
+    fn quarantined_backends_are_skipped_and_empty_rules_fall_through() {
+        let r = router(serde_json::json!({}));
+        let q = |name: &str| r.backend_index(name).unwrap();
+        let (llama, qwen, gpt) = (q("llama-big"), q("qwen-small"), q("gpt"));
+        let without = |bad: Vec<usize>| move |b: usize| !bad.contains(&b);
+        let names = |d: &Decision| -> Vec<String> {
+            d.order.iter().map(|&b| r.backend(b).name.clone()).collect()
+        };
+        // Shortened order, same rule.
+        let d = r
+            .decide_among(
+                "x",
+                &hdrs(&[("x-team", "research")]),
+                &without(vec![gpt]),
+                &mut || 0,
+            )
+            .unwrap();
+        assert_eq!(
+            (d.rule, names(&d)),
+            (Some(1), vec!["llama-big".to_string()])
+        );
+        // A non-fail-closed rule with nobody healthy falls through to the default route.
+        let d = r
+            .decide_among("qwen3-8b", &hdrs(&[]), &without(vec![qwen]), &mut || 0)
+            .map(|d| (d.rule, names(&d)));
+        assert_eq!(
+            d.unwrap_err().code,
+            "all_backends_failed",
+            "default route quarantined too"
+        );
+        let d = r
+            .decide_among(
+                "x",
+                &hdrs(&[("x-llmkube-task-complexity", "complex")]),
+                &without(vec![llama]),
+                &mut || 0,
+            )
+            .unwrap();
+        assert_eq!((d.rule, names(&d)), (None, vec!["qwen-small".to_string()]));
+        // Fail-closed rules and sensitive requests never fall through.
+        let e = r
+            .decide_among(
+                "x",
+                &hdrs(&[("x-llmkube-classification", "pii")]),
+                &without(vec![llama, qwen]),
+                &mut || 0,
+            )
+            .unwrap_err();
+        assert_eq!((e.status, e.code), (503, "fail_closed"));
+        // No default route: a matched rule with nobody healthy is 502, not "model not found".
+        let r2 = router(serde_json::json!({"default_route": null}));
+        let e = r2
+            .decide_among("qwen3-8b", &hdrs(&[]), &without(vec![qwen]), &mut || 0)
+            .unwrap_err();
+        assert_eq!((e.status, e.code), (502, "all_backends_failed"));
+        let e = r2
+            .decide_among("zzz", &hdrs(&[]), &without(vec![qwen]), &mut || 0)
+            .unwrap_err();
+        assert_eq!(e.code, "model_not_found");
     }
 }

@@ -58,12 +58,11 @@ impl Health {
         }
     }
 
-    /// Leaves quarantined backends out of `order` (see `Quarantine::skip_in`).
-    pub fn skip_in(&self, order: &mut Vec<usize>, now: u64) {
+    /// This worker's copy of the table, when anyone is quarantined at `now` (the common answer
+    /// is no, and routing then skips the health checks altogether).
+    pub fn table(&self, now: u64) -> Option<std::cell::Ref<'_, Quarantine>> {
         let table = self.table.borrow();
-        if table.any(now) {
-            table.skip_in(order, now);
-        }
+        table.any(now).then_some(table)
     }
 
     /// Quarantines `backend` from `now` for the configured duration, for every worker.

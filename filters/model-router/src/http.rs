@@ -53,17 +53,12 @@ struct Routed {
     complete: bool,
 }
 
-/// The answer when no backend can serve a routed request: 503 `fail_closed` for a fail-closed
-/// rule or a sensitive request, else 502 `all_backends_failed`.
-fn unavailable(fail_closed: bool, sensitive: bool, status: u32, why: &str) -> (ApiError, Outcome) {
+/// The answer when the last attempt failed: 503 `fail_closed` for a fail-closed rule or a
+/// sensitive request, else 502 `all_backends_failed`.
+fn unavailable(fail_closed: bool, sensitive: bool, status: u32) -> (ApiError, Outcome) {
     if fail_closed || sensitive {
-        let why = if why.is_empty() {
-            format!("last status {status}")
-        } else {
-            why.to_string()
-        };
         let err = ApiError::fail_closed(format!(
-            "no eligible backend could serve this request ({why}); the rule is fail-closed"
+            "no eligible backend could serve this request (last status {status}); the rule is fail-closed"
         ));
         (err, Outcome::FailClosedRuntime)
     } else {
@@ -227,34 +222,28 @@ impl Request {
         let router = &shared.router;
         let decision = {
             let mut rng = shared.rng.borrow_mut();
-            router.decide(&model, &self.headers, &mut || rng.next_u64())
+            match shared.health.table(self.started_ns) {
+                Some(q) => router.decide_among(
+                    &model,
+                    &self.headers,
+                    &|b| !q.is_quarantined(b, self.started_ns),
+                    &mut || rng.next_u64(),
+                ),
+                None => router.decide(&model, &self.headers, &mut || rng.next_u64()),
+            }
         };
-        let mut decision = match decision {
+        let decision = match decision {
             Ok(d) => d,
             Err(e) => {
-                let outcome = if e.code == "model_not_found" {
-                    Outcome::NoRoute
-                } else {
-                    Outcome::FailClosed
+                let outcome = match e.code {
+                    "model_not_found" => Outcome::NoRoute,
+                    "all_backends_failed" => Outcome::AllBackendsFailed,
+                    _ => Outcome::FailClosed,
                 };
                 return self.fail(&e, outcome);
             }
         };
-        shared.health.skip_in(&mut decision.order, self.started_ns);
         let fail_closed = decision.rule.is_some_and(|r| router.rule(r).fail_closed);
-        if decision.order.is_empty() {
-            // Every backend that could serve it is quarantined: what Envoy answers when all are
-            // ejected, without asking it.
-            self.rule_index = decision.rule;
-            self.audit.rule = decision.rule.map(|r| router.rule(r).name.clone());
-            let (err, outcome) = unavailable(
-                fail_closed,
-                decision.sensitive,
-                503,
-                "every backend is quarantined",
-            );
-            return self.fail(&err, outcome);
-        }
         let backend = router.backend(decision.backend());
         self.audit.backend = Some(backend.name.clone());
         self.audit.tier = Some(tier_name(backend.tier));
@@ -475,7 +464,7 @@ impl HttpContext for Request {
         }
         self.audit.status = status;
         if status >= 500 {
-            let (err, outcome) = unavailable(fail_closed, sensitive, status, "");
+            let (err, outcome) = unavailable(fail_closed, sensitive, status);
             return self.fail(&err, outcome);
         }
         if let Some(routed) = self.routed.as_mut() {

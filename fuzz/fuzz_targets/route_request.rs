@@ -1,6 +1,7 @@
 //! A whole request decision: fuzzed headers and body through scanner and router. Beyond not
 //! panicking, it checks the security invariant: a request classified pii is never given a
-//! cloud backend.
+//! cloud backend, whatever set of backends is quarantined (taken from the input's first byte),
+//! and every order it stamps has a route (is one the generator enumerates).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use router_core::config::{PluginConfig, Tier};
@@ -40,9 +41,14 @@ fuzz_target!(|data: &[u8]| {
     let Ok(fields) = scanner.scan(body) else { return };
     let r = router();
     let mut n = data.len() as u64;
-    if let Ok(d) = r.decide(&fields.model, &headers, &mut || { n = n.wrapping_mul(6364136223846793005).wrapping_add(1); n }) {
+    let down = data.first().copied().unwrap_or(0);
+    let healthy = |b: usize| b >= 8 || down & (1 << b) == 0;
+    if let Ok(d) = r.decide_among(&fields.model, &headers, &healthy, &mut || { n = n.wrapping_mul(6364136223846793005).wrapping_add(1); n }) {
         if sensitive {
             assert!(d.order.iter().all(|&b| r.backend(b).tier == Tier::Local), "pii routed to cloud");
+        }
+        if let Some(ri) = d.rule {
+            assert!(r.rule_orders(ri).contains(&d.order), "order {:?} has no route", d.order);
         }
     }
 });

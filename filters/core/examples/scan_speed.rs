@@ -1,5 +1,16 @@
-//! Throughput of the body scanner on realistic chat bodies (native; the wasm figure comes from
-//! the Envoy benchmark in bench/). `cargo run --release -p llmkube-router-core --example scan_speed`
+//! Throughput of the body scanner on chat bodies.
+//!
+//! Native: `cargo run --release -p llmkube-router-core --example scan_speed`
+//!
+//! In V8 (the engine Envoy runs the filters on), with the filters' wasm flags (SIMD128):
+//! ```text
+//! cargo build --release --target wasm32-wasip1 -p llmkube-router-core --example scan_speed
+//! node filters/core/examples/scan_speed_v8.mjs [BODY.json ...]
+//! ```
+//! Body files given as arguments (e.g. the benchmark bodies in `bench/out/bodies/`) are scanned
+//! as they are; without arguments a synthetic body of each size is used. Besides the whole scan it
+//! times `std::str::from_utf8` over the same bytes, the reference the scanner's UTF-8 check is
+//! measured against.
 use router_core::scan::Scanner;
 use std::time::Instant;
 
@@ -15,22 +26,54 @@ fn body(kib: usize) -> Vec<u8> {
     .into_bytes()
 }
 
+fn time<F: FnMut()>(bytes: usize, mut f: F) -> f64 {
+    let iters = (256 * 1024 * 1024 / bytes).clamp(10, 200_000);
+    for _ in 0..iters.min(50) {
+        f();
+    }
+    let t = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    t.elapsed().as_secs_f64() / iters as f64
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let bodies: Vec<(String, Vec<u8>)> = if args.is_empty() {
+        [1usize, 16, 256, 2048]
+            .iter()
+            .map(|&k| (format!("synthetic {k} KiB"), body(k)))
+            .collect()
+    } else {
+        args.iter()
+            .map(|p| {
+                (
+                    p.rsplit('/').next().unwrap_or(p).to_string(),
+                    std::fs::read(p).expect("read body"),
+                )
+            })
+            .collect()
+    };
     let mut s = Scanner::new();
-    for kib in [1usize, 16, 256, 2048] {
-        let b = body(kib);
-        let iters = (64 * 1024 * 1024 / b.len()).max(10);
-        let t = Instant::now();
-        for _ in 0..iters {
-            let f = s.scan(std::hint::black_box(&b)).expect("valid");
+    println!(
+        "{:<28} {:>10} {:>10} {:>12}",
+        "body", "KiB", "µs/scan", "µs/KiB (utf8)"
+    );
+    for (name, b) in &bodies {
+        let kib = b.len() as f64 / 1024.0;
+        let scan = time(b.len(), || {
+            let f = s.scan(std::hint::black_box(b)).expect("valid");
             std::hint::black_box(f.stream);
-        }
-        let per = t.elapsed().as_secs_f64() / iters as f64;
+        });
+        let utf8 = time(b.len(), || {
+            std::hint::black_box(std::str::from_utf8(std::hint::black_box(b)).is_ok());
+        });
         println!(
-            "{kib:>5} KiB: {:>9.2} µs/scan  {:>6.3} µs/KiB  {:>6.2} GB/s",
-            per * 1e6,
-            per * 1e6 / (b.len() as f64 / 1024.0),
-            b.len() as f64 / per / 1e9
+            "{name:<28} {kib:>10.0} {:>10.2} {:>7.3} ({:.3})",
+            scan * 1e6,
+            scan * 1e6 / kib,
+            utf8 * 1e6 / kib
         );
     }
 }

@@ -11,10 +11,46 @@ pub fn find_string_special(b: &[u8], from: usize) -> usize {
     imp::find_string_special(b, from)
 }
 
-/// True if every byte is ASCII (so the body is valid UTF-8 without further checks).
+/// Walks string content from `from` (just after the opening quote) to the closing quote without
+/// decoding it. `special(j)` is called for every `\\` or control byte at `j` and returns where to
+/// resume (after the escape) or an error. Returns the index of the closing quote, or `None` if the
+/// body ends first.
+///
+/// With SIMD, one 16-byte load yields the positions of every special byte in the block, and the
+/// escapes in it are handled from that bitmask without reloading: chat text escapes `\n` and `\"`
+/// every few dozen bytes, so not restarting the search per escape is most of the speed.
 #[inline]
-pub fn all_ascii(b: &[u8]) -> bool {
-    imp::all_ascii(b)
+pub fn skip_string<E>(
+    b: &[u8],
+    from: usize,
+    special: impl FnMut(usize) -> Result<usize, E>,
+) -> Result<Option<usize>, E> {
+    imp::skip_string(b, from, special)
+}
+
+/// `Err(n)` where `n` is the length of the longest valid UTF-8 prefix (what
+/// `std::str::from_utf8(b).unwrap_err().valid_up_to()` reports), `Ok` if `b` is valid UTF-8.
+///
+/// Runs of ASCII are skipped 16 (SIMD) or 8 (SWAR) bytes at a time; std validates only the
+/// stretches around non-ASCII bytes, in windows of 64 bytes. A sequence cut by a window's end is
+/// re-validated from its first byte in the next window, so the answer equals std's on the whole.
+pub fn validate_utf8(b: &[u8]) -> Result<(), usize> {
+    const WINDOW: usize = 64;
+    let mut i = 0;
+    loop {
+        i = imp::skip_ascii(b, i);
+        if i >= b.len() {
+            return Ok(());
+        }
+        let end = (i + WINDOW).min(b.len());
+        match core::str::from_utf8(&b[i..end]) {
+            Ok(_) => i = end,
+            // Incomplete at the window's end (not the body's): at most 3 bytes are cut, so
+            // valid_up_to >= WINDOW - 3 and the loop moves on.
+            Err(e) if e.error_len().is_none() && end < b.len() => i += e.valid_up_to(),
+            Err(e) => return Err(i + e.valid_up_to()),
+        }
+    }
 }
 
 #[inline(always)]
@@ -52,17 +88,191 @@ mod imp {
         i
     }
 
-    #[inline]
-    pub fn all_ascii(b: &[u8]) -> bool {
-        let mut i = 0;
-        let mut acc = u8x16_splat(0);
-        while i + 16 <= b.len() {
-            // SAFETY: as above.
-            let v = unsafe { v128_load(b.as_ptr().add(i) as *const v128) };
-            acc = v128_or(acc, v);
+    /// Where a walk over string content stopped.
+    enum Step {
+        /// The closing quote.
+        Quote(usize),
+        /// The first token boundary at or after the requested stop.
+        At(usize),
+    }
+
+    /// Bitmask of the lanes of `v` that are '"', '\\' or < 0x20.
+    #[inline(always)]
+    fn special16(v: v128) -> u32 {
+        let hits = v128_or(
+            v128_or(
+                u8x16_eq(v, u8x16_splat(b'"')),
+                u8x16_eq(v, u8x16_splat(b'\\')),
+            ),
+            u8x16_lt(v, u8x16_splat(0x20)),
+        );
+        u8x16_bitmask(hits) as u32
+    }
+
+    /// 16 bytes per load, each special byte handled from the bitmask; stops at the closing
+    /// quote or at the first token boundary at or after `stop` (`At(b.len())` at the end).
+    #[inline(always)]
+    fn walk16<E>(
+        b: &[u8],
+        from: usize,
+        stop: usize,
+        special: &mut impl FnMut(usize) -> Result<usize, E>,
+    ) -> Result<Step, E> {
+        let mut i = from;
+        'block: while i < stop && i + 16 <= b.len() {
+            // SAFETY: i + 16 <= len, and v128_load has no alignment requirement.
+            let mut mask = special16(unsafe { v128_load(b.as_ptr().add(i) as *const v128) });
+            while mask != 0 {
+                let j = i + mask.trailing_zeros() as usize;
+                if b[j] == b'"' {
+                    return Ok(Step::Quote(j));
+                }
+                let next = special(j)?;
+                let skip = next - i;
+                if skip >= 16 {
+                    i = next;
+                    continue 'block;
+                }
+                // Bits of bytes the escape consumed (or that precede it) are done.
+                mask &= !0u32 << skip;
+            }
             i += 16;
         }
-        u8x16_bitmask(acc) == 0 && b[i..].iter().all(|&c| c < 0x80)
+        while i < stop && i < b.len() {
+            let c = b[i];
+            if c == b'"' {
+                return Ok(Step::Quote(i));
+            }
+            i = if is_special(c) { special(i)? } else { i + 1 };
+        }
+        Ok(Step::At(i))
+    }
+
+    /// 64 bytes per step without a branch per escape (the odd-backslash-run technique of
+    /// simdjson): which bytes are escaped, which quote is real, and whether every escape in the
+    /// block is a plain two-byte one (`\n`, `\"`, ...) with no control byte before the closing
+    /// quote. A block that is anything else (`\u`, an error) is walked by `walk16` instead, which
+    /// hands each special byte to `special`, so errors and `\u` handling are exactly that path's.
+    #[inline]
+    pub fn skip_string<E>(
+        b: &[u8],
+        from: usize,
+        mut special: impl FnMut(usize) -> Result<usize, E>,
+    ) -> Result<Option<usize>, E> {
+        const EVEN: u64 = 0x5555_5555_5555_5555;
+        let mut i = from;
+        // 1 when the byte at `i` is escaped by a backslash at `i - 1`.
+        let mut prev: u64 = 0;
+        while i + 64 <= b.len() {
+            // SAFETY: i + 64 <= len; v128_load has no alignment requirement.
+            let p = unsafe { b.as_ptr().add(i) };
+            let v = unsafe {
+                [
+                    v128_load(p as *const v128),
+                    v128_load(p.add(16) as *const v128),
+                    v128_load(p.add(32) as *const v128),
+                    v128_load(p.add(48) as *const v128),
+                ]
+            };
+            macro_rules! mask64 {
+                ($op:ident, $byte:expr) => {
+                    (u8x16_bitmask($op(v[0], u8x16_splat($byte))) as u64)
+                        | (u8x16_bitmask($op(v[1], u8x16_splat($byte))) as u64) << 16
+                        | (u8x16_bitmask($op(v[2], u8x16_splat($byte))) as u64) << 32
+                        | (u8x16_bitmask($op(v[3], u8x16_splat($byte))) as u64) << 48
+                };
+            }
+            let bs = mask64!(u8x16_eq, b'\\');
+            let quotes = mask64!(u8x16_eq, b'"');
+            let ctrl = mask64!(u8x16_lt, 0x20);
+            // Escaped bytes: the byte after each backslash that is not itself escaped.
+            let bs_start = bs & !prev;
+            let follows = (bs_start << 1) | prev;
+            let odd_starts = bs_start & !EVEN & !follows;
+            let (seq_even, carry) = odd_starts.overflowing_add(bs_start);
+            let escaped = (EVEN ^ (seq_even << 1)) & follows;
+            let real = quotes & !escaped;
+            // Bytes before the closing quote (all 64 if there is none in this block).
+            let before = if real == 0 {
+                !0
+            } else {
+                (real & real.wrapping_neg()) - 1
+            };
+            let mut esc = escaped & before;
+            let mut plain = ctrl & before == 0;
+            while plain && esc != 0 {
+                let k = i + esc.trailing_zeros() as usize;
+                plain = SIMPLE[b[k] as usize];
+                esc &= esc - 1;
+            }
+            if plain {
+                if real != 0 {
+                    return Ok(Some(i + real.trailing_zeros() as usize));
+                }
+                prev = carry as u64;
+                i += 64;
+                continue;
+            }
+            // Start at the backslash if the block's first byte is escaped.
+            match walk16(b, i - prev as usize, i + 64, &mut special)? {
+                Step::Quote(q) => return Ok(Some(q)),
+                Step::At(next) => {
+                    i = next;
+                    prev = 0;
+                }
+            }
+        }
+        match walk16(b, i - prev as usize, b.len(), &mut special)? {
+            Step::Quote(q) => Ok(Some(q)),
+            Step::At(_) => Ok(None),
+        }
+    }
+
+    /// The bytes that may follow a backslash as a two-byte escape.
+    static SIMPLE: [bool; 256] = {
+        let mut t = [false; 256];
+        let simple = *b"\"\\/bfnrt";
+        let mut k = 0;
+        while k < simple.len() {
+            t[simple[k] as usize] = true;
+            k += 1;
+        }
+        t
+    };
+
+    /// Index of the first byte >= 0x80 at or after `from`, or `b.len()`.
+    #[inline]
+    pub fn skip_ascii(b: &[u8], from: usize) -> usize {
+        let mut i = from;
+        while i + 64 <= b.len() {
+            // SAFETY: i + 64 <= len.
+            let p = unsafe { b.as_ptr().add(i) };
+            let (v0, v1, v2, v3) = unsafe {
+                (
+                    v128_load(p as *const v128),
+                    v128_load(p.add(16) as *const v128),
+                    v128_load(p.add(32) as *const v128),
+                    v128_load(p.add(48) as *const v128),
+                )
+            };
+            if u8x16_bitmask(v128_or(v128_or(v0, v1), v128_or(v2, v3))) != 0 {
+                break;
+            }
+            i += 64;
+        }
+        while i + 16 <= b.len() {
+            // SAFETY: i + 16 <= len.
+            let v = unsafe { v128_load(b.as_ptr().add(i) as *const v128) };
+            let m = u8x16_bitmask(v);
+            if m != 0 {
+                return i + m.trailing_zeros() as usize;
+            }
+            i += 16;
+        }
+        while i < b.len() && b[i] < 0x80 {
+            i += 1;
+        }
+        i
     }
 }
 
@@ -108,15 +318,39 @@ mod imp {
         i
     }
 
+    /// SWAR masks can flag bytes above the first hit falsely, so search again after each
+    /// escape instead of reusing the mask.
     #[inline]
-    pub fn all_ascii(b: &[u8]) -> bool {
-        let mut i = 0;
-        let mut acc = 0u64;
+    pub fn skip_string<E>(
+        b: &[u8],
+        from: usize,
+        mut special: impl FnMut(usize) -> Result<usize, E>,
+    ) -> Result<Option<usize>, E> {
+        let mut i = from;
+        loop {
+            i = find_string_special(b, i);
+            match b.get(i) {
+                None => return Ok(None),
+                Some(b'"') => return Ok(Some(i)),
+                Some(_) => i = special(i)?,
+            }
+        }
+    }
+
+    #[inline]
+    pub fn skip_ascii(b: &[u8], from: usize) -> usize {
+        let mut i = from;
         while i + 8 <= b.len() {
-            acc |= load(b, i);
+            let m = load(b, i) & HI;
+            if m != 0 {
+                return i + (m.trailing_zeros() / 8) as usize;
+            }
             i += 8;
         }
-        acc & HI == 0 && b[i..].iter().all(|&c| c < 0x80)
+        while i < b.len() && b[i] < 0x80 {
+            i += 1;
+        }
+        i
     }
 }
 
@@ -156,13 +390,113 @@ mod tests {
     }
 
     #[test]
-    fn ascii_detection() {
-        for pos in 0..40 {
-            let mut b = vec![b'x'; 40];
-            assert!(all_ascii(&b));
-            b[pos] = 0x80;
-            assert!(!all_ascii(&b), "{pos}");
+    fn utf8_validation_agrees_with_std() {
+        let std_says = |b: &[u8]| {
+            std::str::from_utf8(b)
+                .map(|_| ())
+                .map_err(|e| e.valid_up_to())
+        };
+        // Every lead/continuation shape, placed at every offset around the 16/64-byte steps and
+        // the 64-byte windows, with and without a cut at the end.
+        let seqs: &[&[u8]] = &[
+            "é".as_bytes(),
+            "€".as_bytes(),
+            "😀".as_bytes(),
+            b"\x80",
+            b"\xC3",
+            b"\xC0\xAF",
+            b"\xE0\x80\xAF",
+            b"\xED\xA0\x80",
+            b"\xF4\x90\x80\x80",
+            b"\xF0\x9F\x98",
+            b"\xFF",
+        ];
+        for s in seqs {
+            for len in [0usize, 1, 15, 16, 17, 63, 64, 65, 130, 200] {
+                for pos in (0..len.max(1)).step_by(1.max(len / 40)) {
+                    let mut b = vec![b'a'; len];
+                    b.splice(pos.min(len)..pos.min(len), s.iter().copied());
+                    assert_eq!(validate_utf8(&b), std_says(&b), "{s:?} at {pos} of {len}");
+                    b.truncate(b.len().saturating_sub(1));
+                    assert_eq!(
+                        validate_utf8(&b),
+                        std_says(&b),
+                        "{s:?} at {pos} of {len}, cut"
+                    );
+                }
+            }
         }
-        assert!(all_ascii(b""));
+        // Long runs of multi-byte text cross every window boundary at every phase.
+        for pad in 0..8 {
+            let mut b = vec![b'x'; pad];
+            b.extend("日本語のテキスト😀é".repeat(40).as_bytes());
+            assert_eq!(validate_utf8(&b), Ok(()));
+            for cut in [1, 2, 3] {
+                let c = &b[..b.len() - cut];
+                assert_eq!(validate_utf8(c), std_says(c), "pad {pad} cut {cut}");
+            }
+            let mut bad = b.clone();
+            let at = bad.len() / 2;
+            bad[at] = 0xFF;
+            assert_eq!(validate_utf8(&bad), std_says(&bad), "pad {pad}");
+        }
+    }
+
+    /// Reference: the closing quote of a string, with each special byte handed to `special`.
+    fn naive_skip(b: &[u8], from: usize) -> Result<Option<usize>, usize> {
+        let mut i = from;
+        while i < b.len() {
+            match b[i] {
+                b'"' => return Ok(Some(i)),
+                b'\\' => i += 2,
+                c if c < 0x20 => return Err(i),
+                _ => i += 1,
+            }
+        }
+        Ok(None)
+    }
+
+    #[test]
+    fn skip_string_agrees_with_a_byte_loop() {
+        // Escapes as two-byte units (`\x`): `\"` and `\\` must not end the string or start
+        // another escape; a control byte is an error at its position.
+        let units: &[&[u8]] = &[
+            b"a",
+            b"\\\"",
+            b"\\\\",
+            b"\\n",
+            b"\x01",
+            b"\"",
+            "é".as_bytes(),
+        ];
+        let mut seed = 0x2545F4914F6CDD1Du64;
+        for _ in 0..4000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let n = (seed % 70) as usize;
+            let mut b = Vec::new();
+            let mut s = seed;
+            for _ in 0..n {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // Mostly plain bytes, so strings run across several blocks.
+                let k = (s >> 33) as usize % 24;
+                b.extend_from_slice(units[if k < units.len() { k } else { 0 }]);
+            }
+            for from in [0, 1, 3] {
+                if from > b.len() {
+                    continue;
+                }
+                let got = skip_string(&b, from, |j| if b[j] == b'\\' { Ok(j + 2) } else { Err(j) });
+                assert_eq!(
+                    got,
+                    naive_skip(&b, from),
+                    "{:?} from {from}",
+                    String::from_utf8_lossy(&b)
+                );
+            }
+        }
     }
 }

@@ -141,10 +141,8 @@ impl Scanner {
         }
         // Validate UTF-8 once for the whole body, so string scanning only looks for the bytes
         // that end or interrupt a string. Outside strings, non-ASCII is a grammar error anyway.
-        if !crate::fast::all_ascii(body) {
-            if let Err(e) = std::str::from_utf8(body) {
-                return Err(invalid(e.valid_up_to(), "invalid UTF-8"));
-            }
+        if let Err(valid_up_to) = crate::fast::validate_utf8(body) {
+            return Err(invalid(valid_up_to, "invalid UTF-8"));
         }
         p.ws();
         match p.peek() {
@@ -508,6 +506,27 @@ impl<'a> Parser<'a> {
     fn string(&mut self, decode: bool) -> Result<Str<'a>, ScanError> {
         let b = self.b;
         let start = self.i + 1;
+        if !decode {
+            // Nearly every byte of a body is in strings nobody reads (prompt text): validate
+            // them without copying, escapes handled in place.
+            let end = crate::fast::skip_string(b, start, |j| {
+                if b[j] != b'\\' {
+                    return Err(invalid(j, "control character in string"));
+                }
+                // The two-byte escapes (`\n`, `\"`, ...) inline; `\u` and errors in escape().
+                match b.get(j + 1) {
+                    Some(&e) if SIMPLE_ESCAPE[e as usize] => Ok(j + 2),
+                    _ => self.escape(j, false),
+                }
+            })?;
+            let Some(end) = end else {
+                return Err(invalid(b.len(), "unterminated string"));
+            };
+            self.i = end + 1;
+            return Ok(Str {
+                decoded: Cow::Borrowed(""),
+            });
+        }
         let mut i = start;
         let mut escaped = false;
         // Bytes in `copied..i` are not yet in `scratch` (only used once an escape shows up).
@@ -602,6 +621,18 @@ impl<'a> Parser<'a> {
         Ok(next)
     }
 }
+
+/// The bytes that may follow a backslash as a two-byte escape (`\u` is handled apart).
+static SIMPLE_ESCAPE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut k = 0;
+    let simple = *b"\"\\/bfnrt";
+    while k < simple.len() {
+        t[simple[k] as usize] = true;
+        k += 1;
+    }
+    t
+};
 
 fn hex4(b: &[u8], at: usize) -> Option<u32> {
     let digits = b.get(at..at + 4)?;

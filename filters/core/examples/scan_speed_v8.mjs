@@ -1,0 +1,24 @@
+// Runs the wasm32-wasip1 build of examples/scan_speed.rs on Node's V8 (the engine Envoy embeds).
+// node filters/core/examples/scan_speed_v8.mjs [BODY.json ...]   (paths inside the repo)
+//
+// Envoy's V8 (proxy-wasm-cpp-host) turns Liftoff off, so every function is TurboFan-compiled
+// up front; do the same here, or the timing loop (never re-entered, so never tiered up) would
+// run Liftoff code.
+import { readFile } from "node:fs/promises";
+import { WASI } from "node:wasi";
+import { argv } from "node:process";
+import path from "node:path";
+import v8 from "node:v8";
+import { fileURLToPath } from "node:url";
+
+v8.setFlagsFromString("--no-liftoff");
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../..");
+const wasmPath = path.join(root, "target/wasm32-wasip1/release/examples/scan_speed.wasm");
+const wasi = new WASI({
+  version: "preview1",
+  args: ["scan_speed", ...argv.slice(2).map((p) => "/root/" + path.relative(root, path.resolve(p)))],
+  preopens: { "/root": root },
+});
+const module = await WebAssembly.compile(await readFile(wasmPath));
+const instance = await WebAssembly.instantiate(module, wasi.getImportObject());
+wasi.start(instance);

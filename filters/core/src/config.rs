@@ -33,6 +33,9 @@ pub const SENSITIVE_HEADER: &str = "x-llmkube-sensitive";
 /// Set by the upstream filter on each attempt to the backend it goes to, so per-backend
 /// upstream filters (credential injection) can select on it.
 pub const ATTEMPT_BACKEND_HEADER: &str = "x-llmkube-attempt-backend";
+/// Where the body's `model` value sits (`rewrite::format_span`), stamped when an attempt may go to
+/// an external backend, so the per-attempt filter rewrites it without scanning the body again.
+pub const MODEL_SPAN_HEADER: &str = "x-llmkube-model-span";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -252,6 +255,7 @@ impl PluginConfig {
             ROUTE_HEADER,
             SENSITIVE_HEADER,
             ATTEMPT_BACKEND_HEADER,
+            MODEL_SPAN_HEADER,
         ]
         .iter()
         .map(|s| s.to_ascii_lowercase())

@@ -13,10 +13,77 @@ pub fn replace_with_string(body: &[u8], span: Span, value: &str) -> Vec<u8> {
     out
 }
 
+/// The model span as the downstream filter hands it to the per-attempt filter
+/// (`MODEL_SPAN_HEADER`): `<start>-<end>`, byte offsets of the JSON string token.
+pub fn format_span(span: Span) -> String {
+    format!("{}-{}", span.0, span.1)
+}
+
+pub fn parse_span(value: &[u8]) -> Option<Span> {
+    let s = std::str::from_utf8(value).ok()?;
+    let (a, b) = s.split_once('-')?;
+    let span = (a.parse().ok()?, b.parse().ok()?);
+    (span.0 + 2 <= span.1).then_some(span)
+}
+
+/// Rewrites `model` using only the body bytes up to the end of its span (`head`), so a large
+/// body is neither scanned again nor copied whole: the result replaces `head` (Envoy's
+/// drain-and-prepend). `None` unless `head[span]` is exactly the JSON string `expected`, i.e. the
+/// span still points at the model the downstream filter routed on.
+pub fn rewrite_head(head: &[u8], span: Span, expected: &str, value: &str) -> Option<Vec<u8>> {
+    if span.1 != head.len() {
+        return None;
+    }
+    let token = head.get(span.0..span.1)?;
+    if token.first() != Some(&b'"') {
+        return None;
+    }
+    let current: String = serde_json::from_slice(token).ok()?;
+    if current != expected {
+        return None;
+    }
+    Some(replace_with_string(head, span, value))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::scan::Scanner;
+
+    #[test]
+    fn head_rewrite_matches_whole_body_rewrite_and_checks_the_span() {
+        let body =
+            br#"{"messages":[{"role":"user","content":"x"}],"model":"qwen\/local","stream":true}"#;
+        let f = Scanner::new().scan(body).unwrap();
+        let span = f.spans.model.unwrap();
+        assert_eq!(parse_span(format_span(span).as_bytes()), Some(span));
+        let head = rewrite_head(&body[..span.1], span, "qwen/local", "gpt-5").unwrap();
+        let mut via_head = head.clone();
+        via_head.extend_from_slice(&body[span.1..]);
+        assert_eq!(via_head, replace_with_string(body, span, "gpt-5"));
+        // Anything that does not point at that model is refused.
+        assert_eq!(rewrite_head(&body[..span.1], span, "other", "gpt-5"), None);
+        assert_eq!(
+            rewrite_head(&body[..span.1 - 1], span, "qwen/local", "g"),
+            None
+        );
+        let shifted = (span.0 - 1, span.1 - 1);
+        assert_eq!(
+            rewrite_head(&body[..shifted.1], shifted, "qwen/local", "g"),
+            None
+        );
+        for bad in [
+            &b""[..],
+            b"12",
+            b"5-6",
+            b"-3",
+            b"a-b",
+            b"9-4",
+            b"1-99999999999999999999999",
+        ] {
+            assert_eq!(parse_span(bad), None, "{:?}", bad);
+        }
+    }
 
     #[test]
     fn rewrites_only_the_model_value() {

@@ -6,8 +6,11 @@ use filter_edge::{self as edge, Buffer, Level, Map};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use router_core::audit::{caller_label, client_address, AuditRecord, Outcome};
-use router_core::config::{Tier, BACKEND_HEADER, ROUTE_HEADER, RULE_HEADER, SENSITIVE_HEADER};
+use router_core::config::{
+    Tier, BACKEND_HEADER, MODEL_SPAN_HEADER, ROUTE_HEADER, RULE_HEADER, SENSITIVE_HEADER,
+};
 use router_core::errors::ApiError;
+use router_core::rewrite::format_span;
 use router_core::router::RequestHeaders;
 use std::rc::Rc;
 
@@ -204,8 +207,8 @@ impl Request {
             .scanner
             .borrow_mut()
             .scan(body)
-            .map(|f| f.model.into_owned());
-        let model = match scanned {
+            .map(|f| (f.model.into_owned(), f.spans.model));
+        let (model, model_span) = match scanned {
             Ok(m) => m,
             Err(e) => return self.fail(&ApiError::from_scan(&e), Outcome::InvalidRequest),
         };
@@ -267,6 +270,18 @@ impl Request {
         }
         if decision.sensitive {
             stamp.push((SENSITIVE_HEADER, "true"));
+        }
+        // An attempt to an external backend gets its `model` rewritten by the per-attempt filter;
+        // tell it where the value is so it need not scan the body again.
+        let span_value;
+        if let Some(span) = model_span.filter(|_| {
+            decision
+                .order
+                .iter()
+                .any(|&b| router.backend(b).external_model.is_some())
+        }) {
+            span_value = format_span(span);
+            stamp.push((MODEL_SPAN_HEADER, span_value.as_str()));
         }
         for (name, value) in stamp {
             if let Err(e) = edge::set_header(Map::RequestHeaders, name, value) {

@@ -14,10 +14,12 @@
 use filter_edge::{self as edge, Buffer, Level, Map, MetricKind};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use router_core::config::{Tier, ATTEMPT_BACKEND_HEADER, SENSITIVE_HEADER};
+use router_core::config::{Tier, ATTEMPT_BACKEND_HEADER, MODEL_SPAN_HEADER, SENSITIVE_HEADER};
 use router_core::errors::ApiError;
+use router_core::rewrite::{parse_span, rewrite_head};
 use router_core::router::Router;
 use router_core::scan::Scanner;
+use router_core::scan::Span;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -42,6 +44,8 @@ struct Shared {
     scanner: RefCell<Scanner>,
     blocked_metric: Option<u32>,
     rewrites_metric: Option<u32>,
+    /// Rewrites that had to scan the body because the downstream span did not fit it.
+    rescans_metric: Option<u32>,
 }
 
 #[derive(Default)]
@@ -68,6 +72,11 @@ impl RootContext for Root {
                         "llmkube.upstream.model_rewrites",
                     )
                     .ok(),
+                    rescans_metric: edge::define_metric(
+                        MetricKind::Counter,
+                        "llmkube.upstream.model_rewrite_rescans",
+                    )
+                    .ok(),
                 }));
                 true
             }
@@ -85,6 +94,7 @@ impl RootContext for Root {
         Some(Box::new(Attempt {
             shared: self.shared.clone(),
             rewrite_to: None,
+            located: None,
             done: false,
         }))
     }
@@ -98,6 +108,8 @@ struct Attempt {
     shared: Option<Rc<Shared>>,
     /// The provider model name, while this attempt's body is buffered for the rewrite.
     rewrite_to: Option<String>,
+    /// Where the downstream filter found `model`, and the model it routed on.
+    located: Option<(Span, String)>,
     /// A local response ended the request.
     done: bool,
 }
@@ -137,12 +149,23 @@ impl HttpContext for Attempt {
                 return self.internal(&format!("removing {name}: {e}"));
             }
         }
-        let sensitive = match edge::header_pairs(Map::RequestHeaders) {
-            Ok(pairs) => pairs.iter().any(|(k, v)| {
-                k.as_slice() == SENSITIVE_HEADER.as_bytes() && v.as_slice() == b"true"
-            }),
+        let pairs = match edge::header_pairs(Map::RequestHeaders) {
+            Ok(pairs) => pairs,
             Err(e) => return self.internal(&format!("reading request headers: {e}")),
         };
+        let value = |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| k.as_slice() == name.as_bytes())
+                .map(|(_, v)| v.as_slice())
+        };
+        let sensitive = value(SENSITIVE_HEADER) == Some(b"true".as_slice());
+        let located = value(MODEL_SPAN_HEADER)
+            .and_then(parse_span)
+            .and_then(|span| {
+                let model = std::str::from_utf8(value(&shared.router.config.model_header)?).ok()?;
+                Some((span, model.to_string()))
+            });
         let backend = match edge::property(BACKEND_PROPERTY) {
             Ok(Some(name)) => String::from_utf8(name)
                 .ok()
@@ -193,6 +216,7 @@ impl HttpContext for Attempt {
             return Action::Continue;
         }
         self.rewrite_to = Some(model);
+        self.located = located;
         Action::Pause
     }
 
@@ -210,6 +234,17 @@ impl HttpContext for Attempt {
         let Some(shared) = self.shared.clone() else {
             return self.internal("filter is not configured");
         };
+        if let Some((span, routed_model)) = self.located.take() {
+            match self.rewrite_head(body_size, span, &routed_model, &model) {
+                Some(Ok(new_len)) => return self.rewritten(&shared, new_len),
+                Some(Err(e)) => return self.internal(&e),
+                // The span does not point at the routed model any more: scan.
+                None => {}
+            }
+        }
+        if let Some(m) = shared.rescans_metric {
+            edge::increment_metric(m, 1);
+        }
         let body = match edge::buffer(Buffer::RequestBody, 0, body_size) {
             Ok(Some(b)) => b,
             Ok(None) => return Action::Continue,
@@ -227,11 +262,39 @@ impl HttpContext for Attempt {
         if let Err(e) = edge::replace_buffer(Buffer::RequestBody, body.len(), &rewritten) {
             return self.internal(&format!("rewriting the request body: {e}"));
         }
-        if let Err(e) = edge::set_header(
-            Map::RequestHeaders,
-            "content-length",
-            &rewritten.len().to_string(),
-        ) {
+        self.rewritten(&shared, rewritten.len())
+    }
+}
+
+impl Attempt {
+    /// Rewrites `model` from the span the downstream filter stamped, touching only the bytes up
+    /// to its end. `None` when the span no longer fits the body (the caller scans instead).
+    fn rewrite_head(
+        &self,
+        body_size: usize,
+        span: Span,
+        routed_model: &str,
+        model: &str,
+    ) -> Option<Result<usize, String>> {
+        if span.1 > body_size {
+            return None;
+        }
+        let head = match edge::buffer(Buffer::RequestBody, 0, span.1) {
+            Ok(Some(h)) => h,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(format!("reading the request body: {e}"))),
+        };
+        let new_head = rewrite_head(&head, span, routed_model, model)?;
+        Some(
+            edge::replace_buffer(Buffer::RequestBody, head.len(), &new_head)
+                .map(|_| body_size - head.len() + new_head.len())
+                .map_err(|e| format!("rewriting the request body: {e}")),
+        )
+    }
+
+    /// The body now has `len` bytes: say so in `content-length` (Envoy does not) and count it.
+    fn rewritten(&mut self, shared: &Shared, len: usize) -> Action {
+        if let Err(e) = edge::set_header(Map::RequestHeaders, "content-length", &len.to_string()) {
             return self.internal(&format!("setting content-length: {e}"));
         }
         if let Some(m) = shared.rewrites_metric {

@@ -423,14 +423,13 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 (_, _) => return BAD_ARGUMENT,
             };
             let (start, size) = (start as u32 as usize, size as u32 as usize);
-            // Envoy's rules: (0,0) prepends, start 0 with size >= len replaces, start >= len
-            // appends; anything else is refused.
-            if start == 0 && size == 0 {
+            // Envoy's rules (context.cc Buffer::copyFrom): start 0 drains `size` bytes and
+            // prepends (so (0,0) prepends and (0,len) replaces), start >= len appends; anything
+            // else is refused.
+            if start == 0 {
                 let mut v = data;
-                v.extend_from_slice(buf);
+                v.extend_from_slice(&buf[size.min(buf.len())..]);
                 *buf = v;
-            } else if start == 0 && size >= buf.len() {
-                *buf = data;
             } else if start >= buf.len() {
                 buf.extend_from_slice(&data);
             } else {

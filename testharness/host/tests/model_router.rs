@@ -719,6 +719,63 @@ fn upstream_rewrites_model_and_fixes_length_for_external_backends() {
     assert_eq!(o.header("x-llmkube-attempt-backend"), Some("qwen-small"));
 }
 
+/// The downstream filter says where `model` is when an attempt may go to an external backend;
+/// the per-attempt filter then rewrites from that span alone, reading and replacing only the
+/// bytes up to it (proof: a tail it never parses). A span that no longer points at the routed
+/// model is not trusted: the body is scanned as before.
+#[test]
+fn upstream_rewrites_from_the_downstream_span_without_rescanning() {
+    let body = r#"{"model":"qwen3-8b","messages":[{"role":"user","content":"x"}]}"#;
+    let mut r = router();
+    let o = post(&mut r, &[("x-team", "research")], body);
+    assert_eq!(o.header("x-llmkube-model-span"), Some("9-19"));
+    // Only orders with an external backend carry it; clients cannot send it.
+    let o = post(&mut r, &[("x-llmkube-model-span", "1-5")], body);
+    assert_eq!(o.header("x-llmkube-route"), Some("qwen/qwen-small"));
+    assert_eq!(o.header("x-llmkube-model-span"), None);
+
+    let tail_never_parsed = format!("{}<not json", &body[..body.len() - 1]);
+    let mut h = upstream(Some("gpt"));
+    let located = [
+        ("x-llmkube-model-span", "9-19"),
+        ("x-ai-eg-model", "qwen3-8b"),
+    ];
+    let o = attempt(&mut h, &located, &tail_never_parsed);
+    let expected = tail_never_parsed.replace("qwen3-8b", "gpt-5");
+    assert_eq!(o.body_str(), expected);
+    assert_eq!(
+        o.header("content-length"),
+        Some(expected.len().to_string().as_str())
+    );
+    let rescans = |h: &Host| {
+        h.metric("llmkube.upstream.model_rewrite_rescans")
+            .map(|m| m.value)
+    };
+    assert_eq!(rescans(&h), Some(0));
+    // Without the span the same body cannot be rewritten (it is scanned, and invalid).
+    let mut h = upstream(Some("gpt"));
+    let o = attempt(&mut h, &[], &tail_never_parsed);
+    assert_eq!(error_of(&o).0, 500);
+
+    // Stale spans fall back to scanning a valid body: wrong place, wrong model, out of range.
+    for stale in [
+        [
+            ("x-llmkube-model-span", "30-36"),
+            ("x-ai-eg-model", "qwen3-8b"),
+        ],
+        [("x-llmkube-model-span", "9-19"), ("x-ai-eg-model", "other")],
+        [
+            ("x-llmkube-model-span", "9-999"),
+            ("x-ai-eg-model", "qwen3-8b"),
+        ],
+    ] {
+        let mut h = upstream(Some("gpt"));
+        let o = attempt(&mut h, &stale, body);
+        assert_eq!(o.body_str(), body.replace("qwen3-8b", "gpt-5"), "{stale:?}");
+        assert_eq!(rescans(&h), Some(1), "{stale:?}");
+    }
+}
+
 #[test]
 fn upstream_refuses_sensitive_attempts_to_cloud_or_unknown_endpoints() {
     for backend in [Some("gpt"), None] {

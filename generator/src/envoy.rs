@@ -21,7 +21,7 @@
 //! value per route, so an order whose attempts need different timeouts (no rule timeout, backends
 //! with different ones) goes to the aggregate `attempts.<b1>.<b2>...` over `via-<b>` clusters
 //! instead: each attempt passes through the internal listener `attempt-<b>`, whose route to
-//! `backend-<b>` carries b's own timeout.
+//! `backend-<b>` carries b's own timeout (and where `backend-<b>`'s own upstream chain runs).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -713,19 +713,18 @@ fn direct_rewrites(action: &mut Value, up: &Upstream) {
 const VIA_CIRCUIT_LIMIT: u32 = 1_000_000;
 
 /// `via-<b>`: one endpoint, the internal listener `attempt-<b>`, carrying the same endpoint
-/// metadata (and `hostname`, for `auto_host_rewrite`) as `backend-<b>`'s endpoints, so filters
-/// reading `xds.upstream_host_metadata` on the outer side see the attempt's backend. No outlier
-/// detection and no health check: the quarantine lives on `backend-<b>`, behind the listener.
-fn via_cluster_config(backend: &str, tier: rc::Tier, up: &Upstream, buffer_limit: u64) -> Value {
+/// metadata as `backend-<b>`'s endpoints, so the downstream filter sees which backend served. No
+/// outlier detection and no health check: the quarantine lives on `backend-<b>`, behind the
+/// listener. No upstream filter chain either (nor on the `attempts.*` aggregate): `backend-<b>`'s
+/// own chain runs behind the listener, once per attempt, on a request of its own, so header edits
+/// of one attempt (an external backend's `content-length`, credentials) never reach the next.
+fn via_cluster_config(backend: &str, tier: rc::Tier, buffer_limit: u64) -> Value {
     let name = via_cluster(backend);
     let tier = match tier {
         rc::Tier::Local => "local",
         rc::Tier::Cloud => "cloud",
     };
-    let mut ep = json!({"address": {"envoy_internal_address": {"server_listener_name": attempt_listener(backend)}}});
-    if let Some(authority) = &up.host_rewrite {
-        ep["hostname"] = json!(authority);
-    }
+    let ep = json!({"address": {"envoy_internal_address": {"server_listener_name": attempt_listener(backend)}}});
     let raw = json!({"name": "envoy.transport_sockets.raw_buffer",
         "typed_config": typed("envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer")});
     let mut internal =
@@ -755,7 +754,9 @@ fn via_cluster_config(backend: &str, tier: rc::Tier, up: &Upstream, buffer_limit
 /// response-header timeout (`per_try_timeout`, no retry). A timeout is its 504, a quarantined
 /// backend its immediate 503: both reach the outer route as a 5xx and move the request to the
 /// next backend. No idle or request timeout here (the outer route's `idle_timeout` guards
-/// streams) and no header edits beyond the direct route's Host/path handling.
+/// streams) and no header edits beyond the direct route's Host/path handling; for an external
+/// backend, `backend-<b>`'s upstream chain does the per-attempt guard, model rewrite and
+/// credential.
 fn attempt_listener_config(
     backend: &str,
     up: &Upstream,
@@ -926,7 +927,7 @@ fn bootstrap(
         });
         if p.order.len() == 1 {
             direct_rewrites(&mut action, &ups[p.order[0]]);
-        } else if external {
+        } else if external && per_try.is_some() {
             // Host per attempt from the endpoint's `hostname` (set on external endpoints).
             action["auto_host_rewrite"] = json!(true);
         }
@@ -1026,7 +1027,8 @@ fn bootstrap(
     }
     for (name, members) in &aggregates {
         let mut agg = typed("envoy.extensions.clusters.aggregate.v3.ClusterConfig");
-        let member = if name.starts_with("attempts.") {
+        let through_listeners = name.starts_with("attempts.");
+        let member = if through_listeners {
             via_cluster
         } else {
             backend_cluster
@@ -1044,20 +1046,18 @@ fn bootstrap(
             "lb_policy": "CLUSTER_PROVIDED",
             "cluster_type": {"name": "envoy.clusters.aggregate", "typed_config": agg},
         });
-        if let Some(chain) = chain_for(members) {
-            c["typed_extension_protocol_options"] = chain;
+        // Over via- clusters the chain runs behind each attempt listener instead.
+        if !through_listeners {
+            if let Some(chain) = chain_for(members) {
+                c["typed_extension_protocol_options"] = chain;
+            }
         }
         clusters.push(c);
     }
     let mut attempt_listeners = Vec::new();
     for (&b, &timeout_ms) in &hops {
         let name = name_of(b);
-        clusters.push(via_cluster_config(
-            name,
-            core.backend(b).tier,
-            &ups[b],
-            buffer_limit,
-        ));
+        clusters.push(via_cluster_config(name, core.backend(b).tier, buffer_limit));
         attempt_listeners.push(attempt_listener_config(
             name,
             &ups[b],

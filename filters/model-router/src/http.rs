@@ -422,8 +422,12 @@ impl HttpContext for Request {
         let (fail_closed, sensitive) = (routed.fail_closed, routed.sensitive);
         let mut status = 0u32;
         let mut streaming = false;
+        // Unless the map says it is absent, the attempt count gets removed below.
+        let mut attempt_count_sent = true;
         if let Ok(pairs) = edge::header_pairs(Map::ResponseHeaders) {
+            attempt_count_sent = false;
             for (k, v) in &pairs {
+                attempt_count_sent |= k.eq_ignore_ascii_case(ATTEMPT_COUNT_HEADER.as_bytes());
                 match k.as_slice() {
                     b":status" => {
                         status = std::str::from_utf8(v)
@@ -442,8 +446,10 @@ impl HttpContext for Request {
                 }
             }
         }
-        // Internal detail: the client needs none of it.
-        let _ = edge::remove_header(Map::ResponseHeaders, ATTEMPT_COUNT_HEADER);
+        // Internal detail: the client needs none of it. (No hostcall when it isn't there.)
+        if attempt_count_sent {
+            let _ = edge::remove_header(Map::ResponseHeaders, ATTEMPT_COUNT_HEADER);
+        }
         // Which backend actually answered, from the endpoint's metadata (absent when Envoy
         // answered itself, e.g. no healthy upstream).
         let served = |key: &str| {

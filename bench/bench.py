@@ -6,8 +6,10 @@ Driven by bench/run, which makes sure the prerequisites exist. This script:
   2. writes ONE Envoy bootstrap with four listeners sharing one fixed-response upstream,
   3. starts the upstream and Envoy (--concurrency 1, own --base-id), checks that every body gets a
      200 through every listener (and that our filter really routed it) and fails loudly otherwise,
-  4. runs wrk (fixed connections, fixed duration, after a warm-up) against each listener, listeners
-     interleaved within each repetition, several repetitions,
+  4. runs wrk (fixed duration, after a warm-up) against each listener, once with 1 connection (no
+     queueing: the added p50 is the added service time, the headline for latency and µs/KiB) and
+     once with 4 (closed-loop load: throughput), listeners interleaved within each repetition,
+     several repetitions,
   5. prints tables and writes bench/results/<mode>.json and the generated section of
      docs/benchmarks.md.
 
@@ -176,6 +178,11 @@ def wasm_filter(f: OurFilter) -> dict:
         }}}
 
 
+# A second build of the model/rule filter (bench/bench.py --compare-wasm PATH) runs as listener L3b
+# next to L3 in the same Envoy, so a change can be judged side by side under the same noise.
+COMPARE_WASM: Path | None = None
+
+
 def listeners(with_wasm: bool = True) -> list[Listener]:
     ls = [
         Listener("L1", "native buffer", "native", [buffer_filter()]),
@@ -189,6 +196,12 @@ def listeners(with_wasm: bool = True) -> list[Listener]:
                            [wasm_filter(f) for f in FULL_CHAIN],
                            list(FULL_CHAIN) + list(FULL_CHAIN_UPSTREAM),
                            upstream=list(FULL_CHAIN_UPSTREAM)))
+        if COMPARE_WASM:
+            alt = OurFilter(name="llmkube.model-router-b", crate=MODEL_ROUTER.crate,
+                            wasm=str(COMPARE_WASM), root_id=MODEL_ROUTER.root_id,
+                            vm_id="llmkube-b", config=MODEL_ROUTER_CONFIG)
+            ls.append(Listener("L3b", f"model/rule filter ({COMPARE_WASM.name})", "ours",
+                               [wasm_filter(alt)], [alt]))
     return ls
 
 
@@ -572,7 +585,18 @@ def main():
     ap.add_argument("--reps", type=int, help="repetitions (default 3; quick 1)")
     ap.add_argument("--duration", type=int, help="seconds per measured run (default 4; quick 2)")
     ap.add_argument("--warmup", type=int, default=1, help="seconds of warm-up before each run")
-    ap.add_argument("--conns", type=int, default=4, help="wrk connections (default 4)")
+    ap.add_argument("--conns", default="1,4",
+                    help="wrk connection counts, comma-separated (default 1,4). Every cell is "
+                         "measured once per count, back to back. The first count is the headline "
+                         "for latency and µs/KiB: with 1 connection there is no queueing, so the "
+                         "added p50 is the added service time per request. The last is the "
+                         "loaded run (throughput, latency under queueing).")
+    ap.add_argument("--sizes", help="body sizes in KiB, comma-separated (default 1,16,256,2048)")
+    ap.add_argument("--compare-wasm", type=Path,
+                    help="another build of llmkube_model_router.wasm, run as listener L3b next "
+                         "to L3 (side-by-side A/B in one Envoy)")
+    ap.add_argument("--no-memory", action="store_true",
+                    help="skip the RSS probe (four extra Envoys); for quick A/B runs")
     ap.add_argument("--threads", type=int, default=1, help="wrk threads (default 1)")
     ap.add_argument("--envoy", default=str(ROOT / ".venv" / "bin" / "envoy"))
     ap.add_argument("--wrk", default=shutil.which("wrk") or "wrk")
@@ -590,9 +614,21 @@ def main():
     if a.list_crates:
         print("\n".join(sorted({f.crate for f in FULL_CHAIN + FULL_CHAIN_UPSTREAM} | {MODEL_ROUTER.crate})))
         return
+    global SIZES, COMPARE_WASM
     mode = "quick" if a.quick else "full"
     reps = a.reps or (1 if a.quick else 3)
-    dur = a.duration or (2 if a.quick else 4)
+    dur = a.duration or (2 if a.quick else 3)
+    conns = [int(c) for c in str(a.conns).split(",") if c.strip()]
+    if a.sizes:
+        SIZES = [int(k) * KIB for k in a.sizes.split(",")]
+    if a.compare_wasm:
+        COMPARE_WASM = a.compare_wasm.resolve()
+        if not COMPARE_WASM.exists():
+            raise SystemExit(f"--compare-wasm: {COMPARE_WASM} does not exist")
+    partial = bool(a.sizes or a.compare_wasm or a.no_memory)
+    if partial and not a.no_doc:
+        print("== partial run (--sizes/--compare-wasm/--no-memory): not rewriting the doc")
+        a.no_doc = True
 
     OUT.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -603,14 +639,15 @@ def main():
                    .splitlines() or [""])[0]
     commit = sh("git", "rev-parse", "--short", "HEAD")
     dirty = bool(sh("git", "status", "--porcelain", "--", "filters", "Cargo.toml", "Cargo.lock"))
-    wasm_sizes = {f.wasm: (WASM_DIR / f.wasm).stat().st_size for f in FULL_CHAIN}
+    wasm_sizes = {Path(f.wasm).name: (WASM_DIR / f.wasm).stat().st_size
+                  for f in FULL_CHAIN + FULL_CHAIN_UPSTREAM}
 
     bodies = write_bodies(OUT / "bodies")
     up = Upstream()
     env = None
     try:
         print(f"== memory probe (RSS with / without wasm, 1 and 2 workers)", flush=True)
-        mem = memory_probe(a.envoy, up.port, bodies, OUT)
+        mem = None if a.no_memory else memory_probe(a.envoy, up.port, bodies, OUT)
 
         ls = listeners(True)
         for l in ls:
@@ -625,39 +662,43 @@ def main():
               f"our filter stamped x-llmkube-backend={EXPECTED_BACKEND}", flush=True)
 
         runs = []
-        n_runs = reps * len(SIZES) * (len(VARIANTS) * len(ls) + 1)
-        eta = n_runs * (dur + a.warmup)
-        print(f"== {mode}: {reps} reps x {len(SIZES)} sizes x ({len(VARIANTS)} variants x "
-              f"{len(ls)} listeners + direct) = {n_runs} runs, {a.conns} conns, "
-              f"{a.warmup}+{dur} s each, ~{eta // 60}m{eta % 60:02d}s", flush=True)
+        n_cells = reps * len(SIZES) * len(VARIANTS) * len(ls)
+        eta = n_cells * (a.warmup + dur * len(conns)) + reps * len(SIZES) * len(conns) * max(1, dur // 2)
+        print(f"== {mode}: {reps} reps x {len(SIZES)} sizes x {len(VARIANTS)} variants x "
+              f"{len(ls)} listeners = {n_cells} cells, each {a.warmup} s warm-up + {dur} s at "
+              f"each of {conns} connections; ~{eta // 60}m{eta % 60:02d}s", flush=True)
         k = 0
         for rep in range(reps):
             for si, size in enumerate(SIZES):
                 # Upstream alone (no Envoy): shows it is not the bottleneck.
-                r = wrk(a.wrk, up.port, bodies[(size, "first")], max(1, dur // 2), a.conns,
-                        a.threads, pids)
-                runs.append({"rep": rep, "size": size, "variant": "first", "listener": "direct", **r})
+                for c in conns:
+                    r = wrk(a.wrk, up.port, bodies[(size, "first")], max(1, dur // 2), c,
+                            a.threads, pids)
+                    runs.append({"rep": rep, "size": size, "variant": "first",
+                                 "listener": "direct", "conns": c, **r})
                 for v in VARIANTS:
                     # Rotate the listener order so no listener always runs first/last.
                     shift = (rep + si + VARIANTS.index(v)) % len(ls)
                     for l in ls[shift:] + ls[:shift]:
                         k += 1
                         body = bodies[(size, v)]
-                        wrk(a.wrk, l.port, body, a.warmup, a.conns, a.threads, pids)
-                        r = wrk(a.wrk, l.port, body, dur, a.conns, a.threads, pids)
-                        runs.append({"rep": rep, "size": size, "variant": v,
-                                     "listener": l.key, **r})
-                        lat = r["latency"]
-                        errs = sum(r["errors"].values())
-                        print(f"  [{k:3d}/{n_runs - reps * len(SIZES)}] rep {rep} "
-                              f"{size // KIB:5d} KiB model-{v:5s} {l.key}: p50 {lat['p50']:7d} µs "
-                              f"p99 {lat['p99']:7d} µs {r['rps']:8.0f} req/s  cpu envoy "
-                              f"{r['cpu_pct']['envoy']:5.1f}% up {r['cpu_pct']['upstream']:5.1f}% "
-                              f"wrk {r['cpu_pct']['wrk']:5.1f}%" + (f"  ERRORS {r['errors']}"
-                                                                     if errs else ""), flush=True)
-                        if r["errors"]["status"]:
-                            raise SystemExit(f"FAIL: {l.key} answered non-2xx under load: "
-                                             f"{r['errors']}")
+                        wrk(a.wrk, l.port, body, a.warmup, conns[-1], a.threads, pids)
+                        for c in conns:
+                            r = wrk(a.wrk, l.port, body, dur, c, a.threads, pids)
+                            runs.append({"rep": rep, "size": size, "variant": v,
+                                         "listener": l.key, "conns": c, **r})
+                            lat = r["latency"]
+                            errs = sum(r["errors"].values())
+                            print(f"  [{k:3d}/{n_cells}] rep {rep} c{c} "
+                                  f"{size // KIB:5d} KiB model-{v:5s} {l.key}: p50 "
+                                  f"{lat['p50']:7d} µs p99 {lat['p99']:7d} µs {r['rps']:8.0f} "
+                                  f"req/s  cpu envoy {r['cpu_pct']['envoy']:5.1f}% up "
+                                  f"{r['cpu_pct']['upstream']:5.1f}% wrk "
+                                  f"{r['cpu_pct']['wrk']:5.1f}%"
+                                  + (f"  ERRORS {r['errors']}" if errs else ""), flush=True)
+                            if r["errors"]["status"]:
+                                raise SystemExit(f"FAIL: {l.key} answered non-2xx under load: "
+                                                 f"{r['errors']}")
         rss_end = proc_rss_kib(env.pid)
         wasm_stats = env.stats("wasm")
         memory = env.memory()
@@ -668,23 +709,26 @@ def main():
 
     finished = dt.datetime.now(dt.timezone.utc)
     mach["loadavg_end"] = os.getloadavg()
-    summary = summarize(runs, ls, reps)
+    summary = {"by_conns": {str(c): summarize([r for r in runs if r["conns"] == c], ls, reps)
+                            for c in conns}}
     result = {
         "mode": mode, "started": started.isoformat(timespec="seconds"),
         "finished": finished.isoformat(timespec="seconds"),
         "machine": mach, "envoy_version": envoy_version, "wrk": wrk_version,
         "commit": commit, "filters_dirty": dirty,
-        "params": {"reps": reps, "duration_s": dur, "warmup_s": a.warmup, "conns": a.conns,
+        "params": {"reps": reps, "duration_s": dur, "warmup_s": a.warmup, "conns": conns,
                    "wrk_threads": a.threads, "envoy_concurrency": 1, "sizes": SIZES,
                    "variants": VARIANTS, "model": MODEL, "max_body_bytes": MAX_BODY_BYTES,
                    "buffer_limit_bytes": BUFFER_LIMIT, "full_chain": [f.name for f in FULL_CHAIN]},
         "listeners": {l.key: l.title for l in ls},
         "wasm_sizes": wasm_sizes,
         "memory": {"bench_envoy_rss_start_kib": rss_start, "bench_envoy_rss_end_kib": rss_end,
-                   "bench_envoy_admin_memory": memory, "bench_envoy_wasm_stats": wasm_stats, **mem},
+                   "bench_envoy_admin_memory": memory, "bench_envoy_wasm_stats": wasm_stats,
+                   **(mem or {})},
         "summary": summary, "runs": runs,
     }
-    (RESULTS / f"{mode}.json").write_text(json.dumps(result, indent=1) + "\n")
+    out_name = mode if not partial else f"{mode}-partial"
+    (RESULTS / f"{out_name}.json").write_text(json.dumps(result, indent=1) + "\n")
     md = render(result)
     print()
     print(md)
@@ -755,27 +799,40 @@ def size_label(s: int) -> str:
     return f"{s // MIB} MiB" if s >= MIB else f"{s // KIB} KiB"
 
 
-def render(res: dict) -> str:
-    p, m, s = res["params"], res["machine"], res["summary"]
-    L = []
-    L.append(f"Run **{res['mode']}** · {res['started']} → {res['finished']} (UTC) · commit "
-             f"`{res['commit']}`{' (filters/ had uncommitted changes)' if res['filters_dirty'] else ''}")
-    L.append("")
-    L.append(f"- machine: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB, Linux {m['kernel']}; "
-             f"load average at start {m['loadavg_start'][0]:.2f}, at end {m['loadavg_end'][0]:.2f}")
-    L.append(f"- Envoy `{res['envoy_version']}`, --concurrency 1; load: `{res['wrk']}`, "
-             f"{p['conns']} connections, {p['wrk_threads']} thread, {p['warmup_s']} s warm-up + "
-             f"{p['duration_s']} s per run, {p['reps']} repetition(s), listeners interleaved")
-    L.append(f"- bodies: chat-completions JSON, model `{p['model']}` first or last; plugin "
-             f"max_body_bytes {p['max_body_bytes'] // MIB} MiB, buffer limits "
-             f"{p['buffer_limit_bytes'] // MIB} MiB; full chain = {', '.join(p['full_chain'])}")
-    L.append("- values are medians over repetitions; \"+p50\" is paired per repetition against L1 "
-             "(native buffer only) then the median taken; \"÷ L2\" is our added p50 over "
-             "json_to_metadata's added p50; p50 range = min–max over repetitions")
-    L.append("")
-    L.append("| size | model | listener | p50 µs | p50 range | p99 µs | req/s | +p50 vs L1 µs "
-             "| ÷ L2 added | CPU envoy / upstream / wrk % |")
-    L.append("|---|---|---|--:|--:|--:|--:|--:|--:|--:|")
+def by_conns(res: dict) -> list[tuple[int, dict]]:
+    """(connections, summary) pairs, headline first; older results had one count only."""
+    s, c = res["summary"], res["params"]["conns"]
+    if "by_conns" not in s:
+        return [(c, s)]
+    return [(int(k), v) for k, v in s["by_conns"].items()]
+
+
+def pooled_table(res: dict, s: dict) -> list[str]:
+    p = res["params"]
+    L = ["| listener | " + " | ".join(size_label(x) for x in p["sizes"])
+         + " | µs per KiB (first / last / both) | ÷ L2 added at "
+         + " / ".join(size_label(x) for x in p["sizes"]) + " |",
+         "|---|" + "--:|" * len(p["sizes"]) + "--:|--:|"]
+    for lk, info in s["per_listener"].items():
+        vals, ratios = [], []
+        for size in p["sizes"]:
+            cs = [c for c in s["cells"] if c["listener"] == lk and c["size"] == size]
+            nat = [c for c in s["cells"] if c["listener"] == "L2" and c["size"] == size]
+            a = med([c["added_p50_us"] for c in cs])
+            na = med([c["added_p50_us"] for c in nat])
+            vals.append(fmt_us(a))
+            ratios.append("–" if lk == "L2" or na <= 0 else f"{a / na:.2f}×")
+        sl = info["us_per_kib"]
+        L.append(f"| {lk} {res['listeners'][lk]} | " + " | ".join(vals) + f" | "
+                 f"{sl['first']:.3f} / {sl['last']:.3f} / {sl['both']:.3f} | "
+                 + " / ".join(ratios) + " |")
+    return L
+
+
+def cell_table(res: dict, s: dict) -> list[str]:
+    L = ["| size | model | listener | p50 µs | p50 range | p99 µs | req/s | +p50 vs L1 µs "
+         "| ÷ L2 added | CPU envoy / upstream / wrk % |",
+         "|---|---|---|--:|--:|--:|--:|--:|--:|--:|"]
     for c in s["cells"]:
         if c["listener"] == "direct":
             L.append(f"| {size_label(c['size'])} | – | upstream direct (no Envoy) | "
@@ -791,32 +848,52 @@ def render(res: dict) -> str:
                  f"{fmt_us(c['p50_us'])} | {fmt_us(c['p50_min_us'])}–{fmt_us(c['p50_max_us'])} | "
                  f"{fmt_us(c['p99_us'])} | {c['rps']:,.0f} | {added} | {ratio} | "
                  f"{c['cpu_envoy_pct']:.0f} / {c['cpu_upstream_pct']:.0f} / {c['cpu_wrk_pct']:.0f} |")
+    return L
+
+
+def render(res: dict) -> str:
+    p, m = res["params"], res["machine"]
+    groups = by_conns(res)
+    conns = [c for c, _ in groups]
+    L = []
+    L.append(f"Run **{res['mode']}** · {res['started']} → {res['finished']} (UTC) · commit "
+             f"`{res['commit']}`{' (filters/ had uncommitted changes)' if res['filters_dirty'] else ''}")
     L.append("")
-    L.append("Added p50 over L1 (µs), both model positions pooled by median, and the slope:")
-    L.append("")
-    L.append("| listener | " + " | ".join(size_label(x) for x in p["sizes"])
-             + " | µs per KiB (first / last / both) | ÷ L2 added at " +
-             " / ".join(size_label(x) for x in p["sizes"]) + " |")
-    L.append("|---|" + "--:|" * len(p["sizes"]) + "--:|--:|")
-    for lk, info in s["per_listener"].items():
-        vals, ratios = [], []
-        for size in p["sizes"]:
-            cs = [c for c in s["cells"] if c["listener"] == lk and c["size"] == size]
-            nat = [c for c in s["cells"] if c["listener"] == "L2" and c["size"] == size]
-            a = med([c["added_p50_us"] for c in cs])
-            na = med([c["added_p50_us"] for c in nat])
-            vals.append(fmt_us(a))
-            ratios.append("–" if lk == "L2" or na <= 0 else f"{a / na:.2f}×")
-        sl = info["us_per_kib"]
-        L.append(f"| {lk} {res['listeners'][lk]} | " + " | ".join(vals) + f" | "
-                 f"{sl['first']:.3f} / {sl['last']:.3f} / {sl['both']:.3f} | "
-                 + " / ".join(ratios) + " |")
+    L.append(f"- machine: {m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB, Linux {m['kernel']}; "
+             f"load average at start {m['loadavg_start'][0]:.2f}, at end {m['loadavg_end'][0]:.2f}")
+    L.append(f"- Envoy `{res['envoy_version']}`, --concurrency 1; load: `{res['wrk']}`, "
+             f"{' and '.join(str(c) for c in conns)} connection(s) back to back per cell, "
+             f"{p['wrk_threads']} thread, {p['warmup_s']} s warm-up + "
+             f"{p['duration_s']} s per measured run, {p['reps']} repetition(s), listeners interleaved")
+    L.append(f"- bodies: chat-completions JSON, model `{p['model']}` first or last; plugin "
+             f"max_body_bytes {p['max_body_bytes'] // MIB} MiB, buffer limits "
+             f"{p['buffer_limit_bytes'] // MIB} MiB; full chain = {', '.join(p['full_chain'])}")
+    L.append("- values are medians over repetitions; \"+p50\" is paired per repetition against L1 "
+             "(native buffer only) then the median taken; \"÷ L2\" is our added p50 over "
+             "json_to_metadata's added p50; p50 range = min–max over repetitions")
+    for n, (c, s) in enumerate(groups):
+        L.append("")
+        what = ("no queueing: added p50 = added service time per request (headline)"
+                if c == 1 else "closed loop on one worker: p50 includes queueing, ≈ "
+                f"{c}× the service time; req/s is the throughput figure")
+        L.append(f"**{c} connection{'s' if c > 1 else ''}** ({what}). Added p50 over L1 (µs), "
+                 "both model positions pooled by median, and the slope:")
+        L.append("")
+        L += pooled_table(res, s)
+    for c, s in groups:
+        L.append("")
+        L.append(f"Every cell, {c} connection{'s' if c > 1 else ''}:")
+        L.append("")
+        L += cell_table(res, s)
     L.append("")
     mem = res["memory"]
     L.append("Module size and memory:")
     L.append("")
     for w, n in res["wasm_sizes"].items():
         L.append(f"- `{w}`: {n:,} bytes ({n / KIB:.0f} KiB)")
+    if "wasm_delta" not in mem:
+        L.append("- RSS probe skipped (--no-memory)")
+        return "\n".join(L)
     d, pr = mem["wasm_delta"], mem["probes"]
 
     def vms(tag):

@@ -3,12 +3,6 @@
 
 use crate::scan::Span;
 
-/// The span of the string `value` once `replace_with_string` put it at `start`.
-pub fn replaced_span(start: usize, value: &str) -> Span {
-    let quoted = serde_json::to_string(value).map_or(2, |q| q.len());
-    (start, start + quoted)
-}
-
 /// `body` with the JSON value at `span` replaced by the string `value` (JSON-escaped).
 pub fn replace_with_string(body: &[u8], span: Span, value: &str) -> Vec<u8> {
     let quoted = serde_json::to_string(value).unwrap_or_else(|_| String::from("\"\""));
@@ -34,9 +28,8 @@ pub fn parse_span(value: &[u8]) -> Option<Span> {
 
 /// Rewrites `model` using only the body bytes up to the end of its span (`head`), so a large
 /// body is neither scanned again nor copied whole: the result replaces `head` (Envoy's
-/// drain-and-prepend). `None` unless `head[span]` is exactly the JSON string `expected` (the
-/// model the downstream filter routed on) or `value` itself (a second per-attempt filter behind
-/// the first, e.g. behind an attempt listener: then the rewrite is a no-op).
+/// drain-and-prepend). `None` unless `head[span]` is exactly the JSON string `expected`, i.e. the
+/// span still points at the model the downstream filter routed on.
 pub fn rewrite_head(head: &[u8], span: Span, expected: &str, value: &str) -> Option<Vec<u8>> {
     if span.1 != head.len() {
         return None;
@@ -46,7 +39,7 @@ pub fn rewrite_head(head: &[u8], span: Span, expected: &str, value: &str) -> Opt
         return None;
     }
     let current: String = serde_json::from_slice(token).ok()?;
-    if current != expected && current != value {
+    if current != expected {
         return None;
     }
     Some(replace_with_string(head, span, value))
@@ -70,12 +63,6 @@ mod tests {
         assert_eq!(via_head, replace_with_string(body, span, "gpt-5"));
         // Anything that does not point at that model is refused.
         assert_eq!(rewrite_head(&body[..span.1], span, "other", "gpt-5"), None);
-        // Already rewritten (a second per-attempt filter): accepted, unchanged.
-        let again = rewrite_head(&body[..span.1], span, "other", "qwen/local").unwrap();
-        assert_eq!(
-            serde_json::from_slice::<String>(&again[span.0..]).unwrap(),
-            "qwen/local"
-        );
         assert_eq!(
             rewrite_head(&body[..span.1 - 1], span, "qwen/local", "g"),
             None

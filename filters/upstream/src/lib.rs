@@ -16,7 +16,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use router_core::config::{Tier, ATTEMPT_BACKEND_HEADER, MODEL_SPAN_HEADER, SENSITIVE_HEADER};
 use router_core::errors::ApiError;
-use router_core::rewrite::{format_span, parse_span, replaced_span, rewrite_head};
+use router_core::rewrite::{parse_span, rewrite_head};
 use router_core::router::Router;
 use router_core::scan::Scanner;
 use router_core::scan::Span;
@@ -236,16 +236,7 @@ impl HttpContext for Attempt {
         };
         if let Some((span, routed_model)) = self.located.take() {
             match self.rewrite_head(body_size, span, &routed_model, &model) {
-                Some(Ok(new_len)) => {
-                    // A per-attempt filter further on (behind an attempt listener) finds the
-                    // rewritten value where the header says.
-                    let moved = format_span(replaced_span(span.0, &model));
-                    if let Err(e) = edge::set_header(Map::RequestHeaders, MODEL_SPAN_HEADER, &moved)
-                    {
-                        return self.internal(&format!("setting {MODEL_SPAN_HEADER}: {e}"));
-                    }
-                    return self.rewritten(&shared, new_len);
-                }
+                Some(Ok(new_len)) => return self.rewritten(&shared, new_len),
                 Some(Err(e)) => return self.internal(&e),
                 // The span does not point at the routed model any more: scan.
                 None => {}

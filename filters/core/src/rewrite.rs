@@ -13,17 +13,22 @@ pub fn replace_with_string(body: &[u8], span: Span, value: &str) -> Vec<u8> {
     out
 }
 
-/// The model span as the downstream filter hands it to the per-attempt filter
-/// (`MODEL_SPAN_HEADER`): `<start>-<end>`, byte offsets of the JSON string token.
-pub fn format_span(span: Span) -> String {
-    format!("{}-{}", span.0, span.1)
+/// The model span and the body length as the downstream filter hands them to the per-attempt
+/// filter (`MODEL_SPAN_HEADER`): `<start>-<end>/<body length>`, byte offsets of the JSON string
+/// token. The length lets an attempt that does not rewrite restore `content-length` after an
+/// earlier attempt's rewrite changed it (Envoy keeps header edits across retries but re-sends the
+/// original body).
+pub fn format_span(span: Span, body_len: usize) -> String {
+    format!("{}-{}/{}", span.0, span.1, body_len)
 }
 
-pub fn parse_span(value: &[u8]) -> Option<Span> {
+pub fn parse_span(value: &[u8]) -> Option<(Span, usize)> {
     let s = std::str::from_utf8(value).ok()?;
-    let (a, b) = s.split_once('-')?;
+    let (span, len) = s.split_once('/')?;
+    let (a, b) = span.split_once('-')?;
     let span = (a.parse().ok()?, b.parse().ok()?);
-    (span.0 + 2 <= span.1).then_some(span)
+    let len: usize = len.parse().ok()?;
+    (span.0 + 2 <= span.1 && span.1 <= len).then_some((span, len))
 }
 
 /// Rewrites `model` using only the body bytes up to the end of its span (`head`), so a large
@@ -56,7 +61,10 @@ mod tests {
             br#"{"messages":[{"role":"user","content":"x"}],"model":"qwen\/local","stream":true}"#;
         let f = Scanner::new().scan(body).unwrap();
         let span = f.spans.model.unwrap();
-        assert_eq!(parse_span(format_span(span).as_bytes()), Some(span));
+        assert_eq!(
+            parse_span(format_span(span, body.len()).as_bytes()),
+            Some((span, body.len()))
+        );
         let head = rewrite_head(&body[..span.1], span, "qwen/local", "gpt-5").unwrap();
         let mut via_head = head.clone();
         via_head.extend_from_slice(&body[span.1..]);
@@ -75,11 +83,14 @@ mod tests {
         for bad in [
             &b""[..],
             b"12",
-            b"5-6",
-            b"-3",
-            b"a-b",
-            b"9-4",
-            b"1-99999999999999999999999",
+            b"5-6/9",
+            b"-3/9",
+            b"a-b/9",
+            b"9-4/9",
+            b"1-9",
+            b"1-9/8",
+            b"1-9/x",
+            b"1-99999999999999999999999/9",
         ] {
             assert_eq!(parse_span(bad), None, "{:?}", bad);
         }

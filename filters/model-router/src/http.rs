@@ -280,7 +280,7 @@ impl Request {
                 .iter()
                 .any(|&b| router.backend(b).external_model.is_some())
         }) {
-            span_value = format_span(span);
+            span_value = format_span(span, body.len());
             stamp.push((MODEL_SPAN_HEADER, span_value.as_str()));
         }
         for (name, value) in stamp {

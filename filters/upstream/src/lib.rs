@@ -109,7 +109,7 @@ struct Attempt {
     /// The provider model name, while this attempt's body is buffered for the rewrite.
     rewrite_to: Option<String>,
     /// Where the downstream filter found `model`, and the model it routed on.
-    located: Option<(Span, String)>,
+    located: Option<(Span, usize, String)>,
     /// A local response ended the request.
     done: bool,
 }
@@ -162,10 +162,20 @@ impl HttpContext for Attempt {
         let sensitive = value(SENSITIVE_HEADER) == Some(b"true".as_slice());
         let located = value(MODEL_SPAN_HEADER)
             .and_then(parse_span)
-            .and_then(|span| {
+            .and_then(|(span, len)| {
                 let model = std::str::from_utf8(value(&shared.router.config.model_header)?).ok()?;
-                Some((span, model.to_string()))
+                Some((span, len, model.to_string()))
             });
+        if let Some((_, len, _)) = &located {
+            // An earlier attempt's rewrite left its length behind; this attempt carries the
+            // original body again until (and unless) it rewrites it.
+            let len = len.to_string();
+            if value("content-length").is_some_and(|v| v != len.as_bytes()) {
+                if let Err(e) = edge::set_header(Map::RequestHeaders, "content-length", &len) {
+                    return self.internal(&format!("restoring content-length: {e}"));
+                }
+            }
+        }
         let backend = match edge::property(BACKEND_PROPERTY) {
             Ok(Some(name)) => String::from_utf8(name)
                 .ok()
@@ -234,7 +244,7 @@ impl HttpContext for Attempt {
         let Some(shared) = self.shared.clone() else {
             return self.internal("filter is not configured");
         };
-        if let Some((span, routed_model)) = self.located.take() {
+        if let Some((span, _, routed_model)) = self.located.take().filter(|l| l.1 == body_size) {
             match self.rewrite_head(body_size, span, &routed_model, &model) {
                 Some(Ok(new_len)) => return self.rewritten(&shared, new_len),
                 Some(Err(e)) => return self.internal(&e),

@@ -726,21 +726,29 @@ fn upstream_rewrites_model_and_fixes_length_for_external_backends() {
 #[test]
 fn upstream_rewrites_from_the_downstream_span_without_rescanning() {
     let body = r#"{"model":"qwen3-8b","messages":[{"role":"user","content":"x"}]}"#;
+    let span = |s: &str, len: usize| format!("{s}/{len}");
     let mut r = router();
     let o = post(&mut r, &[("x-team", "research")], body);
-    assert_eq!(o.header("x-llmkube-model-span"), Some("9-19"));
+    assert_eq!(
+        o.header("x-llmkube-model-span"),
+        Some(span("9-19", body.len()).as_str())
+    );
     // Only orders with an external backend carry it; clients cannot send it.
-    let o = post(&mut r, &[("x-llmkube-model-span", "1-5")], body);
+    let o = post(&mut r, &[("x-llmkube-model-span", "1-5/9")], body);
     assert_eq!(o.header("x-llmkube-route"), Some("qwen/qwen-small"));
     assert_eq!(o.header("x-llmkube-model-span"), None);
 
     let tail_never_parsed = format!("{}<not json", &body[..body.len() - 1]);
     let mut h = upstream(Some("gpt"));
-    let located = [
-        ("x-llmkube-model-span", "9-19"),
-        ("x-ai-eg-model", "qwen3-8b"),
-    ];
-    let o = attempt(&mut h, &located, &tail_never_parsed);
+    let located = span("9-19", tail_never_parsed.len());
+    let o = attempt(
+        &mut h,
+        &[
+            ("x-llmkube-model-span", &located),
+            ("x-ai-eg-model", "qwen3-8b"),
+        ],
+        &tail_never_parsed,
+    );
     let expected = tail_never_parsed.replace("qwen3-8b", "gpt-5");
     assert_eq!(o.body_str(), expected);
     assert_eq!(
@@ -758,22 +766,54 @@ fn upstream_rewrites_from_the_downstream_span_without_rescanning() {
     assert_eq!(error_of(&o).0, 500);
 
     // Stale spans fall back to scanning a valid body: wrong place, wrong model, out of range.
+    let n = body.len();
     for stale in [
-        [
-            ("x-llmkube-model-span", "30-36"),
-            ("x-ai-eg-model", "qwen3-8b"),
-        ],
-        [("x-llmkube-model-span", "9-19"), ("x-ai-eg-model", "other")],
-        [
-            ("x-llmkube-model-span", "9-999"),
-            ("x-ai-eg-model", "qwen3-8b"),
-        ],
+        (span("30-36", n), "qwen3-8b"),
+        (span("9-19", n), "other"),
+        (span("9-19", n + 1), "qwen3-8b"),
     ] {
         let mut h = upstream(Some("gpt"));
-        let o = attempt(&mut h, &stale, body);
+        let o = attempt(
+            &mut h,
+            &[
+                ("x-llmkube-model-span", &stale.0),
+                ("x-ai-eg-model", stale.1),
+            ],
+            body,
+        );
         assert_eq!(o.body_str(), body.replace("qwen3-8b", "gpt-5"), "{stale:?}");
         assert_eq!(rescans(&h), Some(1), "{stale:?}");
     }
+}
+
+/// Envoy keeps header edits across retries but sends the original body again: after an external
+/// attempt rewrote `model` (and `content-length`), a fallback to a local backend must get the
+/// original length back, or it would read a truncated or overlong body.
+#[test]
+fn upstream_restores_content_length_after_an_earlier_rewrite() {
+    let body = r#"{"model":"qwen3-8b","messages":[]}"#;
+    let located = format!("9-19/{}", body.len());
+    let mut h = upstream(Some("llama-big"));
+    let id = h.new_http_stream().unwrap();
+    h.request_headers(
+        id,
+        &[
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-length", "31"),
+            ("x-llmkube-model-span", &located),
+            ("x-ai-eg-model", "qwen3-8b"),
+        ],
+        false,
+    )
+    .unwrap();
+    h.request_body(id, body.as_bytes(), true).unwrap();
+    let o = h.request_outcome(id).unwrap();
+    assert_eq!(o.body_str(), body);
+    assert_eq!(
+        o.header("content-length"),
+        Some(body.len().to_string().as_str())
+    );
 }
 
 #[test]

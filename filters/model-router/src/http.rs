@@ -518,7 +518,7 @@ impl HttpContext for Request {
         self.settle(Outcome::Cancelled);
         // The audit line goes to the gateway's log at info; if the operator set the wasm log
         // above that, Envoy would drop it, so don't spend the serialisation.
-        if !edge::log_enabled(Level::Info) {
+        if !self.shared.as_ref().is_some_and(|s| s.audit_logged.get()) {
             return;
         }
         let now = edge::now_nanos();

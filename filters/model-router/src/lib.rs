@@ -15,7 +15,7 @@ use router_core::audit::Cidr;
 use router_core::orders::Rng;
 use router_core::router::Router;
 use router_core::scan::Scanner;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 proxy_wasm::main! {{
@@ -37,6 +37,9 @@ pub(crate) struct Shared {
     pub trusted_proxies: Vec<Cidr>,
     /// Backends this filter keeps out of attempt orders (stream-idle quarantine).
     pub health: health::Health,
+    /// Whether the host keeps info-level logs (the audit line): asked at configure time and on
+    /// every tick, not per request.
+    pub audit_logged: Cell<bool>,
 }
 
 #[derive(Default)]
@@ -83,6 +86,7 @@ impl RootContext for Root {
                 self.shared = Some(Rc::new(Shared {
                     metrics,
                     health,
+                    audit_logged: Cell::new(edge::log_enabled(Level::Info)),
                     trusted_proxies,
                     router,
                     stamped,
@@ -104,6 +108,7 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         if let Some(shared) = &self.shared {
             shared.health.refresh();
+            shared.audit_logged.set(edge::log_enabled(Level::Info));
         }
     }
 

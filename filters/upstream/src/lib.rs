@@ -144,15 +144,18 @@ impl HttpContext for Attempt {
         let Some(shared) = self.shared.clone() else {
             return self.internal("filter is not configured");
         };
-        for name in CREDENTIAL_HEADERS {
-            if let Err(e) = edge::remove_header(Map::RequestHeaders, name) {
-                return self.internal(&format!("removing {name}: {e}"));
-            }
-        }
         let pairs = match edge::header_pairs(Map::RequestHeaders) {
             Ok(pairs) => pairs,
             Err(e) => return self.internal(&format!("reading request headers: {e}")),
         };
+        // Envoy hands header names over lower-cased; only names present cost a hostcall.
+        for name in CREDENTIAL_HEADERS {
+            if pairs.iter().any(|(k, _)| k.as_slice() == name.as_bytes()) {
+                if let Err(e) = edge::remove_header(Map::RequestHeaders, name) {
+                    return self.internal(&format!("removing {name}: {e}"));
+                }
+            }
+        }
         let value = |name: &str| {
             pairs
                 .iter()

@@ -9,12 +9,16 @@
 //!   previous attempt got must not reach this one) and marks the attempt's backend for the
 //!   per-backend credential injectors that follow it in the chain;
 //! - for an external backend it rewrites the body's `model` to the provider's model name and fixes
-//!   `content-length` (Envoy does not), and sets provider headers.
+//!   `content-length` (Envoy does not), sets provider headers, and removes the router's internal
+//!   rule/backend/route headers.
 
 use filter_edge::{self as edge, Buffer, Level, Map, MetricKind};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use router_core::config::{Tier, ATTEMPT_BACKEND_HEADER, MODEL_SPAN_HEADER, SENSITIVE_HEADER};
+use router_core::config::{
+    Tier, ATTEMPT_BACKEND_HEADER, BACKEND_HEADER, MODEL_SPAN_HEADER, ROUTE_HEADER, RULE_HEADER,
+    SENSITIVE_HEADER,
+};
 use router_core::errors::ApiError;
 use router_core::rewrite::{parse_span, rewrite_head};
 use router_core::router::Router;
@@ -33,6 +37,9 @@ const BACKEND_PROPERTY: &[&str] = &[
 /// Headers a provider credential may travel in; cleared on every attempt.
 const CREDENTIAL_HEADERS: &[&str] = &["authorization", "x-api-key", "anthropic-version"];
 const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// Decision headers that name the router's rules, backends and attempt orders; removed from
+/// attempts to external providers.
+const INTERNAL_ROUTING_HEADERS: &[&str] = &[RULE_HEADER, BACKEND_HEADER, ROUTE_HEADER];
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -218,6 +225,15 @@ impl HttpContext for Attempt {
         let Some(model) = b.external_model.clone() else {
             return Action::Continue;
         };
+        // Rule, backend and route names are the router's internals: a provider gets none of them.
+        // (Envoy keeps header edits across retries: nothing a later attempt needs is removed.)
+        for name in INTERNAL_ROUTING_HEADERS {
+            if value(name).is_some() {
+                if let Err(e) = edge::remove_header(Map::RequestHeaders, name) {
+                    return self.internal(&format!("removing {name}: {e}"));
+                }
+            }
+        }
         if b.provider.as_deref() == Some("anthropic") {
             if let Err(e) =
                 edge::set_header(Map::RequestHeaders, "anthropic-version", ANTHROPIC_VERSION)

@@ -711,8 +711,22 @@ fn upstream_rewrites_model_and_fixes_length_for_external_backends() {
     assert_eq!(o.header("authorization"), None);
     assert_eq!(o.header("x-api-key"), None);
 
-    // A local backend: untouched body, credentials still cleared.
+    // The router's internal routing headers never reach a provider.
+    let routing = [
+        ("x-llmkube-rule", "research"),
+        ("x-llmkube-backend", "gpt"),
+        ("x-llmkube-route", "research/gpt,llama-big"),
+    ];
+    let mut h = upstream(Some("claude"));
+    let o = attempt(&mut h, &routing, body);
+    for (name, _) in routing {
+        assert_eq!(o.header(name), None, "{name} reached the provider");
+    }
+
+    // A local backend: untouched body and headers, credentials still cleared.
     let mut h = upstream(Some("qwen-small"));
+    let o = attempt(&mut h, &routing, body);
+    assert_eq!(o.header("x-llmkube-route"), Some("research/gpt,llama-big"));
     let o = attempt(&mut h, &[("authorization", "Bearer leftover")], body);
     assert_eq!(o.body_str(), body);
     assert_eq!(o.header("authorization"), None);

@@ -394,6 +394,23 @@ pub fn respond(
     check("proxy_send_local_response", rc)
 }
 
+/// Removes each of `names` that `pairs` (the map as last read) holds, compared ignoring ASCII
+/// case, and drops it from `pairs` too: a header that is not there costs no hostcall.
+pub fn remove_present<'a>(
+    map: Map,
+    pairs: &mut Vec<(Vec<u8>, Vec<u8>)>,
+    names: impl IntoIterator<Item = &'a str>,
+) -> HostResult<()> {
+    for name in names {
+        let here = |k: &Vec<u8>| k.eq_ignore_ascii_case(name.as_bytes());
+        if pairs.iter().any(|(k, _)| here(k)) {
+            remove_header(map, name)?;
+            pairs.retain(|(k, _)| !here(k));
+        }
+    }
+    Ok(())
+}
+
 /// Replaces the first `old_len` bytes of a buffer (pass its whole current size to replace it all,
 /// e.g. a request body with its model rewritten). Envoy drains exactly `old_len` bytes, so it
 /// must not exceed what is buffered.

@@ -140,16 +140,12 @@ impl Request {
     fn read_headers(&mut self, shared: &Shared) -> Result<RequestLine, String> {
         let mut pairs = edge::header_pairs(Map::RequestHeaders)
             .map_err(|e| format!("reading request headers: {e}"))?;
-        for name in &shared.stamped {
-            if pairs
-                .iter()
-                .any(|(k, _)| k.eq_ignore_ascii_case(name.as_bytes()))
-            {
-                edge::remove_header(Map::RequestHeaders, name)
-                    .map_err(|e| format!("removing {name}: {e}"))?;
-                pairs.retain(|(k, _)| !k.eq_ignore_ascii_case(name.as_bytes()));
-            }
-        }
+        edge::remove_present(
+            Map::RequestHeaders,
+            &mut pairs,
+            shared.stamped.iter().map(String::as_str),
+        )
+        .map_err(|e| format!("removing decision headers: {e}"))?;
         let router = &shared.router;
         let needed = router.needed_headers();
         let audit_cfg = &router.config.audit;
@@ -291,24 +287,6 @@ impl Request {
         Action::Continue
     }
 
-    fn finish_body(&mut self, size: usize) -> Action {
-        let Some(shared) = self.shared.clone() else {
-            return self.internal("filter is not configured");
-        };
-        self.routing = false;
-        let body = match edge::buffer(Buffer::RequestBody, 0, size) {
-            Ok(Some(b)) => b,
-            Ok(None) => Vec::new(),
-            Err(e) => return self.internal(&format!("reading the request body: {e}")),
-        };
-        if body.is_empty() {
-            return self.fail(&ApiError::empty_body(), Outcome::InvalidRequest);
-        }
-        self.route(&shared, &body)
-    }
-}
-
-impl Request {
     /// A response that started and then never finished because the stream idle timeout cut it
     /// quarantines the backend that went silent (the seed's "wedged replica"). Envoy's outlier
     /// detection never hears of that cut, so the filter keeps the backend out of its orders.
@@ -330,6 +308,22 @@ impl Request {
                 "its stream went silent past streamIdleTimeout",
             );
         }
+    }
+
+    fn finish_body(&mut self, size: usize) -> Action {
+        let Some(shared) = self.shared.clone() else {
+            return self.internal("filter is not configured");
+        };
+        self.routing = false;
+        let body = match edge::buffer(Buffer::RequestBody, 0, size) {
+            Ok(Some(b)) => b,
+            Ok(None) => Vec::new(),
+            Err(e) => return self.internal(&format!("reading the request body: {e}")),
+        };
+        if body.is_empty() {
+            return self.fail(&ApiError::empty_body(), Outcome::InvalidRequest);
+        }
+        self.route(&shared, &body)
     }
 }
 

@@ -151,17 +151,16 @@ impl HttpContext for Attempt {
         let Some(shared) = self.shared.clone() else {
             return self.internal("filter is not configured");
         };
-        let pairs = match edge::header_pairs(Map::RequestHeaders) {
+        let mut pairs = match edge::header_pairs(Map::RequestHeaders) {
             Ok(pairs) => pairs,
             Err(e) => return self.internal(&format!("reading request headers: {e}")),
         };
-        // Envoy hands header names over lower-cased; only names present cost a hostcall.
-        for name in CREDENTIAL_HEADERS {
-            if pairs.iter().any(|(k, _)| k.as_slice() == name.as_bytes()) {
-                if let Err(e) = edge::remove_header(Map::RequestHeaders, name) {
-                    return self.internal(&format!("removing {name}: {e}"));
-                }
-            }
+        if let Err(e) = edge::remove_present(
+            Map::RequestHeaders,
+            &mut pairs,
+            CREDENTIAL_HEADERS.iter().copied(),
+        ) {
+            return self.internal(&format!("removing credential headers: {e}"));
         }
         let value = |name: &str| {
             pairs
@@ -227,12 +226,12 @@ impl HttpContext for Attempt {
         };
         // Rule, backend and route names are the router's internals: a provider gets none of them.
         // (Envoy keeps header edits across retries: nothing a later attempt needs is removed.)
-        for name in INTERNAL_ROUTING_HEADERS {
-            if value(name).is_some() {
-                if let Err(e) = edge::remove_header(Map::RequestHeaders, name) {
-                    return self.internal(&format!("removing {name}: {e}"));
-                }
-            }
+        if let Err(e) = edge::remove_present(
+            Map::RequestHeaders,
+            &mut pairs,
+            INTERNAL_ROUTING_HEADERS.iter().copied(),
+        ) {
+            return self.internal(&format!("removing routing headers: {e}"));
         }
         if b.provider.as_deref() == Some("anthropic") {
             if let Err(e) =

@@ -50,6 +50,9 @@ type RequestLine = (Vec<u8>, Vec<u8>, Option<u64>);
 struct Routed {
     fail_closed: bool,
     sensitive: bool,
+    /// The order has other backends Envoy may fail over to, so the one that answered must be
+    /// asked of the endpoint (for a single-backend order it can only be that backend).
+    alternatives: bool,
     /// The backend whose response headers came through (status below 500).
     served: Option<usize>,
     /// Its response reached end of stream.
@@ -74,10 +77,6 @@ fn unavailable(fail_closed: bool, sensitive: bool, status: u32) -> (ApiError, Ou
 
 impl Request {
     pub fn new(shared: Option<Rc<Shared>>) -> Self {
-        let router = shared
-            .as_ref()
-            .map(|s| s.router.config.router.clone())
-            .unwrap_or_default();
         Request {
             shared,
             routing: false,
@@ -85,10 +84,8 @@ impl Request {
             headers: RequestHeaders::new(),
             started_ns: 0,
             routed: None,
-            audit: AuditRecord {
-                router,
-                ..Default::default()
-            },
+            // `router` is filled in when the line is written: most requests never write one.
+            audit: AuditRecord::default(),
             audited: false,
             rule_index: None,
             backend_index: None,
@@ -168,16 +165,17 @@ impl Request {
                     xff.push(String::from_utf8_lossy(&value).into_owned());
                 }
                 _ => {
-                    // Envoy hands names over lower-cased; compare lower-cased anyway.
-                    let lower = String::from_utf8_lossy(&name).to_ascii_lowercase();
-                    if audit_cfg.caller_header.as_deref() == Some(lower.as_str())
-                        && self.audit.caller.is_none()
+                    // Envoy hands names over lower-cased; compare case-blind anyway, without
+                    // allocating for the many headers routing never looks at.
+                    let is = |want: &str| name.eq_ignore_ascii_case(want.as_bytes());
+                    if self.audit.caller.is_none()
+                        && audit_cfg.caller_header.as_deref().is_some_and(is)
                     {
                         self.audit.caller = Some(caller_label(&value));
                     }
-                    if needed.contains(&lower) {
+                    if let Some(lower) = needed.iter().find(|n| is(n)) {
                         self.headers
-                            .push(lower, String::from_utf8_lossy(&value).into_owned());
+                            .push(lower.clone(), String::from_utf8_lossy(&value).into_owned());
                     }
                 }
             }
@@ -252,6 +250,7 @@ impl Request {
         self.routed = Some(Routed {
             fail_closed,
             sensitive: decision.sensitive,
+            alternatives: decision.order.len() > 1,
             served: None,
             complete: false,
         });
@@ -414,6 +413,10 @@ impl HttpContext for Request {
             return Action::Continue;
         };
         let (fail_closed, sensitive) = (routed.fail_closed, routed.sensitive);
+        // Two property reads cost more than the rest of the response path; skip them when they
+        // cannot tell anything new. A sensitive request always asks: the tier check below is the
+        // alarm for a route table that sent it somewhere it must not go.
+        let ask_endpoint = routed.alternatives || sensitive;
         let mut status = 0u32;
         let mut streaming = false;
         // Unless the map says it is absent, the attempt count gets removed below.
@@ -454,7 +457,7 @@ impl HttpContext for Request {
                 .flatten()
                 .map(|v| String::from_utf8_lossy(&v).into_owned())
         };
-        if let Some(backend) = served("backend") {
+        if let Some(backend) = ask_endpoint.then(|| served("backend")).flatten() {
             let tier = served("tier");
             self.backend_index = shared.router.backend_index(&backend);
             self.audit.backend = Some(backend);
@@ -514,6 +517,9 @@ impl HttpContext for Request {
         // above that, Envoy would drop it, so don't spend the serialisation.
         if !self.shared.as_ref().is_some_and(|s| s.audit_logged.get()) {
             return;
+        }
+        if let Some(shared) = &self.shared {
+            self.audit.router.clone_from(&shared.router.config.router);
         }
         let now = edge::now_nanos();
         self.audit.latency_ms = now.saturating_sub(self.started_ns) as f64 / 1e6;

@@ -6,13 +6,13 @@
 //! request path formats no names after warm-up.
 
 use filter_edge::{self as edge, Level, MetricKind};
+use fnv::FnvHashMap;
 use router_core::audit::Outcome;
 use router_core::router::Router;
 use std::cell::RefCell;
-use std::collections::HashMap;
 
 /// (rule, backend, outcome) → the counter's id, `None` if the host refused to define it.
-type CounterIds = HashMap<(Option<usize>, Option<usize>, Outcome), Option<u32>>;
+type CounterIds = FnvHashMap<(Option<usize>, Option<usize>, Outcome), Option<u32>>;
 
 pub(crate) struct Metrics {
     rule_names: Vec<String>,
@@ -30,7 +30,7 @@ impl Metrics {
             backend_names: (0..router.backends_len())
                 .map(|i| router.backend(i).name.clone())
                 .collect(),
-            ids: RefCell::new(HashMap::new()),
+            ids: RefCell::new(FnvHashMap::default()),
             violations: edge::define_metric(MetricKind::Counter, "llmkube.sensitive_violations")
                 .ok(),
         }

@@ -26,14 +26,56 @@ fn body(kib: usize) -> Vec<u8> {
 }
 
 fn main() {
-    let wasm = build_wasm("llmkube-model-router", "llmkube_model_router").expect("build");
-    let config = serde_json::json!({
-        "router": "bench/r", "max_body_bytes": 8388608, "default_route": "a",
-        "backends": [{"name": "a"}, {"name": "b"}],
-        "rules": [{"name": "q", "models": ["qwen3-*"], "backends": ["b", "a"]}]
-    });
+    // Overrides for profiling (see WASM_HOST_PERFMAP in the host): a module built with its name
+    // section kept, the bench's plugin config, and a fixed number of rounds over one body file.
+    let wasm = match std::env::var("FILTER_COST_WASM") {
+        Ok(p) => p.into(),
+        Err(_) => build_wasm("llmkube-model-router", "llmkube_model_router").expect("build"),
+    };
+    let config = match std::env::var("FILTER_COST_CONFIG") {
+        Ok(p) => std::fs::read(p).expect("config file"),
+        Err(_) => serde_json::to_vec(&serde_json::json!({
+            "router": "bench/r", "max_body_bytes": 8388608, "default_route": "a",
+            "backends": [{"name": "a"}, {"name": "b"}],
+            "rules": [{"name": "q", "models": ["qwen3-*"], "backends": ["b", "a"]}]
+        }))
+        .unwrap(),
+    };
+    if let Ok(p) = std::env::var("FILTER_COST_BODY") {
+        let body = std::fs::read(p).expect("body file");
+        let rounds: usize = std::env::var("FILTER_COST_ROUNDS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(100_000);
+        let opts = VmOptions::default()
+            .with_plugin_config(config)
+            .allow_stop_iteration(true);
+        let mut host = Host::from_file(&wasm, opts).expect("load");
+        let len = body.len().to_string();
+        let headers = [
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-length", len.as_str()),
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-bench"),
+        ];
+        let t = Instant::now();
+        for _ in 0..rounds {
+            let o = host.run_request(&headers, &body, 0).unwrap();
+            assert!(o.local_response.is_none());
+            let resp = [(":status", "200"), ("content-type", "application/json")];
+            host.run_response(o.stream, &resp, b"{}", 0).unwrap();
+            host.log_and_done(o.stream).unwrap();
+        }
+        let per = t.elapsed().as_secs_f64() * 1e6 / rounds as f64;
+        println!(
+            "{} bytes: {per:.2} µs per request (harness included)",
+            body.len()
+        );
+        return;
+    }
     let opts = VmOptions::default()
-        .with_plugin_config(serde_json::to_vec(&config).unwrap())
+        .with_plugin_config(config)
         .allow_stop_iteration(true);
     let mut host = Host::from_file(&wasm, opts).expect("load");
     let mut base = None;

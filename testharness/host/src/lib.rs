@@ -373,7 +373,18 @@ static NEXT_HOST_KEY: AtomicU64 = AtomicU64::new(1);
 
 fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE.get_or_init(Engine::default)
+    ENGINE.get_or_init(|| {
+        // `WASM_HOST_PERFMAP=1` writes /tmp/perf-<pid>.map so `perf report` names the module's
+        // functions (profiling a filter's own code: testharness/host/examples/filter_cost.rs).
+        if std::env::var_os("WASM_HOST_PERFMAP").is_some() {
+            let mut config = wasmtime::Config::new();
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+            if let Ok(engine) = Engine::new(&config) {
+                return engine;
+            }
+        }
+        Engine::default()
+    })
 }
 
 /// Compiling a filter with cranelift takes seconds; every test of a process shares one compile.

@@ -24,7 +24,7 @@ import bench as B  # noqa: E402
 import wasm_exports  # noqa: E402
 
 COST_WASM = B.BENCH / "target" / "wasm32-wasip1" / "release" / "hostcall_cost.wasm"
-OPS = ["time", "header", "pairs", "property", "set", "remove", "metric", "log"]
+OPS = ["time", "header", "pairs", "property", "set", "remove", "add", "metric", "log"]
 # Callbacks Envoy makes per request only when the module exports them.
 PER_REQUEST_EXPORTS = ["proxy_on_request_body", "proxy_on_request_trailers",
                        "proxy_on_response_headers", "proxy_on_response_body",

@@ -27,6 +27,8 @@ enum Op {
     Set,
     /// Remove a request header that is absent.
     Remove,
+    /// Add a request header value (`proxy_add_header_map_value`; the header grows each time).
+    Add,
     /// Counter increment.
     Metric,
     /// Log at debug (below Envoy's level: dropped by the host).
@@ -81,6 +83,7 @@ impl RootContext for Root {
             "property" => Op::Property,
             "set" => Op::Set,
             "remove" => Op::Remove,
+            "add" => Op::Add,
             "metric" => Op::Metric,
             "log" => Op::Log,
             _ => Op::None,
@@ -125,6 +128,7 @@ impl HttpContext for Req {
                 Op::Property => h::get_property(vec!["request", "path"]).map(drop),
                 Op::Set => h::set_map_value(q, "x-cost", Some("1")),
                 Op::Remove => h::set_map_value(q, "x-cost-absent", None),
+                Op::Add => h::add_map_value(q, "x-cost-add", "1"),
                 Op::Metric => h::increment_metric(self.metric, 1),
                 Op::Log => h::log(LogLevel::Debug, "cost"),
             };

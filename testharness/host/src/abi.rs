@@ -533,6 +533,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 return Ok(INVALID_MEMORY);
             };
             let path = parse_path(&raw);
+            c.data_mut().property_reads.push(path.clone());
             match property(c.data(), &path) {
                 Some(v) => copy_out(&mut c, &v, rp, rs),
                 None => Ok(NOT_FOUND),

@@ -367,6 +367,8 @@ pub(crate) struct HostState {
     pub rng: u64,
     pub done_called: bool,
     pub foreign_calls: Vec<String>,
+    /// Every property path the module asked for, in order (found or not).
+    pub property_reads: Vec<Vec<String>>,
 }
 
 static NEXT_HOST_KEY: AtomicU64 = AtomicU64::new(1);
@@ -542,6 +544,7 @@ impl Host {
             rng: seed | 1,
             done_called: false,
             foreign_calls: Vec::new(),
+            property_reads: Vec::new(),
         };
         let mut store = Store::new(engine(), state);
         let mut linker: Linker<HostState> = Linker::new(engine());
@@ -1180,6 +1183,11 @@ impl Host {
         );
         self.store.data_mut().call_response = None;
         r.map(|_| ())
+    }
+
+    /// Property paths the module has read so far (each a list of segments).
+    pub fn property_reads(&self) -> &[Vec<String>] {
+        &self.store.data().property_reads
     }
 
     pub fn logs(&self) -> &[(LogLevel, String)] {

@@ -917,3 +917,50 @@ fn no_audit_line_is_built_when_the_host_would_drop_it() {
         h.metrics()
     );
 }
+
+/// The endpoint's metadata is read on the response path only when it can say something the
+/// decision does not: the order has a backend Envoy may have failed over to, or the request is
+/// sensitive (the tier check is the alarm for a route table that sent it somewhere it must not
+/// go). Each read is a property evaluation in Envoy, the dearest hostcall the filter makes.
+#[test]
+fn endpoint_metadata_is_read_only_when_it_can_differ_from_the_decision() {
+    let endpoint_reads = |h: &Host| {
+        h.property_reads()
+            .iter()
+            .filter(|p| p.iter().any(|s| s == "upstream_host_metadata"))
+            .count()
+    };
+    let mut h = router();
+    let cases: [(&[(&str, &str)], &str, &[(&str, &str)], usize); 3] = [
+        // Rule `qwen`: one backend, not sensitive — nothing to ask.
+        (
+            &[],
+            "qwen3-8b",
+            &[("backend", "qwen-small"), ("tier", "local")],
+            0,
+        ),
+        // Rule `research`: gpt then llama-big — ask which one answered.
+        (
+            &[("x-team", "research")],
+            "m",
+            &[("backend", "llama-big"), ("tier", "local")],
+            2,
+        ),
+        // Sensitive: always asked, whatever the order.
+        (PII, "m", &[("backend", "llama-big"), ("tier", "local")], 2),
+    ];
+    for (headers, model, served, reads) in cases {
+        let before = endpoint_reads(&h);
+        let req = post(&mut h, headers, &format!(r#"{{"model":"{model}"}}"#));
+        assert!(req.local_response.is_none(), "{model} {headers:?}");
+        let res = respond(&mut h, &req, "200", served);
+        assert!(res.local_response.is_none());
+        h.log_and_done(req.stream).unwrap();
+        assert_eq!(endpoint_reads(&h) - before, reads, "{model} {headers:?}");
+        let line = h.logs_matching("\"backend\"").pop().unwrap_or_default();
+        assert!(
+            line.contains(&format!("\"backend\":\"{}\"", served[0].1)),
+            "{line}"
+        );
+    }
+}

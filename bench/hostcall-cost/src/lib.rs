@@ -46,6 +46,8 @@ enum Mode {
     Route,
     /// Like `route`, but the header set from the body phase is one no route looks at.
     Mark,
+    /// Like `pause`, and logs (warn) when each body piece arrived, in µs after the headers.
+    Trace,
 }
 
 struct Root {
@@ -74,6 +76,7 @@ impl RootContext for Root {
             Some("pause") => Mode::Pause,
             Some("route") => Mode::Route,
             Some("mark") => Mode::Mark,
+            Some("trace") => Mode::Trace,
             _ => Mode::Pass,
         };
         self.op = match op {
@@ -99,6 +102,7 @@ impl RootContext for Root {
             n: self.n,
             metric: self.metric,
             mode: self.mode,
+            t0: 0,
         }))
     }
 
@@ -112,6 +116,14 @@ struct Req {
     n: u32,
     metric: u32,
     mode: Mode,
+    t0: u128,
+}
+
+fn now_us() -> u128 {
+    h::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_micros())
 }
 
 impl Context for Req {}
@@ -119,6 +131,9 @@ impl Context for Req {}
 impl HttpContext for Req {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         let q = MapType::HttpRequestHeaders;
+        if self.mode == Mode::Trace {
+            self.t0 = now_us();
+        }
         for _ in 0..self.n {
             let _ = match self.op {
                 Op::None => Ok(()),
@@ -140,7 +155,14 @@ impl HttpContext for Req {
         }
     }
 
-    fn on_http_request_body(&mut self, _: usize, end_of_stream: bool) -> Action {
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        // Counts body callbacks (Envoy stat `wasmcustom.hostcall_cost`): how many pieces a body
+        // arrives in decides what per-piece work would cost.
+        let _ = h::increment_metric(self.metric, 1);
+        if self.mode == Mode::Trace {
+            let msg = format!("body +{} µs size={body_size} eos={end_of_stream}", now_us() - self.t0);
+            let _ = h::log(LogLevel::Warn, &msg);
+        }
         if self.mode == Mode::Pass {
             return Action::Continue;
         }

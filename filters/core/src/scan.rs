@@ -63,7 +63,9 @@ pub struct Fields<'a> {
     pub spans: TopLevel,
 }
 
-/// Reusable state, so a filter scans request after request without re-allocating.
+/// Reusable state, so a filter scans request after request without re-allocating. It also
+/// holds a scan in progress: a body can be fed in growing prefixes as it arrives ([`Scanner::resume`]),
+/// so most of the work is done while the rest of the body is still on the wire.
 pub struct Scanner {
     /// Key fingerprints of the open objects, innermost last.
     keys: Vec<u64>,
@@ -72,6 +74,56 @@ pub struct Scanner {
     /// Fingerprints of objects with many keys, tagged with the object's serial. The hasher is
     /// keyed per process so an attacker cannot aim keys at one bucket.
     spilled: hashbrown::HashSet<(u32, u64), RandomState>,
+    at: Progress,
+    /// Fewest new bytes worth another look at an unfinished body (`MIN_STEP`).
+    min_step: usize,
+}
+
+/// Fewest new bytes worth another look at an unfinished body: bounds the number of attempts a
+/// body trickled in tiny pieces can cause.
+const MIN_STEP: usize = 16 * 1024;
+
+/// Where an unfinished scan stands; everything before `pos` has been parsed.
+#[derive(Clone)]
+struct Progress {
+    state: State,
+    pos: usize,
+    /// UTF-8 is known valid before this offset.
+    validated: usize,
+    /// Body length at the last parse attempt.
+    attempted: usize,
+    /// Inside a string value nobody reads (its quote at `pos`): skipping resumes here instead of
+    /// at the quote, so a long prompt is walked once however many pieces it arrives in.
+    skipping: Option<usize>,
+    spans: TopLevel,
+    model: Option<String>,
+    model_not_string: bool,
+    stream: bool,
+    serial: u32,
+    top_key: TopKey,
+    top_value_start: usize,
+    /// End of the last value parsed (the end of a top-level value's span).
+    last_end: usize,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress {
+            state: State::Start,
+            pos: 0,
+            validated: 0,
+            attempted: 0,
+            skipping: None,
+            spans: TopLevel::default(),
+            model: None,
+            model_not_string: false,
+            stream: false,
+            serial: 0,
+            top_key: TopKey::Other,
+            top_value_start: 0,
+            last_end: 0,
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -95,12 +147,29 @@ enum TopKey {
     Other,
 }
 
+#[derive(Clone, Copy)]
 enum State {
+    Start,
     KeyOrEnd { first: bool },
     Value,
     ValueOrEnd,
     AfterValue,
 }
+
+/// Why parsing stopped before the end of the body.
+enum Halt {
+    Error(ScanError),
+    /// The bytes so far end inside a token (or before the end of the object): wait for more.
+    More,
+}
+
+impl From<ScanError> for Halt {
+    fn from(e: ScanError) -> Self {
+        Halt::Error(e)
+    }
+}
+
+const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 impl Default for Scanner {
     fn default() -> Self {
@@ -114,69 +183,214 @@ impl Scanner {
             keys: Vec::new(),
             frames: Vec::new(),
             spilled: hashbrown::HashSet::with_hasher(RandomState::new()),
+            at: Progress::default(),
+            min_step: MIN_STEP,
         }
     }
 
+    /// Tests and fuzzing only: look at every piece, however small.
+    #[doc(hidden)]
+    pub fn look_at_every_piece(&mut self) {
+        self.min_step = 0;
+    }
+
     /// Validates `body` as one JSON object and extracts `model` (required, a non-empty string)
-    /// and `stream`. Errors come in this order: invalid JSON, duplicate key, model problems.
+    /// and `stream`. The first problem in the body wins (invalid JSON or UTF-8, a duplicate key,
+    /// too deep), then model problems; the answer is the same however the body is fed to
+    /// [`Scanner::resume`].
     pub fn scan<'a>(&mut self, body: &'a [u8]) -> Result<Fields<'a>, ScanError> {
+        self.begin();
+        match self.resume(body, true)? {
+            Some(fields) => Ok(fields),
+            None => Err(invalid(body.len(), "unexpected end of body")),
+        }
+    }
+
+    /// Starts a new body (forgets any scan in progress).
+    pub fn begin(&mut self) {
         self.keys.clear();
         self.frames.clear();
         self.spilled.clear();
-        let mut p = Parser {
-            b: body,
-            i: 0,
-            scratch: Vec::new(),
+        self.at = Progress::default();
+    }
+
+    /// Goes on with the body started by [`Scanner::begin`]. `body` is every byte received so
+    /// far (each call a longer prefix of the same body), `complete` that it is all of it.
+    /// `Ok(None)`: fine so far, more is needed. An error is final: no continuation can fix it,
+    /// and it is the error [`Scanner::scan`] gives for the whole body.
+    pub fn resume<'a>(
+        &mut self,
+        body: &'a [u8],
+        complete: bool,
+    ) -> Result<Option<Fields<'a>>, ScanError> {
+        self.resume_window(body, 0, complete)
+    }
+
+    /// [`Scanner::resume`] without keeping the whole body: `window` holds the bytes received so
+    /// far from offset `base` on, and `base` may be anything up to [`Scanner::needed_from`] of
+    /// the call before. A filter drops what is before `needed_from` after each call, so it
+    /// holds about one token, not the body.
+    ///
+    /// Work is skipped until enough new bytes have arrived to be worth it (at least
+    /// `MIN_STEP`, and at least as many as a cut token makes it re-read), so a body trickled in
+    /// tiny pieces costs at most about twice a whole-body scan.
+    pub fn resume_window<'a>(
+        &mut self,
+        window: &[u8],
+        base: usize,
+        complete: bool,
+    ) -> Result<Option<Fields<'a>>, ScanError> {
+        let total = base + window.len();
+        if !complete {
+            let arrived = total.saturating_sub(self.at.attempted);
+            let reread = self.at.attempted.saturating_sub(self.needed_from());
+            if arrived < self.min_step.max(reread) || arrived == 0 {
+                return Ok(None);
+            }
+        }
+        self.at.attempted = total;
+        if base == 0 {
+            if window.starts_with(BOM) {
+                return Err(invalid(0, "a UTF-8 byte order mark is not allowed"));
+            }
+            if !complete && BOM.starts_with(window) {
+                return Ok(None);
+            }
+        }
+        // UTF-8 is checked once per byte, ahead of the grammar; the grammar then only looks for
+        // the bytes that end or interrupt a string. A bad byte at `x` stops the grammar there,
+        // so an earlier grammar error still wins, as it would in one pass.
+        let from = self.at.validated.clamp(base, total) - base;
+        let (limit, bad_utf8) = match crate::fast::validate_utf8(&window[from..]) {
+            Ok(()) => (window.len(), None),
+            Err(n) => {
+                let x = from + n;
+                if !complete && cut_sequence(&window[x..]) {
+                    (x, None)
+                } else {
+                    (x, Some(base + x))
+                }
+            }
         };
-        let mut spans = TopLevel::default();
-        let mut model: Option<Cow<'a, str>> = None;
-        let mut model_not_string = false;
-        let mut stream = false;
-        let mut serial: u32 = 0;
-        let mut top_key = TopKey::Other;
-        let mut top_value_start = 0usize;
+        if bad_utf8.is_none() {
+            self.at.validated = base + limit;
+        }
+        let whole = complete && limit == window.len();
+        match self.parse(&window[..limit], base, whole) {
+            Ok(()) => self.finish().map(Some),
+            Err(Halt::Error(e)) => Err(e),
+            Err(Halt::More) => match bad_utf8 {
+                Some(x) => Err(invalid(x, "invalid UTF-8")),
+                None if complete => Err(invalid(base + limit, "unexpected end of body")),
+                None => Ok(None),
+            },
+        }
+    }
 
-        if body.starts_with(b"\xEF\xBB\xBF") {
-            return Err(invalid(0, "a UTF-8 byte order mark is not allowed"));
-        }
-        // Validate UTF-8 once for the whole body, so string scanning only looks for the bytes
-        // that end or interrupt a string. Outside strings, non-ASCII is a grammar error anyway.
-        if let Err(valid_up_to) = crate::fast::validate_utf8(body) {
-            return Err(invalid(valid_up_to, "invalid UTF-8"));
-        }
-        p.ws();
-        match p.peek() {
-            None => return Err(invalid(p.i, "the body is empty")),
-            Some(b'{') => {}
-            Some(_) => return Err(ScanError::NotObject),
-        }
-        p.i += 1;
-        self.push_frame(true, &mut serial)?;
-        let mut state = State::KeyOrEnd { first: true };
+    /// The first body offset an unfinished scan may still read: a caller of
+    /// [`Scanner::resume_window`] keeps the bytes from here on.
+    pub fn needed_from(&self) -> usize {
+        self.at.skipping.unwrap_or(self.at.pos)
+    }
 
+    /// The model checks once the whole body has parsed.
+    fn finish<'a>(&mut self) -> Result<Fields<'a>, ScanError> {
+        let at = std::mem::take(&mut self.at);
+        match at.model {
+            Some(m) if !m.is_empty() => Ok(Fields {
+                model: Cow::Owned(m),
+                stream: at.stream,
+                spans: at.spans,
+            }),
+            Some(_) => Err(ScanError::MissingModel),
+            None if at.model_not_string => Err(ScanError::ModelNotString),
+            None => Err(ScanError::MissingModel),
+        }
+    }
+
+    /// Parses from where the last attempt stopped; `window` holds the body from `base` on.
+    /// `Ok` once the object closed and `complete` says nothing follows; `Halt::More` (progress
+    /// saved) when the bytes end first. Error offsets are the body's.
+    fn parse(&mut self, window: &[u8], base: usize, complete: bool) -> Result<(), Halt> {
+        let skipping = self.at.skipping.take();
+        let mut p = Parser {
+            b: window,
+            base,
+            i: skipping.unwrap_or(self.at.pos) - base,
+            complete,
+            scratch: Vec::new(),
+            resume_at: None,
+        };
+        let mut state = self.at.state;
+        let mut r = Ok(());
+        if skipping.is_some() {
+            // Inside a string value: no whitespace or dispatch, just skip on.
+            r = p.skip_string(p.i).map(|()| self.ended(&p, &mut state));
+        }
+        if r.is_ok() {
+            r = self.parse_from(&mut p, &mut state);
+        }
+        match r {
+            Err(Halt::More) => {
+                // `p.i` is at the start of the token that was cut (or past everything).
+                self.at.state = state;
+                self.at.pos = base + p.i;
+                self.at.skipping = p.resume_at.map(|j| base + j);
+                Err(Halt::More)
+            }
+            Err(Halt::Error(ScanError::Invalid { at, what })) => {
+                Err(invalid(base + at, what).into())
+            }
+            other => other,
+        }
+    }
+
+    /// A value ended at `p.i`.
+    fn ended(&mut self, p: &Parser<'_>, state: &mut State) {
+        self.at.last_end = p.base + p.i;
+        *state = State::AfterValue;
+    }
+
+    fn parse_from(&mut self, p: &mut Parser<'_>, state: &mut State) -> Result<(), Halt> {
+        let body = p.b;
         loop {
             p.ws();
-            match state {
+            match *state {
+                State::Start => match p.peek() {
+                    None => return Err(p.end(p.i, "the body is empty")),
+                    Some(b'{') => {
+                        p.i += 1;
+                        self.push_frame(true)?;
+                        *state = State::KeyOrEnd { first: true };
+                    }
+                    Some(_) => return Err(ScanError::NotObject.into()),
+                },
                 State::KeyOrEnd { first } => match p.peek() {
                     Some(b'}') if first => {
                         p.i += 1;
                         self.pop_frame();
-                        state = State::AfterValue;
+                        self.ended(p, state);
                     }
                     Some(b'"') => {
                         let depth = self.frames.len();
-                        let key = p.string(true)?;
-                        let fp = fingerprint(&key.decoded);
-                        if depth == 1 {
-                            top_key = classify_top(&key.decoded);
-                        }
-                        self.note_key(fp, &key.decoded, depth == 1)?;
+                        let key_start = p.i;
+                        let key = p.string()?;
                         p.ws();
+                        if p.peek().is_none() && !p.complete {
+                            // Key and colon are one step (the key is noted once): cut between
+                            // them, the key is read again.
+                            p.i = key_start;
+                            return Err(Halt::More);
+                        }
+                        if depth == 1 {
+                            self.at.top_key = classify_top(&key);
+                        }
+                        self.note_key(fingerprint(&key), &key, depth == 1)?;
                         if p.peek() != Some(b':') {
-                            return Err(invalid(p.i, "expected ':' after an object key"));
+                            return Err(invalid(p.i, "expected ':' after an object key").into());
                         }
                         p.i += 1;
-                        state = State::Value;
+                        *state = State::Value;
                     }
                     Some(_) => {
                         return Err(invalid(
@@ -186,76 +400,77 @@ impl Scanner {
                             } else {
                                 "expected a string key after ','"
                             },
-                        ))
+                        )
+                        .into())
                     }
-                    None => return Err(invalid(p.i, "unexpected end of body inside an object")),
+                    None => return Err(p.end(p.i, "unexpected end of body inside an object")),
                 },
-                State::ValueOrEnd => {
-                    if p.peek() == Some(b']') {
+                State::ValueOrEnd => match p.peek() {
+                    Some(b']') => {
                         p.i += 1;
                         self.pop_frame();
-                        state = State::AfterValue;
-                    } else {
-                        state = State::Value;
+                        self.ended(p, state);
                     }
-                }
+                    None if !p.complete => return Err(Halt::More),
+                    _ => *state = State::Value,
+                },
                 State::Value => {
                     let at_top = self.frames.len() == 1;
                     if at_top {
-                        top_value_start = p.i;
+                        self.at.top_value_start = p.base + p.i;
                     }
+                    let is_model = at_top && self.at.top_key == TopKey::Model;
                     match p.peek() {
                         Some(b'{') => {
                             p.i += 1;
-                            self.push_frame(true, &mut serial)?;
-                            state = State::KeyOrEnd { first: true };
+                            self.push_frame(true)?;
+                            *state = State::KeyOrEnd { first: true };
                         }
                         Some(b'[') => {
                             p.i += 1;
-                            self.push_frame(false, &mut serial)?;
-                            state = State::ValueOrEnd;
+                            self.push_frame(false)?;
+                            *state = State::ValueOrEnd;
+                        }
+                        Some(b'"') if is_model => {
+                            self.at.model = Some(p.string()?.into_owned());
+                            self.ended(p, state);
                         }
                         Some(b'"') => {
-                            let want = at_top && top_key == TopKey::Model;
-                            let s = p.string(want)?;
-                            if want {
-                                model = Some(s.decoded);
-                            }
-                            state = State::AfterValue;
+                            p.skip_string(p.i + 1)?;
+                            self.ended(p, state);
                         }
                         Some(b't') => {
                             p.literal(b"true")?;
-                            if at_top && top_key == TopKey::Stream {
-                                stream = true;
+                            if at_top && self.at.top_key == TopKey::Stream {
+                                self.at.stream = true;
                             }
-                            state = State::AfterValue;
+                            self.ended(p, state);
                         }
                         Some(b'f') => {
                             p.literal(b"false")?;
-                            state = State::AfterValue;
+                            self.ended(p, state);
                         }
                         Some(b'n') => {
                             p.literal(b"null")?;
-                            state = State::AfterValue;
+                            self.ended(p, state);
                         }
                         Some(b'-' | b'0'..=b'9') => {
                             p.number()?;
-                            state = State::AfterValue;
+                            self.ended(p, state);
                         }
-                        Some(_) => return Err(invalid(p.i, "expected a JSON value")),
-                        None => {
-                            return Err(invalid(p.i, "unexpected end of body, expected a value"))
-                        }
+                        Some(_) => return Err(invalid(p.i, "expected a JSON value").into()),
+                        None => return Err(p.end(p.i, "unexpected end of body, expected a value")),
                     }
-                    if at_top && top_key == TopKey::Model && model.is_none() {
-                        model_not_string = true;
+                    if is_model && self.at.model.is_none() {
+                        self.at.model_not_string = true;
                     }
                 }
                 State::AfterValue => {
-                    if self.frames.len() == 1 {
+                    if self.frames.len() == 1 && self.at.top_key != TopKey::Other {
                         // A top-level value just ended: remember where it sat.
-                        let span = Some((top_value_start, p.i_before_ws()));
-                        match top_key {
+                        let span = Some((self.at.top_value_start, self.at.last_end));
+                        let spans = &mut self.at.spans;
+                        match self.at.top_key {
                             TopKey::Model => spans.model = span,
                             TopKey::Stream => spans.stream = span,
                             TopKey::StreamOptions => spans.stream_options = span,
@@ -266,60 +481,56 @@ impl Scanner {
                             TopKey::Input => spans.input = span,
                             TopKey::Other => {}
                         }
-                        top_key = TopKey::Other;
+                        self.at.top_key = TopKey::Other;
                     }
                     let Some(frame) = self.frames.last().copied() else {
                         if p.i != body.len() {
-                            return Err(invalid(p.i, "unexpected data after the JSON object"));
+                            return Err(
+                                invalid(p.i, "unexpected data after the JSON object").into()
+                            );
                         }
-                        break;
+                        if !p.complete {
+                            return Err(Halt::More);
+                        }
+                        return Ok(());
                     };
                     match (p.peek(), frame.is_object) {
                         (Some(b','), true) => {
                             p.i += 1;
-                            state = State::KeyOrEnd { first: false };
+                            *state = State::KeyOrEnd { first: false };
                         }
                         (Some(b'}'), true) => {
                             p.i += 1;
                             self.pop_frame();
+                            self.at.last_end = p.base + p.i;
                         }
                         (Some(b','), false) => {
                             p.i += 1;
-                            state = State::Value;
+                            *state = State::Value;
                         }
                         (Some(b']'), false) => {
                             p.i += 1;
                             self.pop_frame();
+                            self.at.last_end = p.base + p.i;
                         }
-                        (None, _) => return Err(invalid(p.i, "unexpected end of body")),
-                        (Some(_), true) => return Err(invalid(p.i, "expected ',' or '}'")),
-                        (Some(_), false) => return Err(invalid(p.i, "expected ',' or ']'")),
+                        (None, _) => return Err(p.end(p.i, "unexpected end of body")),
+                        (Some(_), true) => return Err(invalid(p.i, "expected ',' or '}'").into()),
+                        (Some(_), false) => return Err(invalid(p.i, "expected ',' or ']'").into()),
                     }
                 }
             }
         }
-
-        match model {
-            Some(m) if !m.is_empty() => Ok(Fields {
-                model: m,
-                stream,
-                spans,
-            }),
-            Some(_) => Err(ScanError::MissingModel),
-            None if model_not_string => Err(ScanError::ModelNotString),
-            None => Err(ScanError::MissingModel),
-        }
     }
 
-    fn push_frame(&mut self, is_object: bool, serial: &mut u32) -> Result<(), ScanError> {
+    fn push_frame(&mut self, is_object: bool) -> Result<(), ScanError> {
         if self.frames.len() >= MAX_DEPTH {
             return Err(ScanError::TooDeep);
         }
-        *serial = serial.wrapping_add(1);
+        self.at.serial = self.at.serial.wrapping_add(1);
         self.frames.push(Frame {
             is_object,
             keys_start: self.keys.len(),
-            serial: *serial,
+            serial: self.at.serial,
             spilled: false,
         });
         Ok(())
@@ -363,6 +574,15 @@ impl Scanner {
         }
         Ok(())
     }
+}
+
+/// `rest` (from the first byte UTF-8 validation refused) is the start of a sequence the end of
+/// the bytes so far cut off, not an invalid one.
+fn cut_sequence(rest: &[u8]) -> bool {
+    rest.len() < 4
+        && std::str::from_utf8(rest)
+            .err()
+            .is_some_and(|e| e.valid_up_to() == 0 && e.error_len().is_none())
 }
 
 fn invalid(at: usize, what: &'static str) -> ScanError {
@@ -409,14 +629,17 @@ pub fn printable(s: &str) -> String {
     out
 }
 
+/// Parses a window of the body: `b` holds the bytes from offset `base` on; `i` and the offsets
+/// in its errors are relative to the window.
 struct Parser<'a> {
     b: &'a [u8],
+    base: usize,
     i: usize,
+    /// `b` is the whole body: its end is the body's end, not just the bytes so far.
+    complete: bool,
     scratch: Vec<u8>,
-}
-
-struct Str<'a> {
-    decoded: Cow<'a, str>,
+    /// Where skipping a cut string goes on (see `Progress::skipping`).
+    resume_at: Option<usize>,
 }
 
 impl<'a> Parser<'a> {
@@ -436,28 +659,43 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// End of the last token: `i` may already be past whitespace that followed it.
-    fn i_before_ws(&self) -> usize {
-        let mut j = self.i;
-        while j > 0 && matches!(self.b[j - 1], b' ' | b'\n' | b'\r' | b'\t') {
-            j -= 1;
+    /// The bytes ran out: an error at `at` for a whole body, else wait for more.
+    fn end(&self, at: usize, what: &'static str) -> Halt {
+        if self.complete {
+            Halt::Error(invalid(at, what))
+        } else {
+            Halt::More
         }
-        j
     }
 
-    fn literal(&mut self, lit: &'static [u8]) -> Result<(), ScanError> {
-        if self.b[self.i..].starts_with(lit) {
+    fn literal(&mut self, lit: &'static [u8]) -> Result<(), Halt> {
+        let rest = &self.b[self.i..];
+        if rest.starts_with(lit) {
             self.i += lit.len();
             Ok(())
+        } else if rest.len() < lit.len() && lit.starts_with(rest) {
+            Err(self.end(self.i, "invalid literal (expected true, false or null)"))
         } else {
-            Err(invalid(
-                self.i,
-                "invalid literal (expected true, false or null)",
-            ))
+            Err(invalid(self.i, "invalid literal (expected true, false or null)").into())
         }
     }
 
-    fn number(&mut self) -> Result<(), ScanError> {
+    fn number(&mut self) -> Result<(), Halt> {
+        if !self.complete {
+            // A number that runs to the end of the bytes so far may go on in the next piece.
+            let run = self.b[self.i..]
+                .iter()
+                .position(|c| !matches!(c, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'));
+            if run.is_none() {
+                return Err(Halt::More);
+            }
+        }
+        self.i = self.number_end()?;
+        Ok(())
+    }
+
+    /// Where the number at `i` ends.
+    fn number_end(&self) -> Result<usize, ScanError> {
         let b = self.b;
         let start = self.i;
         let mut i = self.i;
@@ -497,36 +735,51 @@ impl<'a> Parser<'a> {
                 i += 1;
             }
         }
-        self.i = i;
-        Ok(())
+        Ok(i)
     }
 
-    /// Scans a string starting at the opening quote. With `decode`, returns its decoded value
-    /// (borrowed when it has no escapes); otherwise the returned value is empty.
-    fn string(&mut self, decode: bool) -> Result<Str<'a>, ScanError> {
+    /// Skips the rest of a string value nobody reads from `from` (just after its opening quote,
+    /// or where an earlier piece cut it). Nearly every byte of a body is in such strings (prompt
+    /// text): they are validated without copying, escapes handled in place.
+    fn skip_string(&mut self, from: usize) -> Result<(), Halt> {
+        let b = self.b;
+        let mut cut = None;
+        let end = crate::fast::skip_string(b, from, |j| {
+            if b[j] != b'\\' {
+                return Err(Halt::Error(invalid(j, "control character in string")));
+            }
+            // The two-byte escapes (`\n`, `\"`, ...) inline; `\u` and errors in escape().
+            match b.get(j + 1) {
+                Some(&e) if SIMPLE_ESCAPE[e as usize] => Ok(j + 2),
+                _ => self.escape(j, false).inspect_err(|h| {
+                    if matches!(h, Halt::More) {
+                        cut = Some(j);
+                    }
+                }),
+            }
+        });
+        match end {
+            Ok(Some(end)) => {
+                self.i = end + 1;
+                Ok(())
+            }
+            Ok(None) if self.complete => Err(invalid(b.len(), "unterminated string").into()),
+            Ok(None) => {
+                self.resume_at = Some(b.len());
+                Err(Halt::More)
+            }
+            Err(Halt::More) => {
+                self.resume_at = cut;
+                Err(Halt::More)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads and decodes the string whose opening quote is at `i` (keys, and the model).
+    fn string(&mut self) -> Result<Cow<'a, str>, Halt> {
         let b = self.b;
         let start = self.i + 1;
-        if !decode {
-            // Nearly every byte of a body is in strings nobody reads (prompt text): validate
-            // them without copying, escapes handled in place.
-            let end = crate::fast::skip_string(b, start, |j| {
-                if b[j] != b'\\' {
-                    return Err(invalid(j, "control character in string"));
-                }
-                // The two-byte escapes (`\n`, `\"`, ...) inline; `\u` and errors in escape().
-                match b.get(j + 1) {
-                    Some(&e) if SIMPLE_ESCAPE[e as usize] => Ok(j + 2),
-                    _ => self.escape(j, false),
-                }
-            })?;
-            let Some(end) = end else {
-                return Err(invalid(b.len(), "unterminated string"));
-            };
-            self.i = end + 1;
-            return Ok(Str {
-                decoded: Cow::Borrowed(""),
-            });
-        }
         let mut i = start;
         let mut escaped = false;
         // Bytes in `copied..i` are not yet in `scratch` (only used once an escape shows up).
@@ -535,45 +788,44 @@ impl<'a> Parser<'a> {
         loop {
             i = crate::fast::find_string_special(b, i);
             let Some(&c) = b.get(i) else {
-                return Err(invalid(i, "unterminated string"));
+                return Err(self.end(i, "unterminated string"));
             };
             match c {
                 b'"' => {
                     self.i = i + 1;
-                    if !decode {
-                        return Ok(Str {
-                            decoded: Cow::Borrowed(""),
-                        });
-                    }
                     if !escaped {
                         let s = std::str::from_utf8(&b[start..i])
                             .map_err(|_| invalid(start, "invalid UTF-8"))?;
-                        return Ok(Str {
-                            decoded: Cow::Borrowed(s),
-                        });
+                        return Ok(Cow::Borrowed(s));
                     }
                     self.scratch.extend_from_slice(&b[copied..i]);
                     let s = String::from_utf8(std::mem::take(&mut self.scratch))
                         .map_err(|_| invalid(start, "invalid UTF-8"))?;
-                    return Ok(Str {
-                        decoded: Cow::Owned(s),
-                    });
+                    return Ok(Cow::Owned(s));
                 }
                 b'\\' => {
-                    if decode {
-                        self.scratch.extend_from_slice(&b[copied..i]);
-                    }
+                    self.scratch.extend_from_slice(&b[copied..i]);
                     escaped = true;
-                    i = self.escape(i, decode)?;
+                    i = self.escape(i, true)?;
                     copied = i;
                 }
-                _ => return Err(invalid(i, "control character in string")),
+                _ => return Err(invalid(i, "control character in string").into()),
             }
         }
     }
 
-    /// Handles the escape at `i` (a backslash); returns the index after it.
-    fn escape(&mut self, i: usize, decode: bool) -> Result<usize, ScanError> {
+    /// Handles the escape at `i` (a backslash); returns the index after it. An escape the end
+    /// of the bytes so far may have cut (the longest, a surrogate pair, is 12 bytes) is judged
+    /// once more bytes are here.
+    fn escape(&mut self, i: usize, decode: bool) -> Result<usize, Halt> {
+        let r = self.escape_end(i, decode);
+        if r.is_err() && !self.complete && i + 12 > self.b.len() {
+            return Err(Halt::More);
+        }
+        Ok(r?)
+    }
+
+    fn escape_end(&mut self, i: usize, decode: bool) -> Result<usize, ScanError> {
         let b = self.b;
         let Some(&e) = b.get(i + 1) else {
             return Err(invalid(i, "unterminated escape"));
@@ -656,6 +908,211 @@ mod tests {
 
     fn is_invalid(r: Result<(String, bool), ScanError>) -> bool {
         matches!(r, Err(ScanError::Invalid { .. }))
+    }
+
+    type Outcome = Result<(String, bool, TopLevel), ScanError>;
+
+    fn whole(body: &[u8]) -> Outcome {
+        Scanner::new()
+            .scan(body)
+            .map(|f| (f.model.into_owned(), f.stream, f.spans))
+    }
+
+    /// Feeds `body` in the pieces `cuts` (increasing lengths), then whole; an error on the way
+    /// ends it. Every step looks at its piece.
+    fn in_pieces(s: &mut Scanner, body: &[u8], cuts: &[usize]) -> Outcome {
+        s.begin();
+        s.look_at_every_piece();
+        for &k in cuts {
+            if let Some(f) = s.resume(&body[..k], false)? {
+                panic!("finished on an incomplete piece: {:?}", f.model);
+            }
+        }
+        match s.resume(body, true)? {
+            Some(f) => Ok((f.model.into_owned(), f.stream, f.spans)),
+            None => panic!("not finished on the whole body"),
+        }
+    }
+
+    /// As a filter feeds it: each piece appended to a window that keeps only the bytes from
+    /// `needed_from` on.
+    fn in_window(s: &mut Scanner, body: &[u8], cuts: &[usize]) -> Outcome {
+        s.begin();
+        s.look_at_every_piece();
+        let (mut window, mut base, mut seen) = (Vec::new(), 0, 0);
+        for &k in cuts.iter().chain([&body.len()]) {
+            let k = k.max(seen);
+            window.extend_from_slice(&body[seen..k]);
+            seen = k;
+            let complete = k == body.len();
+            let got = s.resume_window(&window, base, complete)?;
+            if let Some(f) = got {
+                assert!(complete, "finished on an incomplete piece");
+                return Ok((f.model.into_owned(), f.stream, f.spans));
+            }
+            assert!(!complete, "not finished on the whole body");
+            let keep = s.needed_from();
+            assert!(keep >= base, "needs bytes it was told to drop");
+            window.drain(..keep - base);
+            base = keep;
+        }
+        unreachable!()
+    }
+
+    /// Whatever the pieces, the answer is the whole-body answer (an early error included).
+    fn pieces_agree(body: &[u8]) {
+        let want = whole(body);
+        let mut s = Scanner::new();
+        for k in 0..=body.len() {
+            let why = format!("cut at {k}: {:?}", String::from_utf8_lossy(body));
+            assert_eq!(in_pieces(&mut s, body, &[k]), want, "{why}");
+            assert_eq!(in_window(&mut s, body, &[k]), want, "window {why}");
+            let two = [k / 2, k];
+            assert_eq!(in_window(&mut s, body, &two), want, "window {two:?}: {why}");
+        }
+        let every: Vec<usize> = (0..=body.len()).collect();
+        assert_eq!(
+            in_pieces(&mut s, body, &every),
+            want,
+            "byte by byte: {:?}",
+            String::from_utf8_lossy(body)
+        );
+        assert_eq!(in_window(&mut s, body, &every), want, "window byte by byte");
+        for step in [2, 3, 5, 7, 13] {
+            let cuts: Vec<usize> = (0..=body.len()).step_by(step).collect();
+            assert_eq!(in_pieces(&mut s, body, &cuts), want, "every {step} bytes");
+            assert_eq!(
+                in_window(&mut s, body, &cuts),
+                want,
+                "window every {step} bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn pieces_give_the_whole_body_answer() {
+        let bodies: &[&[u8]] = &[
+            br#"{"model":"qwen3-8b","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+            br#" {"messages": [], "model" : "m" , "n": -12.5e+3, "t": true, "f": false, "z": null} "#,
+            br#"{"model":"a\"b\\c\u00e9\ud83d\ude00\n","stream":false}"#,
+            br#"{"messages":[{"content":"line\nnext \"q\" \\ \/ \b\f\r\t \u0041 \ud83d\ude00 end"}],"model":"m"}"#,
+            "{\"model\":\"m\",\"x\":\"été 日本 😀\"}".as_bytes(),
+            br#"{"model":"m","a":{"b":[1,2,[3,{"c":"d"}]],"e":{}},"f":[]}"#,
+            br#"{"model":"m","model":"n"}"#,
+            br#"{"a":{"x":1,"x":2},"model":"m"}"#,
+            br#"{"model":"m","k\u0061":1,"ka":2}"#,
+            br#"{"model":"m","a":1"#,
+            br#"{"model":"m",}"#,
+            br#"{"model":"m"} x"#,
+            br#"{"model":"m"}{}"#,
+            br#"{"model":12}"#,
+            br#"{"model":""}"#,
+            br#"{"stream":true}"#,
+            br#"[1,2]"#,
+            b"",
+            b"   ",
+            b"\xEF\xBB\xBF{\"model\":\"m\"}",
+            b"{\"model\":\"m\",\"x\":\"a\xC3\"}",
+            b"{\"model\":\"m\",\"x\":\"\xF0\x9F\x98\"}",
+            b"{\"model\":\"m\" \xFF}",
+            b"{\"a\" x \xFF}",
+            b"{\"model\":\"m\",\"x\":\"\x01\"}",
+            br#"{"model":"m","x":"\q"}"#,
+            br#"{"model":"m","x":"\u12G4"}"#,
+            br#"{"model":"m","x":"\ud800"}"#,
+            br#"{"model":"m","x":"\ud800\u0041"}"#,
+            br#"{"model":"m","x":"\udc00"}"#,
+            br#"{"model":"m","n":01}"#,
+            br#"{"model":"m","n":1.}"#,
+            br#"{"model":"m","n":1e}"#,
+            br#"{"model":"m","n":-}"#,
+            br#"{"model":"m","n":-x}"#,
+            br#"{"model":"m","t":tru}"#,
+            br#"{"model":"m","t":truex}"#,
+            br#"{"model":"m","t":nul"#,
+            br#"{"model":"m","x":"unterminated"#,
+            br#"{"model" "m"}"#,
+            br#"{"model":"m","x":[1,]}"#,
+            br#"{"model":"m","x":[}"#,
+            br#"{"model":"m" "x":1}"#,
+        ];
+        for body in bodies {
+            pieces_agree(body);
+        }
+        // Long strings cut in their 64-byte blocks, escapes straddling every cut.
+        let mut long = String::from(r#"{"messages":[{"content":""#);
+        for i in 0..300 {
+            long.push_str(["ab\\n", "\\\"", "cd é", "\\\\", "\\u00e9x"][i % 5]);
+        }
+        long.push_str(r#""}],"model":"m"}"#);
+        pieces_agree(long.as_bytes());
+        let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 2), "]".repeat(MAX_DEPTH + 2));
+        pieces_agree(format!(r#"{{"model":"m","d":{deep}}}"#).as_bytes());
+    }
+
+    /// Random token soup, some valid and most not: the pieces never change the answer.
+    #[test]
+    fn pieces_agree_on_random_bodies() {
+        let tokens: &[&str] = &[
+            "{",
+            "}",
+            "[",
+            "]",
+            ",",
+            ":",
+            " ",
+            "\"model\"",
+            "\"m\"",
+            "\"k\"",
+            "\"a\\\"b\"",
+            "1",
+            "-2.5e3",
+            "true",
+            "null",
+            "\"é\"",
+            "\"\\u00e9\"",
+            "\"\\ud83d\\ude00\"",
+            "\"stream\"",
+            "\"x\\n\\\\y\"",
+            "\u{1F600}",
+            "\"",
+        ];
+        let mut seed = 0x9E3779B97F4A7C15u64;
+        for _ in 0..400 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let mut s = seed;
+            let mut body = String::from("{\"model\":\"m\",");
+            for _ in 0..(seed % 24) {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                body.push_str(tokens[(s >> 33) as usize % tokens.len()]);
+            }
+            pieces_agree(body.as_bytes());
+        }
+    }
+
+    #[test]
+    fn unfinished_bodies_wait_and_broken_ones_fail_early() {
+        let mut s = Scanner::new();
+        s.begin();
+        s.look_at_every_piece();
+        let body = br#"{"model":"m","x":"abc"#;
+        assert_eq!(s.resume(body, false), Ok(None));
+        assert!(s.resume(body, true).is_err());
+        s.begin();
+        s.look_at_every_piece();
+        // The error shows before the body is complete.
+        assert_eq!(
+            s.resume(br#"{"model":"m",}"#, false),
+            Err(invalid(13, "expected a string key after ','"))
+        );
+        // Without the test hook, small pieces wait for MIN_STEP new bytes.
+        let mut s = Scanner::new();
+        s.begin();
+        assert_eq!(s.resume(br#"{"model":"m",}"#, false), Ok(None));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use router_core::config::{
 use router_core::errors::ApiError;
 use router_core::rewrite::format_span;
 use router_core::router::RequestHeaders;
+use router_core::scan::{Fields, ScanError, Scanner};
 use std::rc::Rc;
 
 /// Longest `model` we put into a header; longer ones are refused rather than forwarded.
@@ -42,6 +43,13 @@ pub(crate) struct Request {
     /// Rule and backend (the chosen one, then the one that answered) the counters are kept by.
     rule_index: Option<usize>,
     backend_index: Option<usize>,
+    /// A body arriving in pieces: its scan so far, the bytes it may read again (from
+    /// `window_base` on), and how many bytes have been read. A body that arrives whole uses the
+    /// worker's shared scanner and none of these.
+    scanner: Option<Box<Scanner>>,
+    window: Vec<u8>,
+    window_base: usize,
+    seen: usize,
 }
 
 /// `:method`, `:path` and `content-length` of a request.
@@ -89,6 +97,10 @@ impl Request {
             audited: false,
             rule_index: None,
             backend_index: None,
+            scanner: None,
+            window: Vec::new(),
+            window_base: 0,
+            seen: 0,
         }
     }
 
@@ -196,12 +208,16 @@ impl Request {
         Ok((method, path, length))
     }
 
-    fn route(&mut self, shared: &Shared, body: &[u8]) -> Action {
-        let scanned = shared
-            .scanner
-            .borrow_mut()
-            .scan(body)
-            .map(|f| (f.model.into_owned(), f.spans.model));
+    /// Routes on the scanned body (`body_len` bytes; the body itself only when the audit
+    /// policy wants it in the record).
+    fn route(
+        &mut self,
+        shared: &Shared,
+        scanned: Result<Fields<'_>, ScanError>,
+        body_len: usize,
+        audit_body: Option<&[u8]>,
+    ) -> Action {
+        let scanned = scanned.map(|f| (f.model.into_owned(), f.spans.model));
         let (model, model_span) = match scanned {
             Ok(m) => m,
             Err(e) => return self.fail(&ApiError::from_scan(&e), Outcome::InvalidRequest),
@@ -213,7 +229,7 @@ impl Request {
             );
         }
         self.audit.model = Some(model.clone());
-        if shared.router.config.audit.include_request_body {
+        if let Some(body) = audit_body {
             self.audit.request_body = Some(String::from_utf8_lossy(body).into_owned());
         }
         let router = &shared.router;
@@ -275,7 +291,7 @@ impl Request {
                 .iter()
                 .any(|&b| router.backend(b).external_model.is_some())
         }) {
-            span_value = format_span(span, body.len());
+            span_value = format_span(span, body_len);
             stamp.push((MODEL_SPAN_HEADER, span_value.as_str()));
         }
         // Every stamped name was removed from this request in `read_headers`, so adding is
@@ -311,11 +327,90 @@ impl Request {
         }
     }
 
+    /// A piece of a body that is still arriving: scanned now, so that by the time the last
+    /// piece is here most of the work is done (and a broken body is refused early).
+    fn scan_piece(&mut self, size: usize) -> Action {
+        match self.feed(size, false) {
+            Ok(_) => Action::Pause,
+            Err(Ok(e)) => self.fail(&ApiError::from_scan(&e), Outcome::InvalidRequest),
+            Err(Err(e)) => self.internal(&e),
+        }
+    }
+
+    /// Reads the body bytes from `seen` up to `size` and scans them. Only the bytes the scan may
+    /// read again are kept: usually none, as a cut usually falls inside prompt text, so the
+    /// piece Envoy copied in is scanned where it landed and then freed (copying it again would
+    /// cost as much as the scan). Errors: the scan's, or a hostcall's.
+    fn feed(
+        &mut self,
+        size: usize,
+        complete: bool,
+    ) -> Result<Option<Fields<'static>>, Result<ScanError, String>> {
+        let piece = if size > self.seen {
+            match edge::buffer(Buffer::RequestBody, self.seen, size - self.seen) {
+                Ok(p) => p.unwrap_or_default(),
+                Err(e) => return Err(Err(format!("reading the request body: {e}"))),
+            }
+        } else {
+            Vec::new()
+        };
+        self.seen += piece.len();
+        let window = if self.window.is_empty() {
+            self.window_base = self.seen - piece.len();
+            piece
+        } else {
+            let mut w = std::mem::take(&mut self.window);
+            w.extend_from_slice(&piece);
+            w
+        };
+        let scanner = self.scanner.get_or_insert_with(|| {
+            let mut s = Box::new(Scanner::new());
+            s.begin();
+            s
+        });
+        let fields = scanner
+            .resume_window(&window, self.window_base, complete)
+            .map_err(Ok)?;
+        let keep = scanner.needed_from().clamp(self.window_base, self.seen);
+        if keep < self.seen && fields.is_none() {
+            let mut w = window;
+            w.drain(..keep - self.window_base);
+            self.window = w;
+            self.window_base = keep;
+        }
+        Ok(fields)
+    }
+
+    /// The body is complete (`size` bytes, or all that is buffered for `usize::MAX`).
     fn finish_body(&mut self, size: usize) -> Action {
         let Some(shared) = self.shared.clone() else {
             return self.internal("filter is not configured");
         };
         self.routing = false;
+        let audited_body = shared.router.config.audit.include_request_body;
+        if self.scanner.is_some() {
+            // Arrived in pieces: finish the scan in progress.
+            let size = if size == usize::MAX { self.seen } else { size };
+            let scanned = match self.feed(size, true) {
+                Ok(fields) => fields.ok_or(ScanError::MissingModel),
+                Err(Ok(e)) => Err(e),
+                Err(Err(e)) => return self.internal(&e),
+            };
+            self.scanner = None;
+            self.window = Vec::new();
+            if self.seen == 0 {
+                return self.fail(&ApiError::empty_body(), Outcome::InvalidRequest);
+            }
+            let body = audited_body
+                .then(|| {
+                    edge::buffer(Buffer::RequestBody, 0, self.seen)
+                        .ok()
+                        .flatten()
+                })
+                .flatten();
+            let len = self.seen;
+            return self.route(&shared, scanned, len, body.as_deref());
+        }
         let body = match edge::buffer(Buffer::RequestBody, 0, size) {
             Ok(Some(b)) => b,
             Ok(None) => Vec::new(),
@@ -324,7 +419,13 @@ impl Request {
         if body.is_empty() {
             return self.fail(&ApiError::empty_body(), Outcome::InvalidRequest);
         }
-        self.route(&shared, &body)
+        let scanned = shared.scanner.borrow_mut().scan(&body);
+        self.route(
+            &shared,
+            scanned,
+            body.len(),
+            audited_body.then_some(&body[..]),
+        )
     }
 }
 
@@ -390,8 +491,8 @@ impl HttpContext for Request {
             return self.fail(&ApiError::body_too_large(limit), Outcome::InvalidRequest);
         }
         if !end_of_stream {
-            // Keep buffering until the whole body is here.
-            return Action::Pause;
+            // Envoy keeps buffering; the decision waits for the whole body.
+            return self.scan_piece(body_size);
         }
         self.finish_body(body_size)
     }

@@ -964,3 +964,80 @@ fn endpoint_metadata_is_read_only_when_it_can_differ_from_the_decision() {
         );
     }
 }
+
+/// Big bodies arrive in pieces and are scanned as they come (only the bytes a scan may read
+/// again are kept between pieces): the decision, and the model span the per-attempt filter
+/// rewrites from, are what the whole body gives, and a body broken early is refused as soon as
+/// the broken piece is in, before the rest of it has arrived.
+#[test]
+fn big_bodies_are_scanned_as_their_pieces_arrive() {
+    let mut cfg = router_config();
+    cfg["max_body_bytes"] = json!(1 << 20);
+    let prompt = "word \\\"quoted\\\" é \\n \\u00e9 ".repeat(8000);
+    let last =
+        format!(r#"{{"messages":[{{"role":"user","content":"{prompt}"}}],"model":"qwen3-8b"}}"#);
+    let first = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{prompt}"}}]}}"#);
+    let send = |body: &str, extra: &[(&str, &str)], chunk: usize| {
+        let mut h = host_with("llmkube_model_router", &cfg);
+        let len = body.len().to_string();
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-length", len.as_str()),
+        ];
+        headers.extend_from_slice(extra);
+        h.run_request(&headers, body.as_bytes(), chunk).unwrap()
+    };
+    let research = [("x-team", "research")];
+    let whole_span = send(&first, &research, 0)
+        .header("x-llmkube-model-span")
+        .map(str::to_string);
+    assert_eq!(
+        whole_span.as_deref(),
+        Some(format!("9-12/{}", first.len()).as_str())
+    );
+    for chunk in [997, 16 * 1024 + 3, 65536] {
+        let o = send(&last, &[], chunk);
+        assert_eq!(o.header("x-llmkube-rule"), Some("qwen"), "chunk {chunk}");
+        assert_eq!(o.forwarded_body, last.as_bytes(), "chunk {chunk}");
+        let o = send(&first, &research, chunk);
+        assert_eq!(
+            o.header("x-llmkube-rule"),
+            Some("research"),
+            "chunk {chunk}"
+        );
+        assert_eq!(
+            o.header("x-llmkube-model-span").map(str::to_string),
+            whole_span,
+            "chunk {chunk}"
+        );
+    }
+
+    // Broken 40 KiB in, 300 KiB long: refused while the rest is still to come.
+    let broken = format!(
+        r#"{{"model":"qwen3-8b","a":"{}","b":tru,"messages":"{}"}}"#,
+        "x".repeat(40_000),
+        "y".repeat(300_000)
+    );
+    let mut h = host_with("llmkube_model_router", &cfg);
+    let id = h.new_http_stream().unwrap();
+    let len = broken.len().to_string();
+    let headers = [
+        (":method", "POST"),
+        (":path", "/v1/chat/completions"),
+        ("content-length", len.as_str()),
+    ];
+    h.request_headers(id, &headers, false).unwrap();
+    let mut sent = 0;
+    for piece in broken.as_bytes().chunks(8192) {
+        sent += piece.len();
+        h.request_body(id, piece, sent == broken.len()).unwrap();
+        if h.request_outcome(id).unwrap().local_response.is_some() {
+            break;
+        }
+    }
+    let o = h.request_outcome(id).unwrap();
+    assert_eq!(error_of(&o).0, 400, "{:?}", o.local_response);
+    assert!(sent < 80_000, "refused only after {sent} bytes");
+    assert!(o.forwarded_headers.is_none());
+}

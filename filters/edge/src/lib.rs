@@ -84,13 +84,6 @@ extern "C" {
         value_data: *const u8,
         value_size: usize,
     ) -> u32;
-    fn proxy_add_header_map_value(
-        map_type: u32,
-        key_data: *const u8,
-        key_size: usize,
-        value_data: *const u8,
-        value_size: usize,
-    ) -> u32;
     fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
     fn proxy_send_local_response(
         status_code: u32,
@@ -161,15 +154,6 @@ mod native {
         super::NOT_FOUND
     }
     pub unsafe fn proxy_replace_header_map_value(
-        _: u32,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-    ) -> u32 {
-        super::OK
-    }
-    pub unsafe fn proxy_add_header_map_value(
         _: u32,
         _: *const u8,
         _: usize,
@@ -385,22 +369,6 @@ pub fn set_header(map: Map, name: &str, value: &str) -> HostResult<()> {
 pub fn remove_header(map: Map, name: &str) -> HostResult<()> {
     let status = unsafe { proxy_remove_header_map_value(map as u32, name.as_ptr(), name.len()) };
     check("proxy_remove_header_map_value", status)
-}
-
-/// Adds a header value, keeping any the map already has. For a header this request has just
-/// removed (or never had) it has `set_header`'s effect at about half of Envoy's price (measured
-/// with bench/hostcalls.py: replace removes every existing value first).
-pub fn add_header(map: Map, name: &str, value: &str) -> HostResult<()> {
-    let status = unsafe {
-        proxy_add_header_map_value(
-            map as u32,
-            name.as_ptr(),
-            name.len(),
-            value.as_ptr(),
-            value.len(),
-        )
-    };
-    check("proxy_add_header_map_value", status)
 }
 
 /// Answers the request locally; nothing is forwarded upstream.

@@ -294,10 +294,8 @@ impl Request {
             span_value = format_span(span, body_len);
             stamp.push((MODEL_SPAN_HEADER, span_value.as_str()));
         }
-        // Every stamped name was removed from this request in `read_headers`, so adding is
-        // setting, at about half the host's price.
         for (name, value) in stamp {
-            if let Err(e) = edge::add_header(Map::RequestHeaders, name, value) {
+            if let Err(e) = edge::set_header(Map::RequestHeaders, name, value) {
                 return self.internal(&format!("setting {name}: {e}"));
             }
         }

@@ -33,9 +33,11 @@ pub fn parse_span(value: &[u8]) -> Option<(Span, usize)> {
 
 /// Rewrites `model` using only the body bytes up to the end of its span (`head`), so a large
 /// body is neither scanned again nor copied whole: the result replaces `head` (Envoy's
-/// drain-and-prepend). `None` unless `head[span]` is exactly the JSON string `expected`, i.e. the
-/// span still points at the model the downstream filter routed on.
-pub fn rewrite_head(head: &[u8], span: Span, expected: &str, value: &str) -> Option<Vec<u8>> {
+/// drain-and-prepend). The value is the last thing in `head`, so it is replaced in place: with
+/// `model` last in a big body, `head` is nearly the whole body, and each copy of it costs about
+/// as much as scanning it. `None` unless `head[span]` is exactly the JSON string `expected`, i.e.
+/// the span still points at the model the downstream filter routed on.
+pub fn rewrite_head(mut head: Vec<u8>, span: Span, expected: &str, value: &str) -> Option<Vec<u8>> {
     if span.1 != head.len() {
         return None;
     }
@@ -47,7 +49,10 @@ pub fn rewrite_head(head: &[u8], span: Span, expected: &str, value: &str) -> Opt
     if current != expected {
         return None;
     }
-    Some(replace_with_string(head, span, value))
+    let quoted = serde_json::to_string(value).unwrap_or_else(|_| String::from("\"\""));
+    head.truncate(span.0);
+    head.extend_from_slice(quoted.as_bytes());
+    Some(head)
 }
 
 #[cfg(test)]
@@ -65,19 +70,22 @@ mod tests {
             parse_span(format_span(span, body.len()).as_bytes()),
             Some((span, body.len()))
         );
-        let head = rewrite_head(&body[..span.1], span, "qwen/local", "gpt-5").unwrap();
+        let head = rewrite_head(body[..span.1].to_vec(), span, "qwen/local", "gpt-5").unwrap();
         let mut via_head = head.clone();
         via_head.extend_from_slice(&body[span.1..]);
         assert_eq!(via_head, replace_with_string(body, span, "gpt-5"));
         // Anything that does not point at that model is refused.
-        assert_eq!(rewrite_head(&body[..span.1], span, "other", "gpt-5"), None);
         assert_eq!(
-            rewrite_head(&body[..span.1 - 1], span, "qwen/local", "g"),
+            rewrite_head(body[..span.1].to_vec(), span, "other", "gpt-5"),
+            None
+        );
+        assert_eq!(
+            rewrite_head(body[..span.1 - 1].to_vec(), span, "qwen/local", "g"),
             None
         );
         let shifted = (span.0 - 1, span.1 - 1);
         assert_eq!(
-            rewrite_head(&body[..shifted.1], shifted, "qwen/local", "g"),
+            rewrite_head(body[..shifted.1].to_vec(), shifted, "qwen/local", "g"),
             None
         );
         for bad in [

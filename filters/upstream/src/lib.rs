@@ -312,10 +312,11 @@ impl Attempt {
             Ok(None) => return None,
             Err(e) => return Some(Err(format!("reading the request body: {e}"))),
         };
-        let new_head = rewrite_head(&head, span, routed_model, model)?;
+        let old_len = head.len();
+        let new_head = rewrite_head(head, span, routed_model, model)?;
         Some(
-            edge::replace_buffer(Buffer::RequestBody, head.len(), &new_head)
-                .map(|_| body_size - head.len() + new_head.len())
+            edge::replace_buffer(Buffer::RequestBody, old_len, &new_head)
+                .map(|_| body_size - old_len + new_head.len())
                 .map_err(|e| format!("rewriting the request body: {e}")),
         )
     }

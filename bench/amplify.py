@@ -58,33 +58,16 @@ def main():
         nop = hostcalls.cost_filter(hostcalls.COST_WASM, "none:0", "nop")
         ls += [B.Listener("min1", "minimal wasm x1", "native", [buf, nop]),
                B.Listener("minK", f"minimal wasm x{a.k}", "native", [buf] + [nop] * a.k)]
-    for l in ls:
-        l.port = B.free_port()
-    bodies = B.write_bodies(B.OUT / "bodies")
+    all_bodies = B.write_bodies(B.OUT / "bodies")
     sizes = [int(s) * B.KIB for s in a.sizes.split(",")]
-    up = B.Upstream()
-    env = None
-    cpu = {(l.key, s): [] for l in ls for s in sizes}
-    try:
-        env = B.Envoy(a.envoy, B.bootstrap(ls, B.free_port(), up.port), B.OUT, "amplify", 1)
-        pids = {"envoy": env.pid}
+    bodies = {s: all_bodies[(s, "first")] for s in sizes}
+    with B.serving(a.envoy, ls, "amplify") as env:
         for l in ls:
             for s in sizes:
-                st, h, data = B.post(l.port, bodies[(s, "first")].read_bytes())
+                st, h, data = B.post(l.port, bodies[s].read_bytes())
                 if st != 200:
                     raise SystemExit(f"FAIL: {l.key} answered {st}: {data[:200]!r}")
-        for rep in range(a.reps):
-            for s in sizes:
-                body = bodies[(s, "first")]
-                shift = (rep + sizes.index(s)) % len(ls)
-                for l in ls[shift:] + ls[:shift]:
-                    r = B.wrk("wrk", l.port, body, a.duration, 4, 1, pids)
-                    cpu[(l.key, s)].append(r["cpu_pct"]["envoy"] / 100 / r["rps"] * 1e6)
-            print(f"  rep {rep + 1}/{a.reps} done", file=sys.stderr, flush=True)
-    finally:
-        if env:
-            env.stop()
-        up.stop()
+        cpu = B.interleaved_cpu(env, ls, bodies, a.reps, a.duration)
     m = {k: statistics.median(v) for k, v in cpu.items()}
     print(f"Envoy CPU per request, µs (median of {a.reps}; 4 connections; K = {a.k}):")
     print("| size | buffer | jtm x1 | jtm xK | ours x1 | ours xK | one jtm | one ours | ours / jtm |")

@@ -19,6 +19,7 @@ It measures; it asserts nothing about times.  Python 3.11 stdlib only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import http.client
 import json
@@ -520,6 +521,42 @@ def wrk(wrk_bin: str, port: int, body: Path, seconds: int, conns: int, threads: 
     r["cpu_pct"] = {k: round(v, 1) for k, v in cpu.items()}
     r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
     return r
+
+
+def cpu_per_request(r: dict) -> float:
+    """Envoy CPU time (µs) per request served in one wrk run."""
+    return r["cpu_pct"]["envoy"] / 100 / r["rps"] * 1e6
+
+
+@contextlib.contextmanager
+def serving(envoy: str, ls: list[Listener], tag: str):
+    """The bench upstream and one Envoy (--concurrency 1) serving `ls` on fresh ports."""
+    for l in ls:
+        l.port = free_port()
+    up = Upstream()
+    env = None
+    try:
+        env = Envoy(envoy, bootstrap(ls, free_port(), up.port), OUT, tag, 1)
+        yield env
+    finally:
+        if env:
+            env.stop()
+        up.stop()
+
+
+def interleaved_cpu(env: Envoy, ls: list[Listener], bodies: dict, reps: int, duration: int,
+                    conns: int = 4) -> dict:
+    """Envoy CPU per request of every listener on every body ({name: path}), the listeners'
+    order rotating so none always runs first: {(listener key, body name): [µs per rep]}."""
+    cpu: dict = {}
+    for rep in range(reps):
+        for bi, (name, body) in enumerate(bodies.items()):
+            shift = (rep + bi) % len(ls)
+            for l in ls[shift:] + ls[:shift]:
+                r = wrk("wrk", l.port, body, duration, conns, 1, {"envoy": env.pid})
+                cpu.setdefault((l.key, name), []).append(cpu_per_request(r))
+        print(f"  rep {rep + 1}/{reps} done", file=sys.stderr, flush=True)
+    return cpu
 
 
 def slope(xs: list[float], ys: list[float]) -> float:

@@ -53,30 +53,16 @@ def main():
           B.Listener("route", "+ that header routes to the backend", "ours", [buf, cost("route")],
                      [ours]),
           B.Listener("ours", "model/rule filter", "ours", [buf, B.wasm_filter(ours)], [ours])]
-    for l in ls:
-        l.port = B.free_port()
     body = B.write_bodies(B.OUT / "bodies")[(1024, "first")]
-    up = B.Upstream()
-    env = None
-    cpu = {l.key: [] for l in ls}
-    try:
-        env = B.Envoy(a.envoy, B.bootstrap(ls, B.free_port(), up.port), B.OUT, "floor", 1)
+    with B.serving(a.envoy, ls, "floor") as env:
         for l in ls:
             st, h, data = B.post(l.port, body.read_bytes())
             want = B.EXPECTED_BACKEND if l.kind == "ours" else "-"
             if st != 200 or h.get("x-seen-backend") != want:
                 raise SystemExit(f"FAIL: {l.key}: {st} backend {h.get('x-seen-backend')!r}, "
                                  f"want 200 and {want!r}: {data[:200]!r}")
-        for rep in range(a.reps):
-            shift = rep % len(ls)
-            for l in ls[shift:] + ls[:shift]:
-                r = B.wrk("wrk", l.port, body, a.duration, 4, 1, {"envoy": env.pid})
-                cpu[l.key].append(r["cpu_pct"]["envoy"] / 100 / r["rps"] * 1e6)
-            print(f"  rep {rep + 1}/{a.reps} done", file=sys.stderr, flush=True)
-    finally:
-        if env:
-            env.stop()
-        up.stop()
+        cpu = {k: v for (k, _), v in B.interleaved_cpu(env, ls, {"1k": body}, a.reps,
+                                                        a.duration).items()}
     m = {k: statistics.median(v) for k, v in cpu.items()}
     print(f"Envoy CPU per request, µs (median of {a.reps}; 1 KiB POST; 4 connections):")
     print("| listener | µs | over buffer | step |")

@@ -70,28 +70,13 @@ def main():
             wasm_exports.drop(COST_WASM, one, [name])
             ls.append(B.Listener(f"-{name}", f"without {name}", "native",
                                  [cost_filter(one, "none:0", f"e{i}")]))
-    for l in ls:
-        l.port = B.free_port()
-    up = B.Upstream()
-    env = None
-    try:
-        env = B.Envoy(a.envoy, B.bootstrap(ls, B.free_port(), up.port), B.OUT, "hostcalls", 1)
-        pids = {"envoy": env.pid}
+    with B.serving(a.envoy, ls, "hostcalls") as env:
         for l in ls:
             st, _, data = B.post(l.port, body.read_bytes())
             if st != 200:
                 raise SystemExit(f"FAIL: {l.key} answered {st}: {data[:200]!r}")
-        cpu = {l.key: [] for l in ls}
-        for rep in range(a.reps):
-            shift = rep % len(ls)
-            for l in ls[shift:] + ls[:shift]:
-                r = B.wrk("wrk", l.port, body, a.duration, 4, 1, pids)
-                cpu[l.key].append(r["cpu_pct"]["envoy"] / 100 / r["rps"] * 1e6)
-            print(f"  rep {rep + 1}/{a.reps} done", file=sys.stderr, flush=True)
-    finally:
-        if env:
-            env.stop()
-        up.stop()
+        cpu = {k: v for (k, _), v in B.interleaved_cpu(env, ls, {"1k": body}, a.reps,
+                                                        a.duration).items()}
     m = {k: statistics.median(v) for k, v in cpu.items()}
     print(f"Envoy CPU per request (µs, median of {a.reps}), 1 KiB POST, 4 connections:")
     print(f"  no filter                           {m['base']:8.1f}")

@@ -1017,17 +1017,8 @@ mod tests {
             b"{\"model\":\"m\" \xFF}",
             b"{\"a\" x \xFF}",
             b"{\"model\":\"m\",\"x\":\"\x01\"}",
-            br#"{"model":"m","x":"\q"}"#,
-            br#"{"model":"m","x":"\u12G4"}"#,
-            br#"{"model":"m","x":"\ud800"}"#,
             br#"{"model":"m","x":"\ud800\u0041"}"#,
-            br#"{"model":"m","x":"\udc00"}"#,
-            br#"{"model":"m","n":01}"#,
-            br#"{"model":"m","n":1.}"#,
-            br#"{"model":"m","n":1e}"#,
-            br#"{"model":"m","n":-}"#,
             br#"{"model":"m","n":-x}"#,
-            br#"{"model":"m","t":tru}"#,
             br#"{"model":"m","t":truex}"#,
             br#"{"model":"m","t":nul"#,
             br#"{"model":"m","x":"unterminated"#,
@@ -1038,6 +1029,9 @@ mod tests {
         ];
         for body in bodies {
             pieces_agree(body);
+        }
+        for body in INVALID_JSON {
+            pieces_agree(body.as_bytes());
         }
         // Long strings cut in their 64-byte blocks, escapes straddling every cut.
         let mut long = String::from(r#"{"messages":[{"content":""#);
@@ -1225,34 +1219,37 @@ mod tests {
         ));
     }
 
+    /// Bodies that are not JSON (or not one object's worth of it).
+    const INVALID_JSON: &[&str] = &[
+        "",
+        "   ",
+        "{",
+        r#"{"model":"m""#,
+        r#"{"model":"m",}"#,
+        r#"{"model":"m"}}"#,
+        r#"{"model":"m"} x"#,
+        r#"{"model":"m" "x":1}"#,
+        r#"{"model":'m'}"#,
+        r#"{model:"m"}"#,
+        r#"{"model":"m","a":[1,]}"#,
+        r#"{"model":"m","a":01}"#,
+        r#"{"model":"m","a":1.}"#,
+        r#"{"model":"m","a":-}"#,
+        r#"{"model":"m","a":1e}"#,
+        r#"{"model":"m","a":tru}"#,
+        r#"{"model":"m","a":NaN}"#,
+        r#"{"model":"m","a":"\x"}"#,
+        r#"{"model":"m","a":"\u12"}"#,
+        r#"{"model":"m","a":"\ud800"}"#,
+        r#"{"model":"m","a":"\udc00\ud800"}"#,
+        "{\"model\":\"m\",\"a\":\"tab\there\"}",
+        "{\"model\":\"m\u{0}\"}",
+        "\u{feff}{\"model\":\"m\"}",
+    ];
+
     #[test]
     fn invalid_json_is_refused() {
-        for body in [
-            "",
-            "   ",
-            "{",
-            r#"{"model":"m""#,
-            r#"{"model":"m",}"#,
-            r#"{"model":"m"}}"#,
-            r#"{"model":"m"} x"#,
-            r#"{"model":"m" "x":1}"#,
-            r#"{"model":'m'}"#,
-            r#"{model:"m"}"#,
-            r#"{"model":"m","a":[1,]}"#,
-            r#"{"model":"m","a":01}"#,
-            r#"{"model":"m","a":1.}"#,
-            r#"{"model":"m","a":-}"#,
-            r#"{"model":"m","a":1e}"#,
-            r#"{"model":"m","a":tru}"#,
-            r#"{"model":"m","a":NaN}"#,
-            r#"{"model":"m","a":"\x"}"#,
-            r#"{"model":"m","a":"\u12"}"#,
-            r#"{"model":"m","a":"\ud800"}"#,
-            r#"{"model":"m","a":"\udc00\ud800"}"#,
-            "{\"model\":\"m\",\"a\":\"tab\there\"}",
-            "{\"model\":\"m\u{0}\"}",
-            "\u{feff}{\"model\":\"m\"}",
-        ] {
+        for body in INVALID_JSON {
             assert!(is_invalid(scan(body)), "{body:?} -> {:?}", scan(body));
         }
         assert_eq!(scan(r#"["model"]"#), Err(ScanError::NotObject));

@@ -55,18 +55,24 @@ fn router() -> Host {
     host_with("llmkube_model_router", &router_config())
 }
 
-fn post(host: &mut Host, extra: &[(&str, &str)], body: &str) -> StreamOutcome {
+/// A chat-completions POST of `body` with `extra` headers, the body in `chunk`-byte pieces (one
+/// piece for 0).
+fn send_body(host: &mut Host, extra: &[(&str, &str)], body: &str, chunk: usize) -> StreamOutcome {
     let len = body.len().to_string();
     let mut headers = vec![
         (":method", "POST"),
         (":path", "/v1/chat/completions"),
-        (":authority", "gw"),
-        ("content-type", "application/json"),
         ("content-length", len.as_str()),
     ];
     headers.extend_from_slice(extra);
-    host.run_request(&headers, body.as_bytes(), 0)
+    host.run_request(&headers, body.as_bytes(), chunk)
         .expect("no trap")
+}
+
+fn post(host: &mut Host, extra: &[(&str, &str)], body: &str) -> StreamOutcome {
+    let mut headers = vec![(":authority", "gw"), ("content-type", "application/json")];
+    headers.extend_from_slice(extra);
+    send_body(host, &headers, body, 0)
 }
 
 fn error_of(o: &StreamOutcome) -> (u32, String) {
@@ -680,14 +686,7 @@ fn upstream(metadata_backend: Option<&str>) -> Host {
 }
 
 fn attempt(h: &mut Host, extra: &[(&str, &str)], body: &str) -> StreamOutcome {
-    let len = body.len().to_string();
-    let mut headers = vec![
-        (":method", "POST"),
-        (":path", "/v1/chat/completions"),
-        ("content-length", len.as_str()),
-    ];
-    headers.extend_from_slice(extra);
-    h.run_request(&headers, body.as_bytes(), 5).unwrap()
+    send_body(h, extra, body, 5)
 }
 
 #[test]
@@ -978,15 +977,12 @@ fn big_bodies_are_scanned_as_their_pieces_arrive() {
         format!(r#"{{"messages":[{{"role":"user","content":"{prompt}"}}],"model":"qwen3-8b"}}"#);
     let first = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{prompt}"}}]}}"#);
     let send = |body: &str, extra: &[(&str, &str)], chunk: usize| {
-        let mut h = host_with("llmkube_model_router", &cfg);
-        let len = body.len().to_string();
-        let mut headers = vec![
-            (":method", "POST"),
-            (":path", "/v1/chat/completions"),
-            ("content-length", len.as_str()),
-        ];
-        headers.extend_from_slice(extra);
-        h.run_request(&headers, body.as_bytes(), chunk).unwrap()
+        send_body(
+            &mut host_with("llmkube_model_router", &cfg),
+            extra,
+            body,
+            chunk,
+        )
     };
     let research = [("x-team", "research")];
     let whole_span = send(&first, &research, 0)

@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
     let ours = scanner.scan(data);
     let whole = ours
         .clone()
-        .map(|f| (f.model.into_owned(), f.stream, f.spans));
+        .map(|f| (f.model, f.stream, f.spans));
     let mut cut = 0usize;
     let mut pieces = Scanner::new();
     pieces.begin();
@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
         if cut >= data.len() {
             break pieces.resume(data, true).map(|f| {
                 let f = f.expect("a whole body always finishes");
-                (f.model.into_owned(), f.stream, f.spans)
+                (f.model, f.stream, f.spans)
             });
         }
         match pieces.resume(&data[..cut], false) {
@@ -51,7 +51,7 @@ fuzz_target!(|data: &[u8]| {
         match pieces.resume_window(&window, base, complete) {
             Ok(Some(f)) => {
                 assert!(complete, "finished on an incomplete piece");
-                break Ok((f.model.into_owned(), f.stream, f.spans));
+                break Ok((f.model, f.stream, f.spans));
             }
             Ok(None) => assert!(!complete, "a whole body always finishes"),
             Err(e) => break Err(e),
@@ -67,7 +67,7 @@ fuzz_target!(|data: &[u8]| {
         (Ok(fields), Ok(value)) => {
             assert_eq!(
                 value.get("model").and_then(|m| m.as_str()),
-                Some(fields.model.as_ref())
+                Some(fields.model.as_str())
             );
             assert_eq!(
                 fields.stream,

@@ -56,8 +56,8 @@ pub struct TopLevel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fields<'a> {
-    pub model: Cow<'a, str>,
+pub struct Fields {
+    pub model: String,
     /// `stream: true` at the top level; any other value (or absence) is not streaming.
     pub stream: bool,
     pub spans: TopLevel,
@@ -84,7 +84,6 @@ pub struct Scanner {
 const MIN_STEP: usize = 16 * 1024;
 
 /// Where an unfinished scan stands; everything before `pos` has been parsed.
-#[derive(Clone)]
 struct Progress {
     state: State,
     pos: usize,
@@ -198,7 +197,7 @@ impl Scanner {
     /// and `stream`. The first problem in the body wins (invalid JSON or UTF-8, a duplicate key,
     /// too deep), then model problems; the answer is the same however the body is fed to
     /// [`Scanner::resume`].
-    pub fn scan<'a>(&mut self, body: &'a [u8]) -> Result<Fields<'a>, ScanError> {
+    pub fn scan(&mut self, body: &[u8]) -> Result<Fields, ScanError> {
         self.begin();
         match self.resume(body, true)? {
             Some(fields) => Ok(fields),
@@ -218,11 +217,7 @@ impl Scanner {
     /// far (each call a longer prefix of the same body), `complete` that it is all of it.
     /// `Ok(None)`: fine so far, more is needed. An error is final: no continuation can fix it,
     /// and it is the error [`Scanner::scan`] gives for the whole body.
-    pub fn resume<'a>(
-        &mut self,
-        body: &'a [u8],
-        complete: bool,
-    ) -> Result<Option<Fields<'a>>, ScanError> {
+    pub fn resume(&mut self, body: &[u8], complete: bool) -> Result<Option<Fields>, ScanError> {
         self.resume_window(body, 0, complete)
     }
 
@@ -234,12 +229,12 @@ impl Scanner {
     /// Work is skipped until enough new bytes have arrived to be worth it (at least
     /// `MIN_STEP`, and at least as many as a cut token makes it re-read), so a body trickled in
     /// tiny pieces costs at most about twice a whole-body scan.
-    pub fn resume_window<'a>(
+    pub fn resume_window(
         &mut self,
         window: &[u8],
         base: usize,
         complete: bool,
-    ) -> Result<Option<Fields<'a>>, ScanError> {
+    ) -> Result<Option<Fields>, ScanError> {
         let total = base + window.len();
         if !complete {
             let arrived = total.saturating_sub(self.at.attempted);
@@ -294,11 +289,11 @@ impl Scanner {
     }
 
     /// The model checks once the whole body has parsed.
-    fn finish<'a>(&mut self) -> Result<Fields<'a>, ScanError> {
+    fn finish(&mut self) -> Result<Fields, ScanError> {
         let at = std::mem::take(&mut self.at);
         match at.model {
             Some(m) if !m.is_empty() => Ok(Fields {
-                model: Cow::Owned(m),
+                model: m,
                 stream: at.stream,
                 spans: at.spans,
             }),
@@ -903,7 +898,7 @@ mod tests {
     fn scan(body: &str) -> Result<(String, bool), ScanError> {
         Scanner::new()
             .scan(body.as_bytes())
-            .map(|f| (f.model.into_owned(), f.stream))
+            .map(|f| (f.model, f.stream))
     }
 
     fn is_invalid(r: Result<(String, bool), ScanError>) -> bool {
@@ -915,7 +910,7 @@ mod tests {
     fn whole(body: &[u8]) -> Outcome {
         Scanner::new()
             .scan(body)
-            .map(|f| (f.model.into_owned(), f.stream, f.spans))
+            .map(|f| (f.model, f.stream, f.spans))
     }
 
     /// Feeds `body` in the pieces `cuts` (increasing lengths), then whole; an error on the way
@@ -929,7 +924,7 @@ mod tests {
             }
         }
         match s.resume(body, true)? {
-            Some(f) => Ok((f.model.into_owned(), f.stream, f.spans)),
+            Some(f) => Ok((f.model, f.stream, f.spans)),
             None => panic!("not finished on the whole body"),
         }
     }
@@ -948,7 +943,7 @@ mod tests {
             let got = s.resume_window(&window, base, complete)?;
             if let Some(f) = got {
                 assert!(complete, "finished on an incomplete piece");
-                return Ok((f.model.into_owned(), f.stream, f.spans));
+                return Ok((f.model, f.stream, f.spans));
             }
             assert!(!complete, "not finished on the whole body");
             let keep = s.needed_from();

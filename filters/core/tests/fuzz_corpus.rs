@@ -35,7 +35,7 @@ fn scan_body_corpus_agrees_with_serde_json() {
         let ours = scanner.scan(&data);
         let theirs = serde_json::from_slice::<serde_json::Value>(&data);
         match (&ours, &theirs) {
-            (Ok(f), Ok(v)) => assert_eq!(v["model"].as_str(), Some(f.model.as_ref()), "{path:?}"),
+            (Ok(f), Ok(v)) => assert_eq!(v["model"].as_str(), Some(f.model.as_str()), "{path:?}"),
             (Ok(_), Err(e)) => {
                 let e = e.to_string();
                 assert!(

@@ -213,11 +213,11 @@ impl Request {
     fn route(
         &mut self,
         shared: &Shared,
-        scanned: Result<Fields<'_>, ScanError>,
+        scanned: Result<Fields, ScanError>,
         body_len: usize,
         audit_body: Option<&[u8]>,
     ) -> Action {
-        let scanned = scanned.map(|f| (f.model.into_owned(), f.spans.model));
+        let scanned = scanned.map(|f| (f.model, f.spans.model));
         let (model, model_span) = match scanned {
             Ok(m) => m,
             Err(e) => return self.fail(&ApiError::from_scan(&e), Outcome::InvalidRequest),
@@ -343,7 +343,7 @@ impl Request {
         &mut self,
         size: usize,
         complete: bool,
-    ) -> Result<Option<Fields<'static>>, Result<ScanError, String>> {
+    ) -> Result<Option<Fields>, Result<ScanError, String>> {
         let piece = if size > self.seen {
             match edge::buffer(Buffer::RequestBody, self.seen, size - self.seen) {
                 Ok(p) => p.unwrap_or_default(),
@@ -385,8 +385,7 @@ impl Request {
             return self.internal("filter is not configured");
         };
         self.routing = false;
-        let audited_body = shared.router.config.audit.include_request_body;
-        if self.scanner.is_some() {
+        let (scanned, whole) = if self.scanner.is_some() {
             // Arrived in pieces: finish the scan in progress.
             let size = if size == usize::MAX { self.seen } else { size };
             let scanned = match self.feed(size, true) {
@@ -396,34 +395,30 @@ impl Request {
             };
             self.scanner = None;
             self.window = Vec::new();
-            if self.seen == 0 {
-                return self.fail(&ApiError::empty_body(), Outcome::InvalidRequest);
-            }
-            let body = audited_body
-                .then(|| {
-                    edge::buffer(Buffer::RequestBody, 0, self.seen)
-                        .ok()
-                        .flatten()
-                })
-                .flatten();
-            let len = self.seen;
-            return self.route(&shared, scanned, len, body.as_deref());
-        }
-        let body = match edge::buffer(Buffer::RequestBody, 0, size) {
-            Ok(Some(b)) => b,
-            Ok(None) => Vec::new(),
-            Err(e) => return self.internal(&format!("reading the request body: {e}")),
+            (scanned, None)
+        } else {
+            let body = match edge::buffer(Buffer::RequestBody, 0, size) {
+                Ok(b) => b.unwrap_or_default(),
+                Err(e) => return self.internal(&format!("reading the request body: {e}")),
+            };
+            self.seen = body.len();
+            (shared.scanner.borrow_mut().scan(&body), Some(body))
         };
-        if body.is_empty() {
+        if self.seen == 0 {
             return self.fail(&ApiError::empty_body(), Outcome::InvalidRequest);
         }
-        let scanned = shared.scanner.borrow_mut().scan(&body);
-        self.route(
-            &shared,
-            scanned,
-            body.len(),
-            audited_body.then_some(&body[..]),
-        )
+        // Only the audit policy keeps the body; one that arrived in pieces is read back whole.
+        let audit_body = if shared.router.config.audit.include_request_body {
+            whole.or_else(|| {
+                edge::buffer(Buffer::RequestBody, 0, self.seen)
+                    .ok()
+                    .flatten()
+            })
+        } else {
+            None
+        };
+        let len = self.seen;
+        self.route(&shared, scanned, len, audit_body.as_deref())
     }
 }
 

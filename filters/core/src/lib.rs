@@ -4,7 +4,9 @@
 //! these modules decide. That keeps the same decision whichever host runs it (Envoy's V8, the
 //! wasmtime test harness, the ext_proc server) and lets every rule be unit-tested natively.
 
+pub mod attempt;
 pub mod audit;
+pub mod body;
 pub mod config;
 pub mod errors;
 mod fast;
@@ -12,8 +14,10 @@ pub mod glob;
 pub mod headers;
 pub mod models;
 pub mod orders;
+pub mod plan;
 pub mod provider;
 pub mod quarantine;
 pub mod rewrite;
 pub mod router;
 pub mod scan;
+pub mod table;

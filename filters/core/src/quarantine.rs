@@ -8,8 +8,50 @@
 //! After the deadline the backend is simply eligible again: the next failure quarantines it anew,
 //! which is the half-open probe.
 //!
-//! Wire format of the shared-data value: one little-endian `u64` deadline (host clock, ns) per
-//! backend index; 0 means not quarantined. Short or foreign values decode as "nobody".
+//! Wire format of the shared-data value (`QuarantineCodec`, behind the table version): one
+//! little-endian `u64` deadline (host clock, ns) per backend index; 0 means not quarantined.
+//! Short or foreign values decode as "nobody".
+
+use crate::table::Codec;
+
+/// The shared-data table name (`table::key`).
+pub const TABLE: &str = "quarantine";
+/// Envoy's response code details when the route/HCM idle timeout ends a stream.
+pub const STREAM_IDLE_DETAILS: &[u8] = b"stream_idle_timeout";
+
+/// The backend to quarantine when a response ends: one whose response started (`served`, status
+/// below 500) and never finished because the stream idle timeout cut it (`code_details`).
+/// Client cancels and complete streams quarantine nobody.
+pub fn went_silent(
+    served: Option<usize>,
+    complete: bool,
+    code_details: Option<&[u8]>,
+) -> Option<usize> {
+    served.filter(|_| !complete && code_details == Some(STREAM_IDLE_DETAILS))
+}
+
+/// The quarantine table of a router with `backends` backends.
+#[derive(Debug, Clone, Copy)]
+pub struct QuarantineCodec {
+    pub backends: usize,
+}
+
+impl Codec for QuarantineCodec {
+    type Value = Quarantine;
+    const VERSION: u8 = 1;
+    fn empty(&self) -> Quarantine {
+        Quarantine::new(self.backends)
+    }
+    fn max_bytes(&self) -> usize {
+        self.backends.saturating_mul(8)
+    }
+    fn encode(&self, value: &Quarantine, out: &mut Vec<u8>) {
+        out.extend(value.until.iter().flat_map(|t| t.to_le_bytes()));
+    }
+    fn decode(&self, payload: &[u8]) -> Option<Quarantine> {
+        Some(Quarantine::decode(payload, self.backends))
+    }
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Quarantine {
@@ -38,7 +80,12 @@ impl Quarantine {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        self.until.iter().flat_map(|t| t.to_le_bytes()).collect()
+        let mut out = Vec::with_capacity(self.until.len() * 8);
+        QuarantineCodec {
+            backends: self.until.len(),
+        }
+        .encode(self, &mut out);
+        out
     }
 
     /// Quarantines `backend` until `deadline` (a later deadline already set wins). Returns
@@ -82,6 +129,36 @@ mod tests {
         assert_eq!(Quarantine::decode(&raw, 4), Quarantine::new(4));
         assert_eq!(Quarantine::decode(b"garbage", 3), Quarantine::new(3));
         assert_eq!(Quarantine::decode(&[], 0), Quarantine::new(0));
+    }
+
+    #[test]
+    fn the_table_value_is_versioned_and_sized_by_the_router() {
+        let codec = QuarantineCodec { backends: 2 };
+        let mut q = Quarantine::new(2);
+        q.mark(1, 77);
+        let raw = crate::table::encode(&codec, &q).unwrap();
+        assert_eq!(raw.len(), 1 + 16);
+        assert_eq!(crate::table::decode(&codec, &raw), q);
+        // The unversioned layout, or another router's size, reads as nobody.
+        assert_eq!(
+            crate::table::decode(&codec, &q.encode()),
+            Quarantine::new(2)
+        );
+        let three = QuarantineCodec { backends: 3 };
+        assert_eq!(crate::table::decode(&three, &raw), Quarantine::new(3));
+    }
+
+    #[test]
+    fn only_a_started_stream_cut_idle_quarantines() {
+        let idle = Some(STREAM_IDLE_DETAILS);
+        assert_eq!(went_silent(Some(2), false, idle), Some(2));
+        assert_eq!(went_silent(Some(2), true, idle), None, "it finished");
+        assert_eq!(went_silent(None, false, idle), None, "no backend answered");
+        assert_eq!(
+            went_silent(Some(2), false, Some(b"downstream_remote_disconnect")),
+            None
+        );
+        assert_eq!(went_silent(Some(2), false, None), None);
     }
 
     #[test]

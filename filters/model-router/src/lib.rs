@@ -4,9 +4,9 @@
 //! This layer only moves headers and bytes; `router_core` decides. Every hostcall goes through
 //! `filter_edge`, which returns errors instead of panicking.
 
-mod health;
 mod http;
 mod metrics;
+mod quarantine;
 
 use filter_edge::{self as edge, Level};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -23,8 +23,9 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
-/// Per-VM state shared by every request on this worker.
-pub(crate) struct Shared {
+/// Per-VM state: every request on this worker reads it (not the host's shared data, which
+/// spans workers; see `quarantine`).
+pub(crate) struct Worker {
     pub router: Router,
     /// Lower-cased decision-header names stripped from every request.
     pub stamped: Vec<String>,
@@ -36,7 +37,7 @@ pub(crate) struct Shared {
     /// `auditLog.trustedProxyCIDRs`, parsed once.
     pub trusted_proxies: Vec<Cidr>,
     /// Backends this filter keeps out of attempt orders (stream-idle quarantine).
-    pub health: health::Health,
+    pub quarantine: quarantine::QuarantineTable,
     /// Whether the host keeps info-level logs (the audit line): asked at configure time and on
     /// every tick, not per request.
     pub audit_logged: Cell<bool>,
@@ -44,7 +45,7 @@ pub(crate) struct Shared {
 
 #[derive(Default)]
 struct Root {
-    shared: Option<Rc<Shared>>,
+    worker: Option<Rc<Worker>>,
 }
 
 impl Context for Root {}
@@ -74,18 +75,18 @@ impl RootContext for Root {
                     .filter_map(|c| Cidr::parse(c))
                     .collect();
                 let metrics = metrics::Metrics::new(&router);
-                let health = health::Health::new(&router);
-                health.refresh();
-                if let Err(e) = edge::set_tick_period(health::REFRESH_MS) {
+                let quarantine = quarantine::QuarantineTable::new(&router);
+                quarantine.refresh();
+                if let Err(e) = edge::set_tick_period(edge::table::REFRESH_MS) {
                     // Without ticks a quarantine still holds on the worker that set it.
                     edge::log(
                         Level::Warn,
                         &format!("model-router: no tick, quarantines stay per worker: {e}"),
                     );
                 }
-                self.shared = Some(Rc::new(Shared {
+                self.worker = Some(Rc::new(Worker {
                     metrics,
-                    health,
+                    quarantine,
                     audit_logged: Cell::new(edge::log_enabled(Level::Info)),
                     trusted_proxies,
                     router,
@@ -106,14 +107,14 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        if let Some(shared) = &self.shared {
-            shared.health.refresh();
-            shared.audit_logged.set(edge::log_enabled(Level::Info));
+        if let Some(worker) = &self.worker {
+            worker.quarantine.refresh();
+            worker.audit_logged.set(edge::log_enabled(Level::Info));
         }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(http::Request::new(self.shared.clone())))
+        Some(Box::new(http::Request::new(self.worker.clone())))
     }
 
     fn get_type(&self) -> Option<ContextType> {

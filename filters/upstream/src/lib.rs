@@ -15,17 +15,13 @@
 use filter_edge::{self as edge, Buffer, Level, Map, MetricKind};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use router_core::config::Tier;
+use router_core::attempt::{plan_attempt, AttemptInputs, AttemptPlan, Located};
 use router_core::errors::ApiError;
-use router_core::headers::{
-    ATTEMPT_BACKEND_HEADER, BACKEND_HEADER, MODEL_SPAN_HEADER, ROUTE_HEADER, RULE_HEADER,
-    SENSITIVE_HEADER,
-};
+use router_core::headers::{MODEL_SPAN_HEADER, SENSITIVE_HEADER};
 use router_core::provider::provider_headers;
-use router_core::rewrite::{parse_span, rewrite_head};
+use router_core::rewrite::rewrite_head;
 use router_core::router::Router;
 use router_core::scan::Scanner;
-use router_core::scan::Span;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -36,16 +32,14 @@ const BACKEND_PROPERTY: &[&str] = &[
     "llmkube",
     "backend",
 ];
-/// Decision headers that name the router's rules, backends and attempt orders; removed from
-/// attempts to external providers.
-const INTERNAL_ROUTING_HEADERS: &[&str] = &[RULE_HEADER, BACKEND_HEADER, ROUTE_HEADER];
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
-struct Shared {
+/// Per-VM state every attempt on this worker reads.
+struct Worker {
     router: Router,
     /// Provider credential and version headers, cleared on every attempt.
     provider_headers: Vec<&'static str>,
@@ -58,7 +52,7 @@ struct Shared {
 
 #[derive(Default)]
 struct Root {
-    shared: Option<Rc<Shared>>,
+    worker: Option<Rc<Worker>>,
 }
 
 impl Context for Root {}
@@ -67,7 +61,7 @@ impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         match edge::plugin_configuration().and_then(|raw| Router::from_json(&raw)) {
             Ok(router) => {
-                self.shared = Some(Rc::new(Shared {
+                self.worker = Some(Rc::new(Worker {
                     router,
                     provider_headers: provider_headers(),
                     scanner: RefCell::new(Scanner::new()),
@@ -101,10 +95,8 @@ impl RootContext for Root {
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Attempt {
-            shared: self.shared.clone(),
-            rewrite_to: None,
-            located: None,
-            done: false,
+            worker: self.worker.clone(),
+            phase: Phase::Passing,
         }))
     }
 
@@ -113,19 +105,28 @@ impl RootContext for Root {
     }
 }
 
-struct Attempt {
-    shared: Option<Rc<Shared>>,
-    /// The provider model name, while this attempt's body is buffered for the rewrite.
-    rewrite_to: Option<String>,
-    /// Where the downstream filter found `model`, and the model it routed on.
-    located: Option<(Span, usize, String)>,
+/// Where an attempt stands.
+enum Phase {
+    /// Nothing (more) to do to the request.
+    Passing,
+    /// The body is buffered for its `model` to become `to`; `located` is where the downstream
+    /// filter found it.
+    Rewriting {
+        to: String,
+        located: Option<Located>,
+    },
     /// A local response ended the request.
-    done: bool,
+    Answered,
+}
+
+struct Attempt {
+    worker: Option<Rc<Worker>>,
+    phase: Phase,
 }
 
 impl Attempt {
     fn refuse(&mut self, err: &ApiError) -> Action {
-        self.done = true;
+        self.phase = Phase::Answered;
         if let Err(e) = edge::respond(
             err.status,
             &[("content-type", "application/json")],
@@ -150,17 +151,20 @@ impl Context for Attempt {}
 
 impl HttpContext for Attempt {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
-        let Some(shared) = self.shared.clone() else {
+        let Some(worker) = self.worker.clone() else {
             return self.internal("filter is not configured");
         };
+        let router = &worker.router;
         let mut pairs = match edge::header_pairs(Map::RequestHeaders) {
             Ok(pairs) => pairs,
             Err(e) => return self.internal(&format!("reading request headers: {e}")),
         };
+        // Envoy keeps header edits across attempts: whatever a previous attempt got must not
+        // reach this one.
         if let Err(e) = edge::remove_present(
             Map::RequestHeaders,
             &mut pairs,
-            shared.provider_headers.iter().copied(),
+            worker.provider_headers.iter().copied(),
         ) {
             return self.internal(&format!("removing credential headers: {e}"));
         }
@@ -171,106 +175,86 @@ impl HttpContext for Attempt {
                 .map(|(_, v)| v.as_slice())
         };
         let sensitive = value(SENSITIVE_HEADER) == Some(b"true".as_slice());
-        let located = value(MODEL_SPAN_HEADER)
-            .and_then(parse_span)
-            .and_then(|(span, len)| {
-                let model = std::str::from_utf8(value(&shared.router.config.model_header)?).ok()?;
-                Some((span, len, model.to_string()))
-            });
-        if let Some((_, len, _)) = &located {
-            // An earlier attempt's rewrite left its length behind; this attempt carries the
-            // original body again until (and unless) it rewrites it.
-            let len = len.to_string();
-            if value("content-length").is_some_and(|v| v != len.as_bytes()) {
-                if let Err(e) = edge::set_header(Map::RequestHeaders, "content-length", &len) {
-                    return self.internal(&format!("restoring content-length: {e}"));
-                }
+        let located =
+            Located::from_headers(value(MODEL_SPAN_HEADER), value(&router.config.model_header));
+        if let Some(len) = located
+            .as_ref()
+            .and_then(|l| l.restore_length(value("content-length")))
+        {
+            if let Err(e) = edge::set_header(Map::RequestHeaders, "content-length", &len) {
+                return self.internal(&format!("restoring content-length: {e}"));
             }
         }
-        let backend = match edge::property(BACKEND_PROPERTY) {
-            Ok(Some(name)) => String::from_utf8(name)
-                .ok()
-                .and_then(|n| shared.router.backend_index(&n)),
-            Ok(None) => None,
+        let endpoint = match edge::property(BACKEND_PROPERTY) {
+            Ok(name) => name,
             Err(e) => return self.internal(&format!("reading endpoint metadata: {e}")),
         };
-        let Some(bi) = backend else {
-            // An endpoint we cannot identify cannot be shown to be local.
-            if sensitive {
-                return self.refuse(&ApiError::fail_closed(
-                    "request is sensitive and the upstream endpoint carries no llmkube backend metadata".into(),
-                ));
-            }
-            return Action::Continue;
+        let inputs = AttemptInputs {
+            sensitive,
+            endpoint_backend: endpoint.as_deref(),
         };
-        let b = shared.router.backend(bi);
-        if sensitive && b.tier != Tier::Local {
-            if let Some(m) = shared.blocked_metric {
-                edge::increment_metric(m, 1);
+        let send = match plan_attempt(router, inputs) {
+            AttemptPlan::Unidentified => return Action::Continue,
+            AttemptPlan::Refuse { error, prevented } => {
+                if let Some(name) = prevented {
+                    if let Some(m) = worker.blocked_metric {
+                        edge::increment_metric(m, 1);
+                    }
+                    edge::log(
+                        Level::Error,
+                        &format!(
+                            "llmkube upstream: VIOLATION PREVENTED: sensitive request attempted cloud backend {name:?}; refused before sending"
+                        ),
+                    );
+                }
+                return self.refuse(&error);
             }
-            edge::log(
-                Level::Error,
-                &format!(
-                    "llmkube upstream: VIOLATION PREVENTED: sensitive request attempted cloud backend {:?}; refused before sending",
-                    b.name
-                ),
-            );
-            return self.refuse(&ApiError::fail_closed(format!(
-                "sensitive request may only be served by local-tier backends; backend {:?} is cloud",
-                b.name
-            )));
-        }
-        if let Err(e) = edge::set_header(Map::RequestHeaders, ATTEMPT_BACKEND_HEADER, &b.name) {
-            return self.internal(&format!("setting {ATTEMPT_BACKEND_HEADER}: {e}"));
-        }
-        let Some(model) = b.external_model.clone() else {
-            return Action::Continue;
+            AttemptPlan::Send(send) => send,
         };
-        // Rule, backend and route names are the router's internals: a provider gets none of them.
-        // (Envoy keeps header edits across retries: nothing a later attempt needs is removed.)
-        if let Err(e) = edge::remove_present(
-            Map::RequestHeaders,
-            &mut pairs,
-            INTERNAL_ROUTING_HEADERS.iter().copied(),
-        ) {
+        if let Err(e) =
+            edge::remove_present(Map::RequestHeaders, &mut pairs, send.remove.iter().copied())
+        {
             return self.internal(&format!("removing routing headers: {e}"));
         }
-        if let Some((name, value)) = b.provider.and_then(|p| p.version_header()) {
+        for (name, value) in &send.set {
             if let Err(e) = edge::set_header(Map::RequestHeaders, name, value) {
                 return self.internal(&format!("setting {name}: {e}"));
             }
         }
-        if end_of_stream {
+        let Some(model) = send.rewrite_model.filter(|_| !end_of_stream) else {
             return Action::Continue;
-        }
-        self.rewrite_to = Some(model);
-        self.located = located;
+        };
+        self.phase = Phase::Rewriting {
+            to: model.to_string(),
+            located,
+        };
         Action::Pause
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.done {
-            return Action::Pause;
+        match &self.phase {
+            Phase::Answered => return Action::Pause,
+            Phase::Passing => return Action::Continue,
+            Phase::Rewriting { .. } if !end_of_stream => return Action::Pause,
+            Phase::Rewriting { .. } => {}
         }
-        let Some(model) = self.rewrite_to.clone() else {
+        let Phase::Rewriting { to: model, located } =
+            std::mem::replace(&mut self.phase, Phase::Passing)
+        else {
             return Action::Continue;
         };
-        if !end_of_stream {
-            return Action::Pause;
-        }
-        self.rewrite_to = None;
-        let Some(shared) = self.shared.clone() else {
+        let Some(worker) = self.worker.clone() else {
             return self.internal("filter is not configured");
         };
-        if let Some((span, _, routed_model)) = self.located.take().filter(|l| l.1 == body_size) {
-            match self.rewrite_head(body_size, span, &routed_model, &model) {
-                Some(Ok(new_len)) => return self.rewritten(&shared, new_len),
+        if let Some(located) = located.filter(|l| l.fits(body_size)) {
+            match self.rewrite_head(&located, &model) {
+                Some(Ok(new_len)) => return self.rewritten(&worker, new_len),
                 Some(Err(e)) => return self.internal(&e),
                 // The span does not point at the routed model any more: scan.
                 None => {}
             }
         }
-        if let Some(m) = shared.rescans_metric {
+        if let Some(m) = worker.rescans_metric {
             edge::increment_metric(m, 1);
         }
         let body = match edge::buffer(Buffer::RequestBody, 0, body_size) {
@@ -279,7 +263,7 @@ impl HttpContext for Attempt {
             Err(e) => return self.internal(&format!("reading the request body: {e}")),
         };
         // The downstream filter validated this body; a failure here means it changed in between.
-        let span = match shared.scanner.borrow_mut().scan(&body) {
+        let span = match worker.scanner.borrow_mut().scan(&body) {
             Ok(f) => f.spans.model,
             Err(_) => None,
         };
@@ -290,30 +274,22 @@ impl HttpContext for Attempt {
         if let Err(e) = edge::replace_buffer(Buffer::RequestBody, body.len(), &rewritten) {
             return self.internal(&format!("rewriting the request body: {e}"));
         }
-        self.rewritten(&shared, rewritten.len())
+        self.rewritten(&worker, rewritten.len())
     }
 }
 
 impl Attempt {
     /// Rewrites `model` from the span the downstream filter stamped, touching only the bytes up
     /// to its end. `None` when the span no longer fits the body (the caller scans instead).
-    fn rewrite_head(
-        &self,
-        body_size: usize,
-        span: Span,
-        routed_model: &str,
-        model: &str,
-    ) -> Option<Result<usize, String>> {
-        if span.1 > body_size {
-            return None;
-        }
+    fn rewrite_head(&self, located: &Located, model: &str) -> Option<Result<usize, String>> {
+        let (span, body_size) = (located.span, located.body_len);
         let head = match edge::buffer(Buffer::RequestBody, 0, span.1) {
             Ok(Some(h)) => h,
             Ok(None) => return None,
             Err(e) => return Some(Err(format!("reading the request body: {e}"))),
         };
         let old_len = head.len();
-        let new_head = rewrite_head(head, span, routed_model, model)?;
+        let new_head = rewrite_head(head, span, &located.model, model)?;
         Some(
             edge::replace_buffer(Buffer::RequestBody, old_len, &new_head)
                 .map(|_| body_size - old_len + new_head.len())
@@ -322,11 +298,11 @@ impl Attempt {
     }
 
     /// The body now has `len` bytes: say so in `content-length` (Envoy does not) and count it.
-    fn rewritten(&mut self, shared: &Shared, len: usize) -> Action {
+    fn rewritten(&mut self, worker: &Worker, len: usize) -> Action {
         if let Err(e) = edge::set_header(Map::RequestHeaders, "content-length", &len.to_string()) {
             return self.internal(&format!("setting content-length: {e}"));
         }
-        if let Some(m) = shared.rewrites_metric {
+        if let Some(m) = worker.rewrites_metric {
             edge::increment_metric(m, 1);
         }
         Action::Continue

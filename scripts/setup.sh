@@ -56,6 +56,9 @@ ensure_rust_target() {
     if ! cargo fmt --version >/dev/null 2>&1; then
         rustup component add rustfmt
     fi
+    if ! cargo clippy --version >/dev/null 2>&1; then
+        rustup component add clippy
+    fi
     if rustup target list --installed | grep -qx "$WASM_TARGET"; then
         echo "rust target $WASM_TARGET: present"
     else

@@ -77,7 +77,7 @@ impl AuditRecord {
     }
 }
 
-/// `callerHeader`'s value as the seed says: cut to 128 bytes, anything outside printable ASCII
+/// `callerHeader`'s value as the ModelRouter spec says: cut to 128 bytes, anything outside printable ASCII
 /// replaced by '?'.
 pub fn caller_label(raw: &[u8]) -> String {
     raw.iter()

@@ -1,4 +1,4 @@
-//! Client-facing errors in OpenAI's shape, with the status and code of `shared/interface.md`.
+//! Client-facing errors in OpenAI's shape, with the statuses and codes README.md (Behaviour) lists.
 //! Messages name the field or limit involved so a client can act on them.
 
 use crate::scan::ScanError;

@@ -4,6 +4,12 @@
 //! these modules decide. That keeps the same decision whichever host runs it (Envoy's V8, the
 //! wasmtime test harness, the ext_proc server) and lets every rule be unit-tested natively.
 
+// A filter must not panic (in Envoy a trap fails every later request on the worker, closed).
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 pub mod attempt;
 pub mod audit;
 pub mod body;

@@ -8,7 +8,7 @@
 //! Weighted rules draw a weighted random permutation (successive sampling without replacement,
 //! each step proportional to weight). Envoy then skips quarantined members in that order, and the
 //! first healthy member of a weighted permutation is distributed in proportion to weight among
-//! the healthy ones: exactly the seed's "proportional among healthy backends". Failover goes to
+//! the healthy ones: exactly the ModelRouter spec's "proportional among healthy backends". Failover goes to
 //! the next member, never the same one twice. Weight 0 never enters the permutation (drained).
 
 use crate::config::{Strategy, Tier};

@@ -2,9 +2,9 @@
 //!
 //! Envoy's outlier detection quarantines a backend after a 5xx or a refused connection, but a
 //! stream cut by the route's idle timeout never reaches it (Envoy counts that as a downstream
-//! event). The seed wants exactly that case quarantined ("a wedged replica stops receiving
-//! traffic"), so the downstream filter records it here, in the host's shared data (one table for
-//! every worker), and leaves the backend out of the orders it stamps until the deadline passes.
+//! event). The ModelRouter spec wants exactly that case quarantined ("a wedged replica stops
+//! receiving traffic"), so the downstream filter records it here, in the host's shared data (one
+//! table for every worker), and leaves the backend out of the orders it stamps until the deadline passes.
 //! After the deadline the backend is simply eligible again: the next failure quarantines it anew,
 //! which is the half-open probe.
 //!

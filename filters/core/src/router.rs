@@ -301,7 +301,7 @@ impl Router {
                 });
             }
             // No backend of this rule may serve the request. A fail-closed rule answers for its
-            // requests; any other rule lets them fall through, as the seed describes.
+            // requests; any other rule lets them fall through, as the ModelRouter spec describes.
             if rule.fail_closed || sensitive {
                 return Err(self.refuse(&classes, sensitive, &format!("rule {:?}", rule.name)));
             }

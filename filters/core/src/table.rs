@@ -87,7 +87,7 @@ mod tests {
             out.extend(v.iter().flat_map(|c| c.to_le_bytes()));
         }
         fn decode(&self, p: &[u8]) -> Option<Vec<u16>> {
-            (p.len() % 2 == 0).then(|| {
+            p.len().is_multiple_of(2).then(|| {
                 p.chunks_exact(2)
                     .map(|c| u16::from_le_bytes([c[0], c[1]]))
                     .collect()

@@ -10,6 +10,12 @@
 //! buffers the host hands back were allocated through that export, i.e. by this module's
 //! allocator, so taking ownership with `Vec::from_raw_parts` is sound.
 
+// A filter must not panic (in Envoy a trap fails every later request on the worker, closed).
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 use std::ptr::null_mut;
 
 /// proxy-wasm ABI status codes (only the ones the filters act on are named).
@@ -130,6 +136,11 @@ pub fn plugin_configuration() -> Result<Vec<u8>, String> {
     }
 }
 
+/// The router the plugin configuration describes.
+pub fn configured_router() -> Result<router_core::router::Router, String> {
+    plugin_configuration().and_then(|raw| router_core::router::Router::from_json(&raw))
+}
+
 /// Every header of a map, in order, repeats included, as raw bytes.
 pub fn header_pairs(map: Map) -> HostResult<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut data = null_mut();
@@ -229,6 +240,22 @@ pub fn respond(
         )
     };
     check("proxy_send_local_response", rc)
+}
+
+/// Answers locally with a JSON body. A failure is logged under `filter`, not returned: the
+/// stream is paused either way and nothing more can be done for it.
+pub fn respond_json(filter: &str, status: u32, body: &[u8], details: &str) {
+    if let Err(e) = respond(
+        status,
+        &[("content-type", "application/json")],
+        body,
+        details,
+    ) {
+        log(
+            Level::Error,
+            &format!("{filter}: local response failed: {e}"),
+        );
+    }
 }
 
 /// Removes each of `names` that `pairs` (the map as last read) holds, compared ignoring ASCII

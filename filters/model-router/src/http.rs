@@ -130,13 +130,7 @@ impl Request {
     fn respond(&mut self, status: u32, body: &[u8], details: &str) -> Action {
         self.phase = Phase::Answered;
         self.audit.status = status;
-        let headers = [("content-type", "application/json")];
-        if let Err(e) = edge::respond(status, &headers, body, details) {
-            edge::log(
-                Level::Error,
-                &format!("model-router: local response failed: {e}"),
-            );
-        }
+        edge::respond_json("model-router", status, body, details);
         Action::Pause
     }
 
@@ -270,7 +264,7 @@ impl Request {
     }
 
     /// A response that started and then never finished because the stream idle timeout cut it
-    /// quarantines the backend that went silent (the seed's "wedged replica"). Envoy's outlier
+    /// quarantines the backend that went silent (the ModelRouter spec's "wedged replica"). Envoy's outlier
     /// detection never hears of that cut, so the filter keeps the backend out of its orders.
     fn quarantine_if_went_silent(&self) {
         let (Some(worker), Phase::Forwarded(routed)) = (&self.worker, &self.phase) else {

@@ -4,6 +4,12 @@
 //! This layer only moves headers and bytes; `router_core` decides. Every hostcall goes through
 //! `filter_edge`, which returns errors instead of panicking.
 
+// A filter must not panic (in Envoy a trap fails every later request on the worker, closed).
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
 mod http;
 mod metrics;
 mod quarantine;
@@ -52,7 +58,7 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        match edge::plugin_configuration().and_then(|raw| Router::from_json(&raw)) {
+        match edge::configured_router() {
             Ok(router) => {
                 let stamped = router.config.stamped_headers();
                 edge::log(

@@ -1,16 +1,19 @@
 //! The per-attempt upstream filter. Envoy runs it on the cluster a route sends to, once for every
-//! attempt (the first and each failover), after the attempt's endpoint is chosen. It is the last
-//! point where a request can be stopped before bytes leave for a backend, so:
+//! attempt (the first and each failover), after the attempt's endpoint is chosen: the last point
+//! where a request can be stopped before bytes leave for a backend.
 //!
-//! - it identifies the attempt's backend from the endpoint's metadata (`llmkube.backend`);
-//! - it refuses an attempt of a sensitive request to a cloud-tier backend (503 `fail_closed`),
-//!   whatever the route table says: defense in depth behind the downstream decision;
-//! - it removes credential headers (Envoy keeps header edits across attempts, so whatever a
-//!   previous attempt got must not reach this one) and marks the attempt's backend for the
-//!   per-backend credential injectors that follow it in the chain;
-//! - for an external backend it rewrites the body's `model` to the provider's model name and fixes
-//!   `content-length` (Envoy does not), sets provider headers, and removes the router's internal
-//!   rule/backend/route headers.
+//! `router_core::attempt::plan_attempt` decides (refuse a sensitive request to a cloud or
+//! unidentified endpoint; the attempt-backend mark the per-backend credential injectors select
+//! on; provider headers; the `model` rewrite). This filter reads its inputs, clears every provider
+//! credential and version header first (Envoy keeps header edits across attempts, so whatever a
+//! previous attempt got must not reach this one), carries the plan out, and fixes
+//! `content-length` after a rewrite (Envoy does not).
+
+// A filter must not panic (in Envoy a trap fails every later request on the worker, closed).
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 use filter_edge::{self as edge, Buffer, Level, Map, MetricKind};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -59,7 +62,7 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        match edge::plugin_configuration().and_then(|raw| Router::from_json(&raw)) {
+        match edge::configured_router() {
             Ok(router) => {
                 self.worker = Some(Rc::new(Worker {
                     router,
@@ -127,17 +130,7 @@ struct Attempt {
 impl Attempt {
     fn refuse(&mut self, err: &ApiError) -> Action {
         self.phase = Phase::Answered;
-        if let Err(e) = edge::respond(
-            err.status,
-            &[("content-type", "application/json")],
-            &err.body(),
-            err.code,
-        ) {
-            edge::log(
-                Level::Error,
-                &format!("llmkube upstream: local response failed: {e}"),
-            );
-        }
+        edge::respond_json("llmkube upstream", err.status, &err.body(), err.code);
         Action::Pause
     }
 

@@ -1,34 +1,60 @@
-//! The proxy-wasm ABI 0.2.1 imports the edge calls, and inert stand-ins for native builds.
+//! The proxy-wasm ABI 0.2.1 imports the edge calls. Native builds (unit tests of code that links
+//! this crate) get inert stand-ins instead, written next to each import: the real behaviour is
+//! tested on the compiled module through the wasmtime harness.
 
-#[cfg(target_arch = "wasm32")]
-#[link(wasm_import_module = "env")]
-extern "C" {
-    pub(crate) fn proxy_log(level: u32, message_data: *const u8, message_size: usize) -> u32;
-    pub(crate) fn proxy_get_buffer_bytes(
+#[cfg(not(target_arch = "wasm32"))]
+use crate::{BAD_ARGUMENT, NOT_FOUND, OK};
+
+/// Declares each import once: for wasm32 as an `env` import, natively as the stand-in body.
+macro_rules! hostcalls {
+    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> u32 $native:block)*) => {
+        #[cfg(target_arch = "wasm32")]
+        #[link(wasm_import_module = "env")]
+        extern "C" {
+            $(pub(crate) fn $name($($arg: $ty),*) -> u32;)*
+        }
+
+        $(
+            #[cfg(not(target_arch = "wasm32"))]
+            #[allow(unused_variables, clippy::too_many_arguments)]
+            pub(crate) unsafe fn $name($($arg: $ty),*) -> u32 $native
+        )*
+    };
+}
+
+hostcalls! {
+    fn proxy_log(level: u32, message_data: *const u8, message_size: usize) -> u32 {
+        OK
+    }
+    fn proxy_get_buffer_bytes(
         buffer_type: u32,
         start: usize,
         max_size: usize,
         return_buffer_data: *mut *mut u8,
         return_buffer_size: *mut usize,
-    ) -> u32;
-    pub(crate) fn proxy_get_header_map_pairs(
+    ) -> u32 {
+        NOT_FOUND
+    }
+    fn proxy_get_header_map_pairs(
         map_type: u32,
         return_map_data: *mut *mut u8,
         return_map_size: *mut usize,
-    ) -> u32;
-    pub(crate) fn proxy_replace_header_map_value(
+    ) -> u32 {
+        NOT_FOUND
+    }
+    fn proxy_replace_header_map_value(
         map_type: u32,
         key_data: *const u8,
         key_size: usize,
         value_data: *const u8,
         value_size: usize,
-    ) -> u32;
-    pub(crate) fn proxy_remove_header_map_value(
-        map_type: u32,
-        key_data: *const u8,
-        key_size: usize,
-    ) -> u32;
-    pub(crate) fn proxy_send_local_response(
+    ) -> u32 {
+        OK
+    }
+    fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32 {
+        OK
+    }
+    fn proxy_send_local_response(
         status_code: u32,
         status_code_details_data: *const u8,
         status_code_details_size: usize,
@@ -37,45 +63,68 @@ extern "C" {
         headers_data: *const u8,
         headers_size: usize,
         grpc_status: i32,
-    ) -> u32;
-    pub(crate) fn proxy_set_buffer_bytes(
+    ) -> u32 {
+        OK
+    }
+    fn proxy_set_buffer_bytes(
         buffer_type: u32,
         start: usize,
         size: usize,
         buffer_data: *const u8,
         buffer_size: usize,
-    ) -> u32;
-    pub(crate) fn proxy_get_property(
+    ) -> u32 {
+        OK
+    }
+    fn proxy_get_property(
         path_data: *const u8,
         path_size: usize,
         return_value_data: *mut *mut u8,
         return_value_size: *mut usize,
-    ) -> u32;
-    pub(crate) fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32;
-    pub(crate) fn proxy_get_log_level(return_level: *mut u32) -> u32;
-    pub(crate) fn proxy_define_metric(
+    ) -> u32 {
+        NOT_FOUND
+    }
+    fn proxy_get_current_time_nanoseconds(return_time: *mut u64) -> u32 {
+        *return_time = 0;
+        OK
+    }
+    fn proxy_get_log_level(return_level: *mut u32) -> u32 {
+        *return_level = 0;
+        OK
+    }
+    fn proxy_define_metric(
         metric_type: u32,
         name_data: *const u8,
         name_size: usize,
         return_id: *mut u32,
-    ) -> u32;
-    pub(crate) fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32;
-    pub(crate) fn proxy_get_shared_data(
+    ) -> u32 {
+        *return_id = 0;
+        OK
+    }
+    fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32 {
+        OK
+    }
+    fn proxy_get_shared_data(
         key_data: *const u8,
         key_size: usize,
         return_value_data: *mut *mut u8,
         return_value_size: *mut usize,
         return_cas: *mut u32,
-    ) -> u32;
-    pub(crate) fn proxy_set_shared_data(
+    ) -> u32 {
+        NOT_FOUND
+    }
+    fn proxy_set_shared_data(
         key_data: *const u8,
         key_size: usize,
         value_data: *const u8,
         value_size: usize,
         cas: u32,
-    ) -> u32;
-    pub(crate) fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
-    pub(crate) fn proxy_http_call(
+    ) -> u32 {
+        OK
+    }
+    fn proxy_set_tick_period_milliseconds(period: u32) -> u32 {
+        OK
+    }
+    fn proxy_http_call(
         upstream_data: *const u8,
         upstream_size: usize,
         headers_data: *const u8,
@@ -86,8 +135,10 @@ extern "C" {
         trailers_size: usize,
         timeout_ms: u32,
         return_token: *mut u32,
-    ) -> u32;
-    pub(crate) fn proxy_grpc_call(
+    ) -> u32 {
+        BAD_ARGUMENT
+    }
+    fn proxy_grpc_call(
         upstream_data: *const u8,
         upstream_size: usize,
         service_name_data: *const u8,
@@ -100,142 +151,10 @@ extern "C" {
         message_size: usize,
         timeout_ms: u32,
         return_callout_id: *mut u32,
-    ) -> u32;
-    pub(crate) fn proxy_continue_stream(stream_type: u32) -> u32;
-}
-
-// Native builds (unit tests of code that links this crate) get inert stand-ins: the real
-// behaviour is tested on the compiled module through the wasmtime harness.
-#[cfg(not(target_arch = "wasm32"))]
-pub(crate) mod native {
-    pub unsafe fn proxy_log(_: u32, _: *const u8, _: usize) -> u32 {
-        crate::OK
-    }
-    pub unsafe fn proxy_get_buffer_bytes(
-        _: u32,
-        _: usize,
-        _: usize,
-        _: *mut *mut u8,
-        _: *mut usize,
     ) -> u32 {
-        crate::NOT_FOUND
+        BAD_ARGUMENT
     }
-    pub unsafe fn proxy_get_header_map_pairs(_: u32, _: *mut *mut u8, _: *mut usize) -> u32 {
-        crate::NOT_FOUND
-    }
-    pub unsafe fn proxy_replace_header_map_value(
-        _: u32,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-    ) -> u32 {
-        crate::OK
-    }
-    pub unsafe fn proxy_remove_header_map_value(_: u32, _: *const u8, _: usize) -> u32 {
-        crate::OK
-    }
-    pub unsafe fn proxy_set_buffer_bytes(
-        _: u32,
-        _: usize,
-        _: usize,
-        _: *const u8,
-        _: usize,
-    ) -> u32 {
-        crate::OK
-    }
-    pub unsafe fn proxy_get_property(
-        _: *const u8,
-        _: usize,
-        _: *mut *mut u8,
-        _: *mut usize,
-    ) -> u32 {
-        crate::NOT_FOUND
-    }
-    pub unsafe fn proxy_get_log_level(l: *mut u32) -> u32 {
-        *l = 0;
-        crate::OK
-    }
-    pub unsafe fn proxy_get_current_time_nanoseconds(t: *mut u64) -> u32 {
-        *t = 0;
-        crate::OK
-    }
-    pub unsafe fn proxy_define_metric(_: u32, _: *const u8, _: usize, id: *mut u32) -> u32 {
-        *id = 0;
-        crate::OK
-    }
-    pub unsafe fn proxy_increment_metric(_: u32, _: i64) -> u32 {
-        crate::OK
-    }
-    pub unsafe fn proxy_get_shared_data(
-        _: *const u8,
-        _: usize,
-        _: *mut *mut u8,
-        _: *mut usize,
-        _: *mut u32,
-    ) -> u32 {
-        crate::NOT_FOUND
-    }
-    pub unsafe fn proxy_set_shared_data(
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: u32,
-    ) -> u32 {
-        crate::OK
-    }
-    pub unsafe fn proxy_set_tick_period_milliseconds(_: u32) -> u32 {
-        crate::OK
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn proxy_http_call(
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: u32,
-        _: *mut u32,
-    ) -> u32 {
-        crate::BAD_ARGUMENT
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn proxy_grpc_call(
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: u32,
-        _: *mut u32,
-    ) -> u32 {
-        crate::BAD_ARGUMENT
-    }
-    pub unsafe fn proxy_continue_stream(_: u32) -> u32 {
-        crate::OK
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn proxy_send_local_response(
-        _: u32,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: i32,
-    ) -> u32 {
-        crate::OK
+    fn proxy_continue_stream(stream_type: u32) -> u32 {
+        OK
     }
 }
-#[cfg(not(target_arch = "wasm32"))]
-pub(crate) use native::*;

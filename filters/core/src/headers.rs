@@ -19,6 +19,10 @@ pub const ATTEMPT_BACKEND_HEADER: &str = "x-llmkube-attempt-backend";
 /// an external backend, so the per-attempt filter rewrites it without scanning the body again.
 pub const MODEL_SPAN_HEADER: &str = "x-llmkube-model-span";
 
+/// Envoy's count of upstream attempts on a response (the route asks for it); read for the audit
+/// line and removed before the client sees it.
+pub const ATTEMPT_COUNT_HEADER: &str = "x-envoy-attempt-count";
+
 /// Every decision header except the configurable model header.
 pub const DECISION_HEADERS: &[&str] = &[
     RULE_HEADER,

@@ -12,7 +12,8 @@ use crate::audit::Outcome;
 use crate::config::Tier;
 use crate::errors::ApiError;
 use crate::headers::{
-    BACKEND_HEADER, MODEL_SPAN_HEADER, ROUTE_HEADER, RULE_HEADER, SENSITIVE_HEADER,
+    ATTEMPT_COUNT_HEADER, BACKEND_HEADER, MODEL_SPAN_HEADER, ROUTE_HEADER, RULE_HEADER,
+    SENSITIVE_HEADER,
 };
 use crate::rewrite::format_span;
 use crate::router::{Backend, Decision, RequestHeaders, Router};
@@ -178,6 +179,58 @@ pub struct ResponseJudge {
     sensitive: bool,
     /// The order has other backends Envoy may fail over to.
     alternatives: bool,
+}
+
+/// What the response path reads of a response's headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseHead {
+    /// `:status`; 0 when absent or not a number.
+    pub status: u32,
+    /// `content-type: text/event-stream`.
+    pub streaming: bool,
+    /// Envoy's attempt count (`include_attempt_count_in_response`); 0 when absent.
+    pub attempts: u32,
+    /// The attempt count header is there, to be removed (the client needs none of it).
+    pub attempt_count_sent: bool,
+}
+
+impl ResponseHead {
+    /// Reads the response header map (as the host hands it over, names lower-cased).
+    pub fn read(pairs: &[(Vec<u8>, Vec<u8>)]) -> Self {
+        let number = |v: &[u8]| {
+            std::str::from_utf8(v)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0)
+        };
+        let mut head = ResponseHead {
+            status: 0,
+            streaming: false,
+            attempts: 0,
+            attempt_count_sent: false,
+        };
+        for (k, v) in pairs {
+            head.attempt_count_sent |= k.eq_ignore_ascii_case(ATTEMPT_COUNT_HEADER.as_bytes());
+            match k.as_slice() {
+                b":status" => head.status = number(v),
+                b"content-type" => head.streaming = v.starts_with(b"text/event-stream"),
+                b"x-envoy-attempt-count" => head.attempts = number(v),
+                _ => {}
+            }
+        }
+        head
+    }
+
+    /// The host would not hand the map over: nothing is known, and the attempt count header is
+    /// removed in case it is there.
+    pub fn unreadable() -> Self {
+        ResponseHead {
+            status: 0,
+            streaming: false,
+            attempts: 0,
+            attempt_count_sent: true,
+        }
+    }
 }
 
 /// The judgement of a response's head.
@@ -385,6 +438,33 @@ mod tests {
             (e.error.code, e.outcome),
             ("model_not_found", Outcome::NoRoute)
         );
+    }
+
+    #[test]
+    fn the_response_head_is_read_once() {
+        let pairs: Vec<(Vec<u8>, Vec<u8>)> = [
+            (":status", "200"),
+            ("content-type", "text/event-stream; charset=utf-8"),
+            ("x-envoy-attempt-count", "3"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect();
+        let head = ResponseHead::read(&pairs);
+        assert_eq!(
+            head,
+            ResponseHead {
+                status: 200,
+                streaming: true,
+                attempts: 3,
+                attempt_count_sent: true
+            }
+        );
+        let head = ResponseHead::read(&pairs[..1]);
+        assert!(!head.streaming && !head.attempt_count_sent && head.attempts == 0);
+        let garbage = vec![(b":status".to_vec(), b"2x".to_vec())];
+        assert_eq!(ResponseHead::read(&garbage).status, 0);
+        assert!(ResponseHead::unreadable().attempt_count_sent);
     }
 
     #[test]

@@ -10,7 +10,10 @@ use router_core::audit::{caller_label, client_address, AuditRecord, Outcome};
 use router_core::body::BodyWindow;
 use router_core::config::Tier;
 use router_core::errors::ApiError;
-use router_core::plan::{check_request, plan_request, Refusal, RequestInputs, ResponseJudge};
+use router_core::headers::ATTEMPT_COUNT_HEADER;
+use router_core::plan::{
+    check_request, plan_request, Refusal, RequestInputs, ResponseHead, ResponseJudge,
+};
 use router_core::quarantine::went_silent;
 use router_core::router::RequestHeaders;
 use router_core::scan::{Fields, ScanError, Scanner};
@@ -22,7 +25,6 @@ const ENDPOINT_METADATA: &[&str] = &[
     "filter_metadata",
     "llmkube",
 ];
-const ATTEMPT_COUNT_HEADER: &str = "x-envoy-attempt-count";
 
 /// A body scan in progress, for a body that arrives in pieces.
 type Pieces = BodyWindow<Box<Scanner>>;
@@ -425,34 +427,13 @@ impl HttpContext for Request {
         // Two property reads cost more than the rest of the response path; skip them when they
         // cannot tell anything new.
         let ask_endpoint = judge.ask_endpoint();
-        let mut status = 0u32;
-        let mut streaming = false;
-        // Unless the map says it is absent, the attempt count gets removed below.
-        let mut attempt_count_sent = true;
-        if let Ok(pairs) = edge::header_pairs(Map::ResponseHeaders) {
-            attempt_count_sent = false;
-            for (k, v) in &pairs {
-                attempt_count_sent |= k.eq_ignore_ascii_case(ATTEMPT_COUNT_HEADER.as_bytes());
-                match k.as_slice() {
-                    b":status" => {
-                        status = std::str::from_utf8(v)
-                            .ok()
-                            .and_then(|s| s.parse().ok())
-                            .unwrap_or(0)
-                    }
-                    b"content-type" => streaming = v.starts_with(b"text/event-stream"),
-                    b"x-envoy-attempt-count" => {
-                        self.audit.attempts = std::str::from_utf8(v)
-                            .ok()
-                            .and_then(|s| s.parse().ok())
-                            .unwrap_or(0)
-                    }
-                    _ => {}
-                }
-            }
-        }
+        let head = match edge::header_pairs(Map::ResponseHeaders) {
+            Ok(pairs) => ResponseHead::read(&pairs),
+            Err(_) => ResponseHead::unreadable(),
+        };
+        self.audit.attempts = head.attempts;
         // Internal detail: the client needs none of it. (No hostcall when it isn't there.)
-        if attempt_count_sent {
+        if head.attempt_count_sent {
             let _ = edge::remove_header(Map::ResponseHeaders, ATTEMPT_COUNT_HEADER);
         }
         // Which backend actually answered, from the endpoint's metadata (absent when Envoy
@@ -487,8 +468,8 @@ impl HttpContext for Request {
                 );
             }
         }
-        self.audit.status = status;
-        let verdict = judge.verdict(status, streaming);
+        self.audit.status = head.status;
+        let verdict = judge.verdict(head.status, head.streaming);
         if let Some(err) = verdict.replace {
             return self.fail(&err, verdict.outcome);
         }

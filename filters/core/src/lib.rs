@@ -23,6 +23,7 @@ pub mod orders;
 pub mod plan;
 pub mod provider;
 pub mod quarantine;
+pub mod response;
 pub mod rewrite;
 pub mod router;
 pub mod scan;

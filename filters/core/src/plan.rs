@@ -1,20 +1,21 @@
-//! What the model-router filter does with a request and with its response, decided here so the
-//! filter only carries it out.
+//! What the model-router filter does with a request, decided here so the filter only carries it
+//! out (the response side is `response`).
 //!
-//! A request's plan is built in steps: check the scanned model (`check_request`), decide the
-//! attempt order and list the decision headers to stamp (`plan_request`). Each step either refuses (an error for the client and the
-//! outcome to count) or adds to the plan. Steps that will join later slot in the same way: a
-//! budget reservation after the decision (refusing with `budget_exceeded`, or carrying a
-//! reservation the response settles) and endpoint picking (a pod, stamped as
+//! A request's plan is built in steps: the headers say whether it is ours (`plan_head`), the
+//! scanned body must name a usable model (`check_request`), then the attempt order is decided and
+//! the decision headers listed (`plan_request`). Each step either refuses (an error for the
+//! client and the outcome to count) or adds to the plan. Steps that will join later slot in the
+//! same way: a budget reservation after the decision (refusing with `budget_exceeded`, or
+//! carrying a reservation the response settles) and endpoint picking (a pod, stamped as
 //! `x-gateway-destination-endpoint`).
 
 use crate::audit::Outcome;
-use crate::config::Tier;
+use crate::config::PluginConfig;
 use crate::errors::ApiError;
 use crate::headers::{
-    ATTEMPT_COUNT_HEADER, BACKEND_HEADER, MODEL_SPAN_HEADER, ROUTE_HEADER, RULE_HEADER,
-    SENSITIVE_HEADER,
+    BACKEND_HEADER, MODEL_SPAN_HEADER, ROUTE_HEADER, RULE_HEADER, SENSITIVE_HEADER,
 };
+use crate::response::ResponseJudge;
 use crate::rewrite::format_span;
 use crate::router::{Backend, Decision, RequestHeaders, Router};
 use crate::scan::{Fields, ScanError, Span};
@@ -60,6 +61,57 @@ pub struct RequestInputs<'a> {
     pub headers: &'a RequestHeaders,
     pub eligible: &'a dyn Fn(usize) -> bool,
     pub random: &'a mut dyn FnMut() -> u64,
+}
+
+/// What the request headers alone decide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeadPlan {
+    /// `GET` of the models path: answered from the config.
+    Models,
+    /// Not ours to route: with the decision headers gone, no route sends it to a backend.
+    Pass,
+    /// An inference request refused before its body (none, or too large by `content-length`).
+    Refuse(Refusal),
+    /// An inference request: read its body for the decision.
+    ReadBody,
+}
+
+/// Plans a request from its method, path (query included), `content-length` and whether the
+/// headers end the stream.
+pub fn plan_head(
+    config: &PluginConfig,
+    method: &[u8],
+    path: &[u8],
+    content_length: Option<u64>,
+    end_of_stream: bool,
+) -> HeadPlan {
+    let path = match path.iter().position(|&b| b == b'?') {
+        Some(q) => &path[..q],
+        None => path,
+    };
+    if method == b"GET" && path == config.models_path.as_bytes() {
+        return HeadPlan::Models;
+    }
+    if method != b"POST" || !config.inference_paths.iter().any(|p| p.as_bytes() == path) {
+        return HeadPlan::Pass;
+    }
+    if end_of_stream {
+        return HeadPlan::Refuse(Refusal::invalid(ApiError::empty_body()));
+    }
+    if let Err(refusal) = check_body_size(config, content_length.unwrap_or(0)) {
+        return HeadPlan::Refuse(refusal);
+    }
+    HeadPlan::ReadBody
+}
+
+/// A body (or its announced length) over `max_body_bytes` is refused with 413.
+pub fn check_body_size(config: &PluginConfig, bytes: u64) -> Result<(), Refusal> {
+    if bytes > config.max_body_bytes {
+        return Err(Refusal::invalid(ApiError::body_too_large(
+            config.max_body_bytes,
+        )));
+    }
+    Ok(())
 }
 
 /// A request body that scanned and names a model routing can use.
@@ -125,11 +177,11 @@ pub fn plan_request<'r>(
         )
         .map_err(Refusal::undecided)?;
     let stamps = stamps(router, request, &decision, body_len);
-    let judge = ResponseJudge {
-        fail_closed: decision.rule.is_some_and(|r| router.rule(r).fail_closed),
-        sensitive: decision.sensitive,
-        alternatives: decision.order.len() > 1,
-    };
+    let judge = ResponseJudge::new(
+        decision.rule.is_some_and(|r| router.rule(r).fail_closed),
+        decision.sensitive,
+        decision.order.len() > 1,
+    );
     Ok(Forward {
         decision,
         stamps,
@@ -172,124 +224,10 @@ fn stamps<'r>(
     stamps
 }
 
-/// How the response to a forwarded request is judged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ResponseJudge {
-    fail_closed: bool,
-    sensitive: bool,
-    /// The order has other backends Envoy may fail over to.
-    alternatives: bool,
-}
-
-/// What the response path reads of a response's headers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ResponseHead {
-    /// `:status`; 0 when absent or not a number.
-    pub status: u32,
-    /// `content-type: text/event-stream`.
-    pub streaming: bool,
-    /// Envoy's attempt count (`include_attempt_count_in_response`); 0 when absent.
-    pub attempts: u32,
-    /// The attempt count header is there, to be removed (the client needs none of it).
-    pub attempt_count_sent: bool,
-}
-
-impl ResponseHead {
-    /// Reads the response header map (as the host hands it over, names lower-cased).
-    pub fn read(pairs: &[(Vec<u8>, Vec<u8>)]) -> Self {
-        let number = |v: &[u8]| {
-            std::str::from_utf8(v)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0)
-        };
-        let mut head = ResponseHead {
-            status: 0,
-            streaming: false,
-            attempts: 0,
-            attempt_count_sent: false,
-        };
-        for (k, v) in pairs {
-            head.attempt_count_sent |= k.eq_ignore_ascii_case(ATTEMPT_COUNT_HEADER.as_bytes());
-            match k.as_slice() {
-                b":status" => head.status = number(v),
-                b"content-type" => head.streaming = v.starts_with(b"text/event-stream"),
-                b"x-envoy-attempt-count" => head.attempts = number(v),
-                _ => {}
-            }
-        }
-        head
-    }
-
-    /// The host would not hand the map over: nothing is known, and the attempt count header is
-    /// removed in case it is there.
-    pub fn unreadable() -> Self {
-        ResponseHead {
-            status: 0,
-            streaming: false,
-            attempts: 0,
-            attempt_count_sent: true,
-        }
-    }
-}
-
-/// The judgement of a response's head.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
-    pub outcome: Outcome,
-    /// The filter answers this instead of the response (the last attempt failed).
-    pub replace: Option<ApiError>,
-}
-
-impl ResponseJudge {
-    /// Whether the answering backend must be read from the endpoint: only when it may differ
-    /// from the one decided, or to check a sensitive request's tier (the alarm for a route
-    /// table that sent it somewhere it must not go).
-    pub fn ask_endpoint(&self) -> bool {
-        self.alternatives || self.sensitive
-    }
-
-    /// A sensitive request answered by a backend of tier `tier` (`None`: the endpoint says no
-    /// tier we know) is a violation unless that tier is local.
-    pub fn violation(&self, tier: Option<Tier>) -> bool {
-        self.sensitive && tier != Some(Tier::Local)
-    }
-
-    /// A final 5xx becomes 503 `fail_closed` for a fail-closed rule or a sensitive request,
-    /// else 502 `all_backends_failed`; anything else passes with its outcome.
-    pub fn verdict(&self, status: u32, streaming: bool) -> Verdict {
-        if status >= 500 {
-            let (error, outcome) = if self.fail_closed || self.sensitive {
-                let err = ApiError::fail_closed(format!(
-                    "no eligible backend could serve this request (last status {status}); the rule is fail-closed"
-                ));
-                (err, Outcome::FailClosedRuntime)
-            } else {
-                (
-                    ApiError::all_backends_failed(status),
-                    Outcome::AllBackendsFailed,
-                )
-            };
-            return Verdict {
-                outcome,
-                replace: Some(error),
-            };
-        }
-        let outcome = match (status, streaming) {
-            (200..=299, true) => Outcome::OkStream,
-            (200..=299, false) => Outcome::Ok,
-            _ => Outcome::UpstreamError,
-        };
-        Verdict {
-            outcome,
-            replace: None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Tier;
     use crate::scan::Scanner;
 
     fn router() -> Router {
@@ -441,64 +379,45 @@ mod tests {
     }
 
     #[test]
-    fn the_response_head_is_read_once() {
-        let pairs: Vec<(Vec<u8>, Vec<u8>)> = [
-            (":status", "200"),
-            ("content-type", "text/event-stream; charset=utf-8"),
-            ("x-envoy-attempt-count", "3"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-        .collect();
-        let head = ResponseHead::read(&pairs);
-        assert_eq!(
-            head,
-            ResponseHead {
-                status: 200,
-                streaming: true,
-                attempts: 3,
-                attempt_count_sent: true
-            }
-        );
-        let head = ResponseHead::read(&pairs[..1]);
-        assert!(!head.streaming && !head.attempt_count_sent && head.attempts == 0);
-        let garbage = vec![(b":status".to_vec(), b"2x".to_vec())];
-        assert_eq!(ResponseHead::read(&garbage).status, 0);
-        assert!(ResponseHead::unreadable().attempt_count_sent);
-    }
-
-    #[test]
-    fn a_final_5xx_is_replaced_by_the_filter() {
+    fn the_head_decides_models_pass_refuse_or_read() {
         let r = router();
-        let judge = |body: &str, h: &[(&str, &str)]| plan(&r, body, h, &|_| true).unwrap().judge;
-        let open = judge(r#"{"model":"pair"}"#, &[]);
-        let closed = judge(r#"{"model":"safe-1"}"#, &[]);
-        let sensitive = judge(
-            r#"{"model":"pair"}"#,
-            &[("x-llmkube-classification", "phi")],
-        );
-        let v = open.verdict(503, false);
-        assert_eq!(v.outcome, Outcome::AllBackendsFailed);
-        assert_eq!(
-            v.replace.map(|e| (e.status, e.code)),
-            Some((502, "all_backends_failed"))
-        );
-        for j in [closed, sensitive] {
-            let v = j.verdict(500, true);
-            assert_eq!(v.outcome, Outcome::FailClosedRuntime);
-            assert_eq!(
-                v.replace.map(|e| (e.status, e.code)),
-                Some((503, "fail_closed"))
-            );
-        }
-        let pass = |status, streaming| {
-            let v = open.verdict(status, streaming);
-            assert_eq!(v.replace, None);
-            v.outcome
+        let cfg = &r.config;
+        let head = |m: &str, p: &str, len: Option<u64>, eos: bool| {
+            plan_head(cfg, m.as_bytes(), p.as_bytes(), len, eos)
         };
-        assert_eq!(pass(200, false), Outcome::Ok);
-        assert_eq!(pass(204, true), Outcome::OkStream);
-        assert_eq!(pass(429, false), Outcome::UpstreamError);
-        assert_eq!(pass(0, false), Outcome::UpstreamError);
+        assert_eq!(head("GET", "/v1/models?x=1", None, true), HeadPlan::Models);
+        assert_eq!(head("POST", "/v1/models", None, false), HeadPlan::Pass);
+        assert_eq!(
+            head("GET", "/v1/chat/completions", None, true),
+            HeadPlan::Pass
+        );
+        assert_eq!(head("POST", "/v2/chat", Some(5), false), HeadPlan::Pass);
+        assert_eq!(
+            head("POST", "/v1/chat/completions?a", Some(5), false),
+            HeadPlan::ReadBody
+        );
+        assert_eq!(
+            head("POST", "/v1/messages", None, false),
+            HeadPlan::ReadBody
+        );
+        let refused = |plan: HeadPlan| match plan {
+            HeadPlan::Refuse(r) => (r.error.status, r.error.code, r.outcome),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            refused(head("POST", "/v1/completions", Some(0), true)),
+            (400, "invalid_json", Outcome::InvalidRequest)
+        );
+        let max = cfg.max_body_bytes;
+        assert_eq!(
+            head("POST", "/v1/completions", Some(max), false),
+            HeadPlan::ReadBody
+        );
+        assert_eq!(
+            refused(head("POST", "/v1/completions", Some(max + 1), false)),
+            (413, "request_too_large", Outcome::InvalidRequest)
+        );
+        assert!(check_body_size(cfg, max).is_ok());
+        assert!(check_body_size(cfg, max + 1).is_err());
     }
 }

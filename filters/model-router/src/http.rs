@@ -12,9 +12,10 @@ use router_core::config::Tier;
 use router_core::errors::ApiError;
 use router_core::headers::ATTEMPT_COUNT_HEADER;
 use router_core::plan::{
-    check_request, plan_request, Refusal, RequestInputs, ResponseHead, ResponseJudge,
+    check_body_size, check_request, plan_head, plan_request, HeadPlan, Refusal, RequestInputs,
 };
 use router_core::quarantine::went_silent;
+use router_core::response::{ResponseHead, ResponseJudge};
 use router_core::router::RequestHeaders;
 use router_core::scan::{Fields, ScanError, Scanner};
 use std::rc::Rc;
@@ -266,8 +267,9 @@ impl Request {
     }
 
     /// A response that started and then never finished because the stream idle timeout cut it
-    /// quarantines the backend that went silent (the ModelRouter spec's "wedged replica"). Envoy's outlier
-    /// detection never hears of that cut, so the filter keeps the backend out of its orders.
+    /// quarantines the backend that went silent (the ModelRouter spec's "wedged replica").
+    /// Envoy's outlier detection never hears of that cut, so the filter keeps the backend out of
+    /// its orders.
     fn quarantine_if_went_silent(&self) {
         let (Some(worker), Phase::Forwarded(routed)) = (&self.worker, &self.phase) else {
             return;
@@ -362,32 +364,23 @@ impl HttpContext for Request {
             Ok(v) => v,
             Err(e) => return self.internal(&e),
         };
-        let path = match path.iter().position(|&b| b == b'?') {
-            Some(q) => &path[..q],
-            None => &path[..],
-        };
-        let config = &worker.router.config;
-        if method == b"GET" && path == config.models_path.as_bytes() {
-            self.audited = true;
-            self.settle(Outcome::Ok);
-            return self.respond(200, worker.router.models_body(), "llmkube_models");
+        match plan_head(&worker.router.config, &method, &path, length, end_of_stream) {
+            HeadPlan::Models => {
+                self.audited = true;
+                self.settle(Outcome::Ok);
+                self.respond(200, worker.router.models_body(), "llmkube_models")
+            }
+            HeadPlan::Pass => Action::Continue,
+            HeadPlan::Refuse(refusal) => {
+                self.audited = true;
+                self.refuse(refusal)
+            }
+            HeadPlan::ReadBody => {
+                self.audited = true;
+                self.phase = Phase::ReadingBody(None);
+                Action::Pause
+            }
         }
-        if method != b"POST" || !config.inference_paths.iter().any(|p| p.as_bytes() == path) {
-            // Not ours to route: with the decision headers gone, no route sends it to a backend.
-            return Action::Continue;
-        }
-        self.audited = true;
-        if end_of_stream {
-            return self.fail(&ApiError::empty_body(), Outcome::InvalidRequest);
-        }
-        if length.is_some_and(|l| l > config.max_body_bytes) {
-            return self.fail(
-                &ApiError::body_too_large(config.max_body_bytes),
-                Outcome::InvalidRequest,
-            );
-        }
-        self.phase = Phase::ReadingBody(None);
-        Action::Pause
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
@@ -396,12 +389,11 @@ impl HttpContext for Request {
             Phase::ReadingBody(_) => {}
             Phase::Passing | Phase::Forwarded(_) => return Action::Continue,
         }
-        let limit = self
-            .worker
-            .as_ref()
-            .map_or(0, |w| w.router.config.max_body_bytes);
-        if body_size as u64 > limit {
-            return self.refuse(Refusal::invalid(ApiError::body_too_large(limit)));
+        let Some(worker) = self.worker.clone() else {
+            return self.internal("filter is not configured");
+        };
+        if let Err(refusal) = check_body_size(&worker.router.config, body_size as u64) {
+            return self.refuse(refusal);
         }
         if !end_of_stream {
             // Envoy keeps buffering; the decision waits for the whole body.

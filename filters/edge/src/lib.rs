@@ -9,6 +9,10 @@
 //! The SDK still provides the exported entry points (`proxy_on_*`, `proxy_on_memory_allocate`);
 //! buffers the host hands back were allocated through that export, i.e. by this module's
 //! allocator, so taking ownership with `Vec::from_raw_parts` is sound.
+//!
+//! Here: headers, bodies, properties, local replies, metrics, logs, clock and ticks; `callout`
+//! (HTTP and gRPC calls out of a request, their responses, resuming the paused stream);
+//! `table` (one shared-data value kept by every worker); `abi` (the imports themselves).
 
 // A filter must not panic (in Envoy a trap fails every later request on the worker, closed).
 #![cfg_attr(

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::envoy::{parse_host_port, EnvoyOptions, Format};
+use crate::targets::envoy::{EnvoyOptions, Format};
+use crate::targets::Target;
+use crate::url::parse_host_port;
 use crate::{read_sources, validate_sources, Diagnostics, Problem};
 
 pub const USAGE: &str = "\
@@ -150,7 +152,7 @@ pub fn run(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write, err: &mut
 
 fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     let target = match a.one("--target") {
-        Ok(Some(t)) => t.to_string(),
+        Ok(Some(t)) => t,
         Ok(None) => {
             let _ = writeln!(err, "error: --target is required\n{USAGE}");
             return 2;
@@ -160,20 +162,17 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
             return 2;
         }
     };
-    match target.as_str() {
-        "envoy" => {}
-        "envoy-gateway" | "agentgateway" => {
+    match target.parse::<Target>() {
+        Ok(Target::Envoy) => {}
+        Ok(t @ (Target::EnvoyGateway | Target::Agentgateway)) => {
             let _ = writeln!(
                 err,
-                "options: --target: {target} is not implemented yet (only envoy is)"
+                "options: --target: {t} is not implemented yet (only envoy is)"
             );
             return 1;
         }
-        other => {
-            let _ = writeln!(
-                err,
-                "error: unknown target {other:?} (envoy, envoy-gateway, agentgateway)"
-            );
+        Err(m) => {
+            let _ = writeln!(err, "error: {m}");
             return 2;
         }
     }
@@ -201,7 +200,7 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
         }
     };
     let mut diags = Diagnostics::default();
-    let result = crate::envoy::compile_envoy_diag(&sources, &opts, &mut diags);
+    let result = crate::targets::envoy::compile_envoy_diag(&sources, &opts, &mut diags);
     print_diags(&diags, err);
     let Some(text) = result.filter(|_| diags.errors.is_empty()) else {
         return 1;
@@ -252,14 +251,14 @@ fn envoy_options(a: &Args, output: Option<&Path>) -> Result<EnvoyOptions, Vec<Pr
         }
     }
     if let Some(r) = single!("--router") {
-        o.router = Some(r.to_string());
+        o.common.router = Some(r.to_string());
     }
     if let Some(h) = single!("--model-header") {
-        o.model_header = Some(h.to_string());
+        o.common.model_header = Some(h.to_string());
     }
     if let Some(n) = single!("--max-body-bytes") {
         match n.parse::<u64>() {
-            Ok(v) if v > 0 => o.max_body_bytes = Some(v),
+            Ok(v) if v > 0 => o.common.max_body_bytes = Some(v),
             _ => bad(
                 "--max-body-bytes",
                 format!("{n:?} must be a positive integer"),
@@ -289,7 +288,7 @@ fn envoy_options(a: &Args, output: Option<&Path>) -> Result<EnvoyOptions, Vec<Pr
         match v.split_once('=') {
             Some((name, addr)) if !name.is_empty() => match parse_host_port(addr) {
                 Ok(hp) => {
-                    o.resolve.insert(name.to_string(), hp);
+                    o.common.resolve.insert(name.to_string(), hp);
                 }
                 Err(e) => bad("--resolve", format!("{v:?}: {e}")),
             },
@@ -302,6 +301,7 @@ fn envoy_options(a: &Args, output: Option<&Path>) -> Result<EnvoyOptions, Vec<Pr
                 for item in list.split(',') {
                     match item.parse::<std::net::SocketAddr>() {
                         Ok(sa) => o
+                            .common
                             .endpoints
                             .entry(name.to_string())
                             .or_default()
@@ -313,7 +313,7 @@ fn envoy_options(a: &Args, output: Option<&Path>) -> Result<EnvoyOptions, Vec<Pr
             _ => bad("--endpoints", format!("{v:?} must be NAME=IP:PORT,...")),
         }
     }
-    for eps in o.endpoints.values_mut() {
+    for eps in o.common.endpoints.values_mut() {
         eps.sort();
         eps.dedup();
     }

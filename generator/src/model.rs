@@ -636,13 +636,27 @@ impl ModelRouterSpec {
                 .collect(),
         }
     }
+    /// A `spec.proxy` duration; `None` when unset or unparsable (validation reports those).
+    fn proxy_duration(&self, field: impl Fn(&ProxySpec) -> Option<&String>) -> Option<Duration> {
+        let s = self.proxy.as_ref().and_then(field)?;
+        crate::duration::parse_duration(s).ok()
+    }
     /// `proxy.quarantineDuration`, default 15s (validation refuses 0 and unparsable values).
     pub fn quarantine(&self) -> Duration {
-        self.proxy
-            .as_ref()
-            .and_then(|p| p.quarantine_duration.as_deref())
-            .and_then(|s| crate::duration::parse_duration(s).ok())
+        self.proxy_duration(|p| p.quarantine_duration.as_ref())
             .filter(|d| !d.is_zero())
             .unwrap_or(DEFAULT_QUARANTINE)
+    }
+    /// The response-header timeout cap (`proxy.responseHeaderTimeout`, default 120s): the
+    /// timeout of an attempt without its own, and the bound of every rule or backend timeout.
+    pub fn response_header_cap(&self) -> Duration {
+        self.proxy_duration(|p| p.response_header_timeout.as_ref())
+            .filter(|d| !d.is_zero())
+            .unwrap_or(DEFAULT_RESPONSE_HEADER_TIMEOUT)
+    }
+    /// `proxy.streamIdleTimeout`, default 300s; zero turns the idle timeout off.
+    pub fn stream_idle_timeout(&self) -> Duration {
+        self.proxy_duration(|p| p.stream_idle_timeout.as_ref())
+            .unwrap_or(DEFAULT_STREAM_IDLE_TIMEOUT)
     }
 }

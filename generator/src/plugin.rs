@@ -11,7 +11,6 @@ use router_core::config::{
 use crate::duration::parse_duration;
 use crate::inputs::{namespace_of, router_key, Inputs};
 use crate::model::*;
-use crate::validate::response_header_cap;
 
 /// What the mapping needs besides the router itself.
 #[derive(Debug, Clone, Copy)]
@@ -46,7 +45,7 @@ fn resolve_timeout(s: Option<&str>, cap: Duration) -> Option<u64> {
 pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig {
     let spec = &router.spec;
     let namespace = namespace_of(&router.metadata);
-    let cap = response_header_cap(spec);
+    let cap = spec.response_header_cap();
     let model_header = ctx
         .model_header
         .unwrap_or(DEFAULT_MODEL_HEADER)

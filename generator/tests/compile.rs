@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use llmkube_gen::envoy::{compile_envoy, EnvoyOptions, Format};
+use llmkube_gen::{compile_envoy, CompileOptions, EnvoyOptions, Format};
 use llmkube_gen::{load, plugin_config, Diagnostics, PluginContext, Source};
 use router_core::config::PluginConfig;
 use serde_json::{json, Value};
@@ -135,7 +135,10 @@ fn bootstrap_layout() {
     let b = compile(
         full(router()),
         &EnvoyOptions {
-            max_body_bytes: Some(1000),
+            common: CompileOptions {
+                max_body_bytes: Some(1000),
+                ..Default::default()
+            },
             ..opts()
         },
     );
@@ -314,11 +317,14 @@ fn external_url_forms() {
 #[test]
 fn resolve_overrides_cluster_dns() {
     let o = EnvoyOptions {
-        resolve: [
-            ("isvc-a".to_string(), ("127.0.0.1".to_string(), 9001)),
-            ("isvc-b".to_string(), ("localhost".to_string(), 9002)),
-        ]
-        .into(),
+        common: CompileOptions {
+            resolve: [
+                ("isvc-a".to_string(), ("127.0.0.1".to_string(), 9001)),
+                ("isvc-b".to_string(), ("localhost".to_string(), 9002)),
+            ]
+            .into(),
+            ..Default::default()
+        },
         ..opts()
     };
     // The InferenceServices are not needed when --resolve gives their address.
@@ -384,7 +390,10 @@ fn endpoint_resolution_from_endpoint_slices() {
 
     // --endpoints wins; without either it is an error.
     let o = EnvoyOptions {
-        endpoints: [("isvc-a".to_string(), vec![("10.5.5.5".to_string(), 7000)])].into(),
+        common: CompileOptions {
+            endpoints: [("isvc-a".to_string(), vec![("10.5.5.5".to_string(), 7000)])].into(),
+            ..Default::default()
+        },
         ..opts()
     };
     let b = compile(full(r.clone()), &o);
@@ -481,7 +490,10 @@ fn one_router_per_compile() {
     let b = compile(
         text.clone(),
         &EnvoyOptions {
-            router: Some("second".into()),
+            common: CompileOptions {
+                router: Some("second".into()),
+                ..Default::default()
+            },
             ..opts()
         },
     );
@@ -490,7 +502,10 @@ fn one_router_per_compile() {
         compile_err(
             text,
             &EnvoyOptions {
-                router: Some("nope".into()),
+                common: CompileOptions {
+                    router: Some("nope".into()),
+                    ..Default::default()
+                },
                 ..opts()
             }
         ),
@@ -543,7 +558,10 @@ fn yaml_and_json_outputs_agree() {
 #[test]
 fn endpoints_flag_does_not_resolve_a_service_backend() {
     let o = EnvoyOptions {
-        endpoints: [("isvc-b".to_string(), vec![("10.0.0.1".to_string(), 80)])].into(),
+        common: CompileOptions {
+            endpoints: [("isvc-b".to_string(), vec![("10.0.0.1".to_string(), 80)])].into(),
+            ..Default::default()
+        },
         ..opts()
     };
     assert_eq!(

@@ -4,8 +4,8 @@
 
 mod common;
 use common::*;
-use llmkube_gen::envoy::{compile_envoy, EnvoyOptions, Format};
 use llmkube_gen::Source;
+use llmkube_gen::{compile_envoy, EnvoyOptions, Format};
 use router_core::config::{PluginConfig, Tier};
 use router_core::orders;
 use router_core::router::Router;
@@ -1003,7 +1003,7 @@ fn attempt_timeouts_are_capped_by_response_header_timeout() {
     pc.backends[0].timeout_ms = Some(200_000);
     pc.backends[1].timeout_ms = Some(45_000);
     let core = Router::new(pc.clone()).unwrap();
-    let plans = llmkube_gen::envoy::route_plans(&core, 60_000);
+    let plans = llmkube_gen::ir::route_plans(&core, 60_000);
     let p = plans
         .iter()
         .find(|p| p.key == "pf/local,anthropic")
@@ -1012,7 +1012,7 @@ fn attempt_timeouts_are_capped_by_response_header_timeout() {
     assert!(p.per_backend_timeouts());
     pc.rules[0].timeout_ms = Some(90_000);
     let core = Router::new(pc).unwrap();
-    let plans = llmkube_gen::envoy::route_plans(&core, 60_000);
+    let plans = llmkube_gen::ir::route_plans(&core, 60_000);
     for p in &plans {
         if p.key.starts_with("pf/") {
             assert!(p.attempt_timeouts_ms.iter().all(|&t| t == 60_000), "{p:?}");

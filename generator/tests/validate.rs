@@ -594,8 +594,26 @@ fn model_info_limits() {
 fn glob_syntax() {
     one(
         with("/spec/rules/0/match/models", json!(["qwen3-[ab"])),
-        "ModelRouter/demo: spec.rules[0].match.models[0]: unclosed '[' in glob \"qwen3-[ab\"",
+        "ModelRouter/demo: spec.rules[0].match.models[0]: pattern \"qwen3-[ab\" has an unclosed '['",
     );
+}
+
+/// `validate` parses model globs with the filter's own compiler: a pattern the filter would
+/// refuse at config load (an inverted range) fails validation, not only compile.
+#[test]
+fn glob_refused_by_the_filter_is_refused_by_validate() {
+    let r = with("/spec/rules/0/match/models", json!(["qwen3-[z-a]"]));
+    let errs = errors(r.clone());
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].starts_with("ModelRouter/demo: spec.rules[0].match.models[0]: ")
+            && errs[0].contains("[z-a]"),
+        "{errs:?}"
+    );
+    let core = router_core::glob::Glob::new("qwen3-[z-a]").unwrap_err();
+    assert!(errs[0].ends_with(&core.to_string()), "{errs:?} vs {core}");
+    // A well-formed class still passes.
+    assert!(errors(with("/spec/rules/0/match/models", json!(["qwen3-[a-z]*"]))).is_empty());
 }
 
 #[test]

@@ -20,22 +20,11 @@ pub const DEFAULT_INFERENCE_PATHS: &[&str] = &[
 ];
 pub const DEFAULT_SENSITIVE: &[&str] = &["pii", "phi"];
 
-/// Headers that carry routing decisions. They are stamped only by the filters; whatever a client
-/// sent under these names is removed before anything reads them.
-pub const RULE_HEADER: &str = "x-llmkube-rule";
-pub const BACKEND_HEADER: &str = "x-llmkube-backend";
-pub const DESTINATION_ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
-pub const SHADOW_HEADER: &str = "x-llmkube-shadow";
-/// The attempt order (`orders::route_key`); the route table matches it exactly.
-pub const ROUTE_HEADER: &str = "x-llmkube-route";
-/// `true` on requests of a sensitive class, for the per-attempt guard in the upstream filter.
-pub const SENSITIVE_HEADER: &str = "x-llmkube-sensitive";
-/// Set by the upstream filter on each attempt to the backend it goes to, so per-backend
-/// upstream filters (credential injection) can select on it.
-pub const ATTEMPT_BACKEND_HEADER: &str = "x-llmkube-attempt-backend";
-/// Where the body's `model` value sits (`rewrite::format_span`), stamped when an attempt may go to
-/// an external backend, so the per-attempt filter rewrites it without scanning the body again.
-pub const MODEL_SPAN_HEADER: &str = "x-llmkube-model-span";
+// Decision headers live in `headers`; re-exported here for the generator's existing imports.
+pub use crate::headers::{
+    ATTEMPT_BACKEND_HEADER, BACKEND_HEADER, DESTINATION_ENDPOINT_HEADER, MODEL_SPAN_HEADER,
+    ROUTE_HEADER, RULE_HEADER, SENSITIVE_HEADER, SHADOW_HEADER,
+};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -113,6 +102,28 @@ pub enum Tier {
     Cloud,
 }
 
+impl Tier {
+    /// The wire name (`local`, `cloud`): in the plugin config, endpoint metadata and audit lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Local => "local",
+            Tier::Cloud => "cloud",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Tier> {
+        [Tier::Local, Tier::Cloud]
+            .into_iter()
+            .find(|t| t.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
@@ -131,7 +142,8 @@ pub struct BackendConfig {
     /// For external backends: the provider's model name the body's `model` becomes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_model: Option<String>,
-    /// For external backends: `openai`, `anthropic` or `litellm` (provider headers differ).
+    /// For external backends: a `Provider` wire name (provider headers differ). A string here so
+    /// the JSON stays as it is; `Router::new` refuses a name it does not know.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     /// Per-backend response-header timeout in milliseconds (already resolved against the cap).
@@ -245,28 +257,49 @@ fn default_weight() -> u32 {
 impl PluginConfig {
     /// Every header name a client must never be able to set, lower-cased.
     pub fn stamped_headers(&self) -> Vec<String> {
-        let mut names: Vec<String> = [
-            self.model_header.as_str(),
-            DEFAULT_MODEL_HEADER,
-            RULE_HEADER,
-            BACKEND_HEADER,
-            DESTINATION_ENDPOINT_HEADER,
-            SHADOW_HEADER,
-            ROUTE_HEADER,
-            SENSITIVE_HEADER,
-            ATTEMPT_BACKEND_HEADER,
-            MODEL_SPAN_HEADER,
-        ]
-        .iter()
-        .map(|s| s.to_ascii_lowercase())
-        .chain(
-            self.extra_stamped_headers
-                .iter()
-                .map(|s| s.to_ascii_lowercase()),
-        )
-        .collect();
+        let mut names: Vec<String> = [self.model_header.as_str(), DEFAULT_MODEL_HEADER]
+            .iter()
+            .chain(crate::headers::DECISION_HEADERS)
+            .map(|s| s.to_ascii_lowercase())
+            .chain(
+                self.extra_stamped_headers
+                    .iter()
+                    .map(|s| s.to_ascii_lowercase()),
+            )
+            .collect();
         names.sort();
         names.dedup();
         names
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tier_names_match_the_wire() {
+        for t in [Tier::Local, Tier::Cloud] {
+            let json = serde_json::to_string(&t).unwrap();
+            assert_eq!(json, format!("\"{t}\""));
+            assert_eq!(Tier::parse(t.as_str()), Some(t));
+        }
+        assert_eq!(Tier::parse("Local"), None);
+    }
+
+    #[test]
+    fn every_decision_header_is_stamped_only_by_the_filters() {
+        let cfg: PluginConfig = serde_json::from_value(serde_json::json!({
+            "router": "r", "backends": [], "model_header": "X-Model",
+            "extra_stamped_headers": ["X-Gateway-Base-Model-Name"]
+        }))
+        .unwrap();
+        let stamped = cfg.stamped_headers();
+        for h in crate::headers::DECISION_HEADERS {
+            assert!(stamped.iter().any(|s| s == h), "{h}");
+        }
+        for h in ["x-model", DEFAULT_MODEL_HEADER, "x-gateway-base-model-name"] {
+            assert!(stamped.iter().any(|s| s == h), "{h}");
+        }
     }
 }

@@ -10,6 +10,7 @@ use crate::config::{PluginConfig, Strategy, TaskComplexity, Tier};
 use crate::errors::ApiError;
 use crate::glob::Glob;
 use crate::orders;
+use crate::provider::Provider;
 use hashbrown::HashMap;
 
 #[derive(Debug)]
@@ -36,7 +37,7 @@ pub struct Backend {
     pub capabilities: Vec<String>,
     pub weight: u32,
     pub external_model: Option<String>,
-    pub provider: Option<String>,
+    pub provider: Option<Provider>,
     pub timeout_ms: Option<u64>,
 }
 
@@ -140,19 +141,25 @@ impl Router {
                 .copied()
                 .ok_or_else(|| format!("{what} names unknown backend {name:?}"))
         };
-        let backends: Vec<Backend> = config
-            .backends
-            .iter()
-            .map(|b| Backend {
+        let mut backends: Vec<Backend> = Vec::with_capacity(config.backends.len());
+        for b in &config.backends {
+            let provider =
+                match b.provider.as_deref() {
+                    None => None,
+                    Some(p) => Some(Provider::parse(p).ok_or_else(|| {
+                        format!("backend {:?} names unknown provider {p:?}", b.name)
+                    })?),
+                };
+            backends.push(Backend {
                 name: b.name.clone(),
                 tier: b.tier,
                 capabilities: b.capabilities.clone(),
                 weight: b.weight,
                 external_model: b.external_model.clone(),
-                provider: b.provider.clone(),
+                provider,
                 timeout_ms: b.timeout_ms,
-            })
-            .collect();
+            });
+        }
         let mut rules = Vec::with_capacity(config.rules.len());
         for r in &config.rules {
             let mut globs = Vec::with_capacity(r.models.len());
@@ -631,6 +638,11 @@ mod tests {
             "rules": [{"name": "r", "models": ["x[a"], "backends": ["a"]}]
         });
         assert!(Router::new(serde_json::from_value(glob).unwrap()).is_err());
+        let provider = serde_json::json!({
+            "router": "x", "backends": [{"name": "a", "provider": "azure"}], "default_route": "a"
+        });
+        let e = Router::new(serde_json::from_value(provider).unwrap()).unwrap_err();
+        assert!(e.contains("\"a\"") && e.contains("\"azure\""), "{e}");
         let unknown = serde_json::json!({"router": "x", "backends": [], "surprise": 1});
         assert!(serde_json::from_value::<PluginConfig>(unknown).is_err());
     }

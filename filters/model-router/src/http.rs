@@ -6,10 +6,11 @@ use filter_edge::{self as edge, Buffer, Level, Map};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use router_core::audit::{caller_label, client_address, AuditRecord, Outcome};
-use router_core::config::{
-    Tier, BACKEND_HEADER, MODEL_SPAN_HEADER, ROUTE_HEADER, RULE_HEADER, SENSITIVE_HEADER,
-};
+use router_core::config::Tier;
 use router_core::errors::ApiError;
+use router_core::headers::{
+    BACKEND_HEADER, MODEL_SPAN_HEADER, ROUTE_HEADER, RULE_HEADER, SENSITIVE_HEADER,
+};
 use router_core::rewrite::format_span;
 use router_core::router::RequestHeaders;
 use router_core::scan::{Fields, ScanError, Scanner};
@@ -259,7 +260,7 @@ impl Request {
         let fail_closed = decision.rule.is_some_and(|r| router.rule(r).fail_closed);
         let backend = router.backend(decision.backend());
         self.audit.backend = Some(backend.name.clone());
-        self.audit.tier = Some(tier_name(backend.tier));
+        self.audit.tier = Some(backend.tier.as_str());
         self.audit.rule = decision.rule.map(|r| router.rule(r).name.clone());
         self.rule_index = decision.rule;
         self.backend_index = Some(decision.backend());
@@ -422,13 +423,6 @@ impl Request {
     }
 }
 
-fn tier_name(t: Tier) -> &'static str {
-    match t {
-        Tier::Local => "local",
-        Tier::Cloud => "cloud",
-    }
-}
-
 impl Context for Request {}
 
 impl HttpContext for Request {
@@ -557,11 +551,9 @@ impl HttpContext for Request {
             let tier = served("tier");
             self.backend_index = shared.router.backend_index(&backend);
             self.audit.backend = Some(backend);
-            self.audit.tier = match tier.as_deref() {
-                Some("cloud") => Some("cloud"),
-                Some("local") => Some("local"),
-                _ => self.audit.tier,
-            };
+            if let Some(t) = tier.as_deref().and_then(Tier::parse) {
+                self.audit.tier = Some(t.as_str());
+            }
             if sensitive && tier.as_deref() != Some("local") {
                 // The route table and the upstream guard should make this impossible. If it
                 // happens anyway, say so as loudly as the gateway can.

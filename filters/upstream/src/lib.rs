@@ -15,11 +15,13 @@
 use filter_edge::{self as edge, Buffer, Level, Map, MetricKind};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use router_core::config::{
-    Tier, ATTEMPT_BACKEND_HEADER, BACKEND_HEADER, MODEL_SPAN_HEADER, ROUTE_HEADER, RULE_HEADER,
+use router_core::config::Tier;
+use router_core::errors::ApiError;
+use router_core::headers::{
+    ATTEMPT_BACKEND_HEADER, BACKEND_HEADER, MODEL_SPAN_HEADER, ROUTE_HEADER, RULE_HEADER,
     SENSITIVE_HEADER,
 };
-use router_core::errors::ApiError;
+use router_core::provider::provider_headers;
 use router_core::rewrite::{parse_span, rewrite_head};
 use router_core::router::Router;
 use router_core::scan::Scanner;
@@ -34,9 +36,6 @@ const BACKEND_PROPERTY: &[&str] = &[
     "llmkube",
     "backend",
 ];
-/// Headers a provider credential may travel in; cleared on every attempt.
-const CREDENTIAL_HEADERS: &[&str] = &["authorization", "x-api-key", "anthropic-version"];
-const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// Decision headers that name the router's rules, backends and attempt orders; removed from
 /// attempts to external providers.
 const INTERNAL_ROUTING_HEADERS: &[&str] = &[RULE_HEADER, BACKEND_HEADER, ROUTE_HEADER];
@@ -48,6 +47,8 @@ proxy_wasm::main! {{
 
 struct Shared {
     router: Router,
+    /// Provider credential and version headers, cleared on every attempt.
+    provider_headers: Vec<&'static str>,
     scanner: RefCell<Scanner>,
     blocked_metric: Option<u32>,
     rewrites_metric: Option<u32>,
@@ -68,6 +69,7 @@ impl RootContext for Root {
             Ok(router) => {
                 self.shared = Some(Rc::new(Shared {
                     router,
+                    provider_headers: provider_headers(),
                     scanner: RefCell::new(Scanner::new()),
                     blocked_metric: edge::define_metric(
                         MetricKind::Counter,
@@ -158,7 +160,7 @@ impl HttpContext for Attempt {
         if let Err(e) = edge::remove_present(
             Map::RequestHeaders,
             &mut pairs,
-            CREDENTIAL_HEADERS.iter().copied(),
+            shared.provider_headers.iter().copied(),
         ) {
             return self.internal(&format!("removing credential headers: {e}"));
         }
@@ -233,11 +235,9 @@ impl HttpContext for Attempt {
         ) {
             return self.internal(&format!("removing routing headers: {e}"));
         }
-        if b.provider.as_deref() == Some("anthropic") {
-            if let Err(e) =
-                edge::set_header(Map::RequestHeaders, "anthropic-version", ANTHROPIC_VERSION)
-            {
-                return self.internal(&format!("setting anthropic-version: {e}"));
+        if let Some((name, value)) = b.provider.and_then(|p| p.version_header()) {
+            if let Err(e) = edge::set_header(Map::RequestHeaders, name, value) {
+                return self.internal(&format!("setting {name}: {e}"));
             }
         }
         if end_of_stream {

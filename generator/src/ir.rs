@@ -447,10 +447,7 @@ fn credential(
     diags: &mut Diagnostics,
 ) -> Option<Credential> {
     let key = provider.secret_key();
-    let header = match provider {
-        Provider::Anthropic => "x-api-key",
-        _ => "authorization",
-    };
+    let form = provider.credential();
     let mut value = None;
     if let Some(secret) = inputs.secret(cx.namespace, name) {
         let field = "external.credentialsSecretRef.name";
@@ -475,12 +472,7 @@ fn credential(
                 );
                 return None;
             }
-            Some(v) => {
-                value = Some(match provider {
-                    Provider::Anthropic => v.to_string(),
-                    _ => format!("Bearer {v}"),
-                })
-            }
+            Some(v) => value = Some(form.value(v)),
         }
     }
     Some(Credential {
@@ -489,7 +481,7 @@ fn credential(
             name: name.to_string(),
             key: key.to_string(),
         },
-        header,
+        header: form.header,
         value,
     })
 }

@@ -390,6 +390,26 @@ fn header_names_are_tokens() {
     one(with("/spec/policy/auditLog/callerHeader", json!("x/caller")), "ModelRouter/demo: spec.policy.auditLog.callerHeader: \"x/caller\" is not a valid HTTP header name (RFC 7230 token)");
 }
 
+/// Every header-name field uses the one token syntax of the core (RFC 7230 `tchar`, which
+/// includes the backtick), and every credential header of the core's list is refused as caller.
+#[test]
+fn header_names_follow_the_core_token_syntax() {
+    for h in ["x-`caller", "X_Caller.1"] {
+        assert!(router_core::headers::is_token(h));
+        assert!(
+            errors(with("/spec/policy/auditLog/callerHeader", json!(h))).is_empty(),
+            "{h}"
+        );
+        assert!(
+            errors(with("/spec/policy/classification/headerKey", json!(h))).is_empty(),
+            "{h}"
+        );
+    }
+    for h in router_core::headers::CREDENTIAL_HEADERS {
+        one(with("/spec/policy/auditLog/callerHeader", json!(h)), &format!("ModelRouter/demo: spec.policy.auditLog.callerHeader: {h:?} carries a credential and cannot be logged as caller"));
+    }
+}
+
 #[test]
 fn header_names_case_insensitive_duplicates() {
     one(with("/spec/rules/0/match/headers", json!({"X-Team": "a", "x-team": "b"})), "ModelRouter/demo: spec.rules[0].match.headers.x-team: duplicates header \"X-Team\" (names are case-insensitive)");

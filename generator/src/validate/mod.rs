@@ -14,24 +14,15 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 pub use syntax::{
-    check_glob, is_cidr_or_addr, is_decimal, is_dns_label, is_dns_subdomain, is_header_token,
-    is_name,
+    check_glob, is_cidr_or_addr, is_decimal, is_dns_label, is_dns_subdomain, is_name,
 };
+
+use router_core::headers::is_token as is_header_token;
 
 use crate::duration::parse_duration;
 use crate::inputs::{namespace_of, Inputs};
 use crate::model::*;
 use crate::{Diagnostics, Problem};
-
-/// Header names that carry credentials; `policy.auditLog.callerHeader` may not name one.
-pub const CREDENTIAL_HEADERS: &[&str] = &[
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "x-api-key",
-    "api-key",
-    "x-goog-api-key",
-];
 
 /// How references to other objects (InferenceServices, Secrets) that are not in the input are
 /// treated. `validate` checks a manifest on its own (the objects may exist in the cluster): a

@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use super::syntax::*;
-use super::{Ctx, CREDENTIAL_HEADERS};
+use router_core::headers::{is_token, CREDENTIAL_HEADERS};
+
+use super::Ctx;
 use crate::model::*;
 
 pub(super) fn validate_policy(cx: &mut Ctx, spec: &ModelRouterSpec) {
@@ -39,11 +41,7 @@ pub(super) fn validate_policy(cx: &mut Ctx, spec: &ModelRouterSpec) {
             if h.len() > 64 {
                 cx.err(p, format!("at most 64 characters, got {}", h.len()));
             }
-            if h.is_empty()
-                || !h
-                    .bytes()
-                    .all(|c| c.is_ascii_alphanumeric() || b"!#$%&'*+.^_|~-".contains(&c))
-            {
+            if !is_token(h) {
                 cx.err(
                     p,
                     format!("{h:?} is not a valid HTTP header name (RFC 7230 token)"),

@@ -12,13 +12,6 @@ pub fn is_name(s: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
-/// RFC 7230 `token` (tchar+).
-pub fn is_header_token(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c))
-}
-
 /// `^[0-9]+(\.[0-9]+)?$`
 pub fn is_decimal(s: &str) -> bool {
     let (int, frac) = match s.split_once('.') {

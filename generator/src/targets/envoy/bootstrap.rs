@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use router_core::config::{ROUTE_HEADER, SHADOW_HEADER};
+use router_core::headers::{ROUTE_HEADER, SHADOW_HEADER};
 use serde_json::{json, Value};
 
 use super::clusters::*;

@@ -26,7 +26,7 @@ pub(super) fn endpoint_cluster(name: &str, b: &Backend, buffer_limit: u64, ca_fi
     } else {
         Discovery::StrictDns
     };
-    let tier = tier_name(b.tier);
+    let tier = b.tier.as_str();
     let lb_endpoints: Vec<Value> = b
         .endpoints
         .iter()
@@ -83,7 +83,7 @@ const VIA_CIRCUIT_LIMIT: u32 = 1_000_000;
 /// of one attempt (an external backend's `content-length`, credentials) never reach the next.
 pub(super) fn via_cluster_config(backend: &str, tier: rc::Tier, buffer_limit: u64) -> Value {
     let name = via_cluster(backend);
-    let tier = tier_name(tier);
+    let tier = tier.as_str();
     let ep = json!({"address": {"envoy_internal_address": {"server_listener_name": attempt_listener(backend)}}});
     let raw = json!({"name": "envoy.transport_sockets.raw_buffer",
         "typed_config": typed("envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer")});
@@ -108,13 +108,6 @@ pub(super) fn via_cluster_config(backend: &str, tier: rc::Tier, buffer_limit: u6
             "max_retries": VIA_CIRCUIT_LIMIT,
         }]},
     })
-}
-
-fn tier_name(t: rc::Tier) -> &'static str {
-    match t {
-        rc::Tier::Local => "local",
-        rc::Tier::Cloud => "cloud",
-    }
 }
 
 /// `backend-<b>`: the backend's endpoints with the quarantine (one 5xx ejects for

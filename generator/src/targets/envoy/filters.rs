@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use router_core::config::ATTEMPT_BACKEND_HEADER;
+use router_core::headers::ATTEMPT_BACKEND_HEADER;
 use serde_json::{json, Value};
 
 use super::names::secret_name;

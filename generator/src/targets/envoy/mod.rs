@@ -178,7 +178,7 @@ fn check_router(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Diagnosti
         ));
     }
     if let Some(h) = &opts.common.model_header {
-        if !crate::validate::is_header_token(h) {
+        if !router_core::headers::is_token(h) {
             diags.error(Problem::new(
                 "options",
                 "--model-header",

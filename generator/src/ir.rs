@@ -99,13 +99,15 @@ pub struct External {
 }
 
 /// A provider credential: always a Secret reference; `value` (the header value to inject) only
-/// when the Secret was in the input.
+/// when the Secret is in the input and holds the provider's key.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Credential {
     pub secret: SecretRef,
     /// `authorization`, or `x-api-key` for anthropic.
     pub header: &'static str,
     pub value: Option<String>,
+    /// The keys the Secret holds, when it is in the input (never their values).
+    pub secret_keys: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -438,7 +440,8 @@ fn resolve_backend(
 }
 
 /// The provider credential in Secret `name`: its reference always, its value when the Secret is
-/// in the input (a Secret without the provider's key, or with control characters, is an error).
+/// in the input with the provider's key (a value with control characters is an error; a missing
+/// key is for each target to judge).
 fn credential(
     provider: Provider,
     name: &str,
@@ -449,21 +452,14 @@ fn credential(
     let key = provider.secret_key();
     let form = provider.credential();
     let mut value = None;
+    let mut secret_keys = None;
     if let Some(secret) = inputs.secret(cx.namespace, name) {
         let field = "external.credentialsSecretRef.name";
         let ns = cx.namespace;
-        match secret_values(secret).get(key).map(|v| v.trim()) {
-            None | Some("") => {
-                cx.error(
-                    diags,
-                    field,
-                    format!(
-                        "Secret {ns}/{name} has no key {key} (the {} credential)",
-                        provider.as_str()
-                    ),
-                );
-                return None;
-            }
+        let values = secret_values(secret);
+        secret_keys = Some(values.keys().cloned().collect());
+        match values.get(key).map(|v| v.trim()) {
+            None | Some("") => {}
             Some(v) if v.bytes().any(|c| c < 0x20 || c == 0x7f) => {
                 cx.error(
                     diags,
@@ -483,6 +479,7 @@ fn credential(
         },
         header: form.header,
         value,
+        secret_keys,
     })
 }
 

@@ -196,16 +196,83 @@ fn invalid_input_writes_no_file() {
 }
 
 #[test]
-fn stub_targets_are_not_implemented() {
-    for t in ["envoy-gateway", "agentgateway"] {
-        let o = run(&["compile", "--target", t, "-f", &example()], None);
-        assert_eq!(o.status.code(), Some(1));
-        assert_eq!(
-            stderr(&o),
-            format!("options: --target: {t} is not implemented yet (only envoy is)\n")
-        );
-        assert!(o.stdout.is_empty());
-    }
+fn agentgateway_target_is_not_implemented() {
+    let o = run(
+        &["compile", "--target", "agentgateway", "-f", &example()],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        "options: --target: agentgateway is not implemented yet (envoy and envoy-gateway are)\n"
+    );
+    assert!(o.stdout.is_empty());
+}
+
+#[test]
+fn envoy_gateway_target_from_the_command_line() {
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../envoy-examples/envoy-gateway/router.yaml"
+    );
+    let sha = "ab".repeat(32);
+    let d = tmpdir("eg");
+    let out = d.join("eg.yaml");
+    let args = [
+        "compile",
+        "--target",
+        "envoy-gateway",
+        "-f",
+        example,
+        "--wasm-image",
+        "oci://ghcr.io/example/llmkube-model-router:1",
+        "--wasm-sha256",
+        &sha,
+        "--gateway-listener",
+        "web",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let o = run(&args, None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.starts_with("---\napiVersion: "));
+    assert!(text.contains("type: Image") && text.contains(&sha));
+    assert!(text.contains("name: envoy-gateway-system/ai-gateway/web"));
+    // The module source is required; flags of the envoy target are refused.
+    let o = run(
+        &["compile", "--target", "envoy-gateway", "-f", example],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).starts_with("options: --wasm-url: the envoy-gateway target needs --wasm-url URL or --wasm-image REF"), "{}", stderr(&o));
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy-gateway",
+            "-f",
+            example,
+            "--listen",
+            "127.0.0.1:1",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).starts_with("error: --listen is not an option of --target envoy-gateway"));
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy",
+            "-f",
+            example,
+            "--wasm-url",
+            "http://x/y.wasm",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2));
 }
 
 #[test]

@@ -5,7 +5,9 @@
 
 mod common;
 use common::*;
+use llmkube_gen::targets::envoy_gateway::{compile_envoy_gateway, GatewayOptions, WasmSource};
 use llmkube_gen::{compile_envoy, CompileOptions, EnvoyOptions, Source};
+use serde_json::json;
 
 struct Case {
     name: &'static str,
@@ -64,6 +66,54 @@ fn sources(c: &Case) -> Vec<Source> {
         name: format!("{}/input.yaml", c.name),
         text: c.input.clone(),
     }]
+}
+
+/// The cases with a Gateway to attach to, for the envoy-gateway target.
+fn gateway_cases() -> Vec<Case> {
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../envoy-examples/envoy-gateway/router.yaml"
+    ))
+    .unwrap();
+    let mut out = vec![Case {
+        name: "envoy-gateway-example",
+        input: example,
+        keep_input: false,
+        common: CompileOptions::default(),
+    }];
+    for c in cases().into_iter().filter(|c| c.keep_input) {
+        // The same router, attached to a Gateway.
+        let input = c.input.replacen(
+            "\"spec\":{",
+            &format!(
+                "\"spec\":{{\"gatewayRef\":{},",
+                json!({"name": "ai-gateway", "namespace": "envoy-gateway-system"})
+            ),
+            1,
+        );
+        out.push(Case { input, ..c });
+    }
+    out
+}
+
+#[test]
+fn envoy_gateway_target_matches_its_golden_files() {
+    let mut failures = Vec::new();
+    for c in gateway_cases() {
+        let o = GatewayOptions {
+            common: c.common.clone(),
+            wasm_sha256: Some("0".repeat(64)),
+            ..GatewayOptions::new(WasmSource::Http(
+                "https://wasm.example.internal/llmkube_model_router.wasm".into(),
+            ))
+        };
+        let out =
+            compile_envoy_gateway(&sources(&c), &o).unwrap_or_else(|e| panic!("{}: {e:?}", c.name));
+        if let Err(e) = golden::check(c.name, "envoy-gateway.yaml", &out) {
+            failures.push(e);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]

@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 //! Shared fixtures: a valid router (as JSON, which is valid YAML) that tests mutate.
 
+pub mod crds;
 pub mod envoy;
 pub mod golden;
 

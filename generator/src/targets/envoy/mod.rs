@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use crate::inputs::Source;
 use crate::ir::{label_of, CompileOptions, Ir};
 use crate::model::*;
-use crate::targets::{front_end, Target, TargetChecks};
+use crate::targets::{checks, front_end, Target, TargetChecks};
 use crate::{Diagnostics, Problem};
 
 pub use names::*;
@@ -130,6 +130,7 @@ impl TargetChecks for EnvoyOptions {
         check_router(router, self, diags)
     }
     fn check_ir(&self, ir: &Ir, diags: &mut Diagnostics) {
+        check_credential_values(ir, diags);
         check_path_rewrites(ir, diags)
     }
 }
@@ -147,45 +148,10 @@ fn check_router(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Diagnosti
                     format!("provider {} is not supported by the envoy target yet (it needs request signing); use litellm in front of it", e.provider.as_str()),
                 ));
             }
-            if e.credentials_secret_ref.is_none() && e.provider != Provider::Litellm {
-                diags.warn(Problem::new(
-                    &label,
-                    format!("spec.backends[{i}].external"),
-                    format!(
-                        "no credentialsSecretRef: requests to {} are sent without credentials",
-                        e.provider.as_str()
-                    ),
-                ));
-            }
         }
     }
-    if let Some(auth) = spec.policy.as_ref().and_then(|p| p.auth.as_ref()) {
-        if auth.jwt.is_some() || !auth.allowlists.is_empty() {
-            diags.error(Problem::new(&label, "spec.policy.auth", "is not enforced by the envoy target yet; refusing rather than serving unauthenticated"));
-        }
-    }
-    if spec.policy.as_ref().is_some_and(|p| !p.budgets.is_empty()) {
-        diags.warn(Problem::new(&label, "spec.policy.budgets", "are validated but not enforced by the envoy target yet (the plugin config carries no budgets)"));
-    }
-    if let Some(dp) = spec.data_plane.filter(|d| *d != DataPlane::Proxy) {
-        diags.warn(Problem::new(&label, "spec.dataPlane", format!("{dp:?} selects LLMKube's own data plane; the envoy target runs the whole spec in Envoy regardless")));
-    }
-    if opts.common.max_body_bytes == Some(0) {
-        diags.error(Problem::new(
-            "options",
-            "--max-body-bytes",
-            "must be greater than 0",
-        ));
-    }
-    if let Some(h) = &opts.common.model_header {
-        if !router_core::headers::is_token(h) {
-            diags.error(Problem::new(
-                "options",
-                "--model-header",
-                format!("{h:?} is not a valid HTTP header name"),
-            ));
-        }
-    }
+    checks::unenforced_features(router, Target::Envoy, diags);
+    checks::plugin_options(&opts.common, diags);
     let wasm = wasm_path(opts);
     if !wasm.is_file() {
         diags.warn(Problem::new(
@@ -200,6 +166,25 @@ fn check_router(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Diagnosti
             "options",
             "--wasm-dir",
             format!("{} does not exist yet (external backends need the upstream filter: build filters/upstream for wasm32-wasip1)", upstream_wasm.display()),
+        ));
+    }
+}
+
+/// The bootstrap inlines each credential in its secret store: the Secret must hold the
+/// provider's key.
+fn check_credential_values(ir: &Ir, diags: &mut Diagnostics) {
+    for (i, b) in ir.backends.iter().enumerate() {
+        let Some(e) = b.external() else { continue };
+        let Some(c) = e.credential.as_ref().filter(|c| c.value.is_none()) else {
+            continue;
+        };
+        diags.error(Problem::new(
+            &ir.label,
+            format!("spec.backends[{i}].external.credentialsSecretRef.name"),
+            format!(
+                "Secret {}/{} has no key {} (the {} credential)",
+                c.secret.namespace, c.secret.name, c.secret.key, e.provider
+            ),
         ));
     }
 }

@@ -55,9 +55,8 @@ fn cases() -> Vec<Case> {
 
 fn envoy_options(common: CompileOptions) -> EnvoyOptions {
     EnvoyOptions {
-        common,
         wasm_dir: "/opt/llmkube/wasm".into(),
-        ..Default::default()
+        ..EnvoyOptions::with_common(common)
     }
 }
 

@@ -38,6 +38,7 @@ use crate::model::*;
 use crate::targets::{checks, front_end, Target, TargetChecks};
 use crate::{Diagnostics, Problem};
 
+pub use crate::render::Format;
 pub use names::*;
 
 pub const WASM_FILE: &str = "llmkube_model_router.wasm";
@@ -51,14 +52,6 @@ pub const DEFAULT_LISTEN: SocketAddr =
 pub const DEFAULT_ADMIN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9901);
 pub const DEFAULT_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
-
-/// Output syntax of the bootstrap. Both are accepted by `envoy -c` (JSON is valid YAML).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Format {
-    #[default]
-    Yaml,
-    Json,
-}
 
 /// Options of `compile --target envoy`.
 #[derive(Debug, Clone)]

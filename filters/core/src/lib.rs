@@ -5,6 +5,7 @@
 //! wasmtime test harness, the ext_proc server) and lets every rule be unit-tested natively.
 
 pub mod audit;
+pub mod budget;
 pub mod config;
 pub mod errors;
 mod fast;

@@ -1,0 +1,22 @@
+//! Token and USD budgets (`spec.policy.budgets`): exact ledgers and admission that cannot be
+//! raced past a cap. See docs/budgets.md for the semantics and the bound.
+//!
+//! - [`money`]: USD as integer pico-dollars, prices, the seed's status strings.
+//! - [`window`]: rolling windows as bucketed counters that expire late, never early.
+//! - [`ledger`]: one ledger (spent + held), reserve/settle/release, `Retry-After`, byte codec.
+//! - [`admit`]: which ledgers a request is under, all-or-nothing reservation across them.
+//! - [`bound`]: the request facts budgets read and the upper bound a request reserves.
+//! - [`table`]: the bounded directory of team ledgers kept in shared data.
+
+pub mod admit;
+pub mod bound;
+pub mod ledger;
+pub mod money;
+pub mod table;
+mod varint;
+pub mod window;
+
+pub use admit::{admit_all, applicable, Budget, LedgerKey, LedgerStore, Refusal, Scope};
+pub use ledger::{Caps, Hold, Ledger, Shape, Wait};
+pub use money::Price;
+pub use window::Amount;

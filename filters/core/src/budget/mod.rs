@@ -10,9 +10,11 @@
 
 pub mod admit;
 pub mod bound;
+pub mod inject;
 pub mod ledger;
 pub mod money;
 pub mod table;
+pub mod usage;
 mod varint;
 pub mod window;
 

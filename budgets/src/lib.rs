@@ -6,7 +6,6 @@
 
 pub mod server;
 pub mod store;
-pub mod wire;
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;

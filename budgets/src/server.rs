@@ -1,14 +1,14 @@
 //! The HTTP/1.1 JSON service: reserve, settle, release, status (README.md has the wire format).
 
 use crate::store::{Clock, RedisStore, Reserve, StoreError};
-use crate::wire::{
-    validate_common, LedgerRef, ReserveRequest, ReserveResponse, SettleRequest, MAX_TTL_S,
-};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use router_core::budget::admit::DEFAULT_HOLD_TTL_S;
+use router_core::budget::wire::{
+    validate_common, LedgerRef, ReserveRequest, ReserveResponse, SettleRequest, MAX_TTL_S,
+};
 use router_core::errors::ApiError;
 use std::sync::Arc;
 

@@ -1,10 +1,9 @@
 //! Ledgers in Redis: one Lua script (`ledger.lua`) per ledger operation, atomic on the ledger's
 //! three keys, which share one hash tag so Redis Cluster keeps them on one node.
 
-use crate::wire::{LedgerRef, Utilization};
 use redis::aio::ConnectionManager;
-use router_core::budget::money::{format_fraction, format_usd};
 use router_core::budget::window::Geometry;
+use router_core::budget::wire::{LedgerRef, Utilization};
 use router_core::budget::{Amount, Caps};
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -325,15 +324,8 @@ impl RedisStore {
                 .iter()
                 .max_by(|a, b| a.utilization.cmp(&b.utilization))
                 .cloned();
-            let mut head = top.unwrap_or(Utilization {
-                name: name.clone(),
-                tokens_used: 0,
-                usd_used: format_usd(0),
-                utilization: format_fraction(0, 1),
-                team: None,
-                tokens_reserved: 0,
-                usd_reserved: format_usd(0),
-                teams: Vec::new(),
+            let mut head = top.unwrap_or_else(|| {
+                Utilization::of(name.clone(), &caps, Amount::ZERO, Amount::ZERO)
             });
             head.teams = entries;
             out.push(head);
@@ -351,27 +343,6 @@ impl RedisStore {
         name: String,
     ) -> Result<Utilization, StoreError> {
         let (spent, held) = self.usage(clock, router, l).await?;
-        Ok(Utilization {
-            name,
-            tokens_used: spent.tokens,
-            usd_used: format_usd(spent.pico),
-            utilization: utilization(caps, spent),
-            team: None,
-            tokens_reserved: held.tokens,
-            usd_reserved: format_usd(held.pico),
-            teams: Vec::new(),
-        })
-    }
-}
-
-/// The larger of the token and USD fractions (the seed: "the maximum of the two").
-pub fn utilization(caps: &Caps, spent: Amount) -> String {
-    let t = caps.tokens.map(|c| format_fraction(spent.tokens, c));
-    let u = caps.pico.map(|c| format_fraction(spent.pico, c));
-    // Same format (`0.dddd` or `1.0`), so the string order is the numeric order.
-    match (t, u) {
-        (Some(a), Some(b)) => a.max(b),
-        (Some(a), None) | (None, Some(a)) => a,
-        (None, None) => format_fraction(0, 1),
+        Ok(Utilization::of(name, caps, spent, held))
     }
 }

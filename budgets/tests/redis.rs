@@ -5,8 +5,8 @@ mod common;
 
 use common::{http, Binary, InProcess, Redis};
 use llmkube_budgets::store::{RedisStore, Reserve};
-use llmkube_budgets::wire::LedgerRef;
 use router_core::budget::money::{format_usd, parse_usd};
+use router_core::budget::wire::LedgerRef;
 use router_core::budget::{Amount, Caps, Ledger, Shape, Wait};
 use serde_json::{json, Value};
 use std::time::Duration;

@@ -35,6 +35,19 @@ impl Caps {
         self.tokens.is_none_or(|c| t <= c) && self.pico.is_none_or(|c| p <= c)
     }
 
+    /// The seed's `utilization`: the larger of the token and USD fractions of the caps spent.
+    pub fn utilization(&self, spent: Amount) -> String {
+        use super::money::format_fraction;
+        let t = self.tokens.map(|c| format_fraction(spent.tokens, c));
+        let u = self.pico.map(|c| format_fraction(spent.pico, c));
+        // Both are `0.dddd` or `1.0`, so string order is numeric order.
+        match (t, u) {
+            (Some(a), Some(b)) => a.max(b),
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => format_fraction(0, 1),
+        }
+    }
+
     /// How far `used` is over what still lets `amount` in, per capped dimension.
     fn excess(&self, used: Amount, amount: Amount) -> Amount {
         let over = |cap: Option<u64>, u: u64, a: u64| {
@@ -328,6 +341,19 @@ mod tests {
         assert!(l.try_reserve(&shape, &c, Amount::new(1, 999), 0).is_ok());
         assert!(l.try_reserve(&shape, &c, Amount::new(1, 2), 0).is_err());
         assert!(l.try_reserve(&shape, &c, Amount::new(1, 1), 0).is_ok());
+    }
+
+    #[test]
+    fn utilization_is_the_larger_fraction() {
+        let c = Caps {
+            tokens: Some(1000),
+            pico: Some(2_000),
+        };
+        assert_eq!(c.utilization(Amount::new(100, 1_500)), "0.75");
+        assert_eq!(c.utilization(Amount::new(900, 1_500)), "0.9");
+        assert_eq!(c.utilization(Amount::new(5, 0)), "0.005");
+        assert_eq!(caps(10).utilization(Amount::new(20, 0)), "1.0");
+        assert_eq!(Caps::default().utilization(Amount::new(20, 0)), "0.0");
     }
 
     #[test]

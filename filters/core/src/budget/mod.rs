@@ -7,6 +7,8 @@
 //! - [`admit`]: which ledgers a request is under, all-or-nothing reservation across them.
 //! - [`bound`]: the request facts budgets read and the upper bound a request reserves.
 //! - [`table`]: the bounded directory of team ledgers kept in shared data.
+//! - [`usage`], [`inject`]: usage from response bodies; asking streams for it.
+//! - [`wire`]: the JSON the filter and `llmkube-budgets` exchange.
 
 pub mod admit;
 pub mod bound;
@@ -17,6 +19,7 @@ pub mod table;
 pub mod usage;
 mod varint;
 pub mod window;
+pub mod wire;
 
 pub use admit::{admit_all, applicable, Budget, LedgerKey, LedgerStore, Refusal, Scope};
 pub use ledger::{Caps, Hold, Ledger, Shape, Wait};

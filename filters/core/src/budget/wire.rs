@@ -1,12 +1,13 @@
-//! The HTTP/JSON wire format between a gateway filter and `llmkube-budgets` (README.md).
+//! The HTTP/JSON wire format between a gateway filter and `llmkube-budgets` (budgets/README.md),
+//! here so the filter that sends it and the service that reads it share one definition.
 //!
 //! Every request names the ledgers it touches with the budget's caps and window, so the filter's
 //! configuration (compiled by the generator) stays the one source of truth and the service
 //! needs none of its own. USD amounts travel as decimal strings: exact, and safe for any JSON
 //! reader (pico-dollar integers pass 2^53).
 
-use router_core::budget::money::{format_usd, parse_usd};
-use router_core::budget::{Amount, Caps};
+use super::money::{format_usd, parse_usd};
+use super::{Amount, Caps};
 use serde::{Deserialize, Serialize};
 
 /// Longest router, budget or team name accepted on the wire.
@@ -101,6 +102,22 @@ pub struct Utilization {
     pub teams: Vec<Utilization>,
 }
 
+impl Utilization {
+    /// One ledger's entry: what is spent now against its caps, and what is held.
+    pub fn of(name: String, caps: &Caps, spent: Amount, held: Amount) -> Utilization {
+        Utilization {
+            name,
+            tokens_used: spent.tokens,
+            usd_used: format_usd(spent.pico),
+            utilization: caps.utilization(spent),
+            team: None,
+            tokens_reserved: held.tokens,
+            usd_reserved: format_usd(held.pico),
+            teams: Vec::new(),
+        }
+    }
+}
+
 impl LedgerRef {
     pub fn caps(&self) -> Result<Caps, String> {
         let pico = match &self.max_usd {
@@ -168,4 +185,63 @@ pub fn validate_common(router: &str, ledgers: &[LedgerRef]) -> Result<(), String
         return Err(format!("ledgers: at most {MAX_LEDGERS}"));
     }
     ledgers.iter().try_for_each(LedgerRef::validate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_strictly_and_validate_with_field_names() {
+        let r: ReserveRequest = serde_json::from_str(
+            r#"{"router":"ns/r","ledgers":[{"budget":"b","team":"alpha","window_s":60,"max_usd":"1.5"}],"amount":{"tokens":3,"usd":"0.000002"}}"#,
+        )
+        .unwrap();
+        assert!(validate_common(&r.router, &r.ledgers).is_ok());
+        assert_eq!(r.amount.parse().unwrap(), Amount::new(3, 2_000_000));
+        assert_eq!(r.ledgers[0].label(), "b/alpha");
+        assert!(serde_json::from_str::<ReserveRequest>(
+            r#"{"router":"r","ledgers":[],"amount":{"tokens":1},"extra":1}"#
+        )
+        .is_err());
+        let l = |json: &str| serde_json::from_str::<LedgerRef>(json).unwrap().validate();
+        assert!(l(r#"{"budget":"b","window_s":60}"#)
+            .unwrap_err()
+            .contains("neither max_tokens nor max_usd"));
+        assert!(l(r#"{"budget":"b","window_s":0,"max_tokens":1}"#)
+            .unwrap_err()
+            .contains("window_s"));
+        assert!(l(r#"{"budget":"b","window_s":1,"max_usd":"x"}"#)
+            .unwrap_err()
+            .contains("max_usd"));
+        assert!(l(r#"{"budget":"","window_s":1,"max_tokens":1}"#)
+            .unwrap_err()
+            .contains("budget"));
+        let many =
+            vec![
+                serde_json::from_str::<LedgerRef>(r#"{"budget":"b","window_s":1,"max_tokens":1}"#)
+                    .unwrap();
+                MAX_LEDGERS + 1
+            ];
+        assert!(validate_common("r", &many).is_err());
+        assert_eq!(
+            AmountJson::from_amount(Amount::new(1, 1)).usd,
+            "0.000000000001"
+        );
+    }
+
+    #[test]
+    fn utilization_serialises_in_the_seed_shape() {
+        let caps = Caps {
+            tokens: Some(10),
+            pico: None,
+        };
+        let u = Utilization::of("b".into(), &caps, Amount::new(5, 0), Amount::ZERO);
+        let v = serde_json::to_value(&u).unwrap();
+        assert_eq!(v["name"], "b");
+        assert_eq!(v["tokensUsed"], 5);
+        assert_eq!(v["usdUsed"], "0.0");
+        assert_eq!(v["utilization"], "0.5");
+        assert!(v.get("teams").is_none());
+    }
 }

@@ -24,6 +24,8 @@ const MAX_OUTPUT_KEYS: &[&[u8]] = &[
     b"max_completion_tokens",
     b"max_output_tokens",
 ];
+/// Keys that ask for several completions, each up to the cap (`best_of` is billed in full).
+const CHOICES_KEYS: &[&[u8]] = &[b"n", b"best_of"];
 /// `stream_options` longer than this is not read (it is a one-flag object).
 const MAX_STREAM_OPTIONS: usize = 4096;
 /// Escaped keys longer than this cannot be one of ours.
@@ -35,6 +37,8 @@ pub struct RequestFacts {
     pub body_bytes: u64,
     /// The largest completion cap the client sent, if any (a backend may read any of them).
     pub max_output: Option<u64>,
+    /// Completions asked for (`n`, `best_of`: the larger), at least 1.
+    pub choices: u64,
     pub stream: bool,
     /// `stream_options.include_usage` as the client sent it.
     pub include_usage: Option<bool>,
@@ -53,9 +57,11 @@ pub fn request_facts(body: &[u8], fields: &Fields) -> RequestFacts {
     .into_iter()
     .flatten()
     .collect();
+    let numbers = top_level_numbers(body, &big);
     RequestFacts {
         body_bytes: body.len() as u64,
-        max_output: max_output(body, &big),
+        max_output: numbers.max_output,
+        choices: numbers.choices.unwrap_or(1).max(1),
         stream: fields.stream,
         include_usage: spans.stream_options.and_then(|s| include_usage(body, s)),
     }
@@ -69,11 +75,23 @@ fn include_usage(body: &[u8], (a, b): Span) -> Option<bool> {
     v.get("include_usage")?.as_bool()
 }
 
-fn max_output(body: &[u8], big: &[Span]) -> Option<u64> {
-    let mut found: Option<u64> = None;
-    let mut i = ws(body, body.iter().position(|&c| c == b'{')? + 1);
+#[derive(Default)]
+struct Numbers {
+    max_output: Option<u64>,
+    choices: Option<u64>,
+}
+
+/// The largest non-negative integer given for any of the keys we read, per kind.
+fn top_level_numbers(body: &[u8], big: &[Span]) -> Numbers {
+    let mut found = Numbers::default();
+    let Some(open) = body.iter().position(|&c| c == b'{') else {
+        return found;
+    };
+    let mut i = ws(body, open + 1);
     while i < body.len() && body[i] == b'"' {
-        let q = string_end(body, i + 1)?;
+        let Some(q) = string_end(body, i + 1) else {
+            return found;
+        };
         let key = &body[i + 1..q];
         i = ws(body, q + 1);
         if body.get(i) != Some(&b':') {
@@ -83,14 +101,22 @@ fn max_output(body: &[u8], big: &[Span]) -> Option<u64> {
         let start = i;
         i = match big.iter().find(|s| s.0 == start) {
             Some(s) => s.1,
-            None => value_end(body, i)?,
+            None => match value_end(body, i) {
+                Some(end) => end,
+                None => return found,
+            },
         };
-        if is_max_output_key(key) {
+        let slot = match key_kind(key) {
+            Some(KeyKind::MaxOutput) => Some(&mut found.max_output),
+            Some(KeyKind::Choices) => Some(&mut found.choices),
+            None => None,
+        };
+        if let Some(slot) = slot {
             if let Some(n) = std::str::from_utf8(&body[start..i])
                 .ok()
                 .and_then(|t| t.parse::<u64>().ok())
             {
-                found = Some(found.map_or(n, |f| f.max(n)));
+                *slot = Some(slot.map_or(n, |f| f.max(n)));
             }
         }
         i = ws(body, i);
@@ -102,18 +128,35 @@ fn max_output(body: &[u8], big: &[Span]) -> Option<u64> {
     found
 }
 
-fn is_max_output_key(raw: &[u8]) -> bool {
+enum KeyKind {
+    MaxOutput,
+    Choices,
+}
+
+/// Which of our keys `raw` (a key's bytes between the quotes) is, escapes decoded as the backend
+/// would decode them.
+fn key_kind(raw: &[u8]) -> Option<KeyKind> {
+    let kind = |k: &[u8]| {
+        if MAX_OUTPUT_KEYS.contains(&k) {
+            Some(KeyKind::MaxOutput)
+        } else if CHOICES_KEYS.contains(&k) {
+            Some(KeyKind::Choices)
+        } else {
+            None
+        }
+    };
     if !raw.contains(&b'\\') {
-        return MAX_OUTPUT_KEYS.contains(&raw);
+        return kind(raw);
     }
     if raw.len() > MAX_KEY {
-        return false;
+        return None;
     }
     let mut quoted = Vec::with_capacity(raw.len() + 2);
     quoted.push(b'"');
     quoted.extend_from_slice(raw);
     quoted.push(b'"');
-    serde_json::from_slice::<String>(&quoted).is_ok_and(|k| MAX_OUTPUT_KEYS.contains(&k.as_bytes()))
+    let key = serde_json::from_slice::<String>(&quoted).ok()?;
+    kind(key.as_bytes())
 }
 
 fn ws(b: &[u8], mut i: usize) -> usize {
@@ -167,7 +210,8 @@ fn value_end(b: &[u8], i: usize) -> Option<usize> {
 pub struct Bound {
     pub prompt: u64,
     pub completion: u64,
-    /// prompt + completion never exceeds this (the backend's `contextLength`).
+    /// prompt + completion never exceeds this (the backend's `contextLength`, times the number
+    /// of completions: a loose but safe bound, the prompt is billed once).
     pub total: Option<u64>,
     /// The client set no completion cap and the backend declares no context length: the gateway
     /// must set `max_tokens` to this in the request for the bound to hold.
@@ -182,18 +226,21 @@ pub fn upper_bound(
     default_max_output: u64,
 ) -> Bound {
     let mut prompt = f.body_bytes.saturating_add(TEMPLATE_MARGIN);
-    let (completion, set_max_tokens) = match (f.max_output, context_length) {
+    let (per_choice, set_max_tokens) = match (f.max_output, context_length) {
         (Some(m), _) => (m, None),
         (None, Some(c)) => (c, None),
         (None, None) => (default_max_output, Some(default_max_output)),
     };
+    // Each of `n` completions may reach the cap; the context bounds each one, not their sum.
+    let choices = f.choices.max(1);
     if let Some(c) = context_length {
         prompt = prompt.min(c);
     }
+    let per_choice = context_length.map_or(per_choice, |c| per_choice.min(c));
     Bound {
         prompt,
-        completion: context_length.map_or(completion, |c| completion.min(c)),
-        total: context_length,
+        completion: per_choice.saturating_mul(choices),
+        total: context_length.map(|c| c.saturating_mul(choices)),
         set_max_tokens,
     }
 }
@@ -263,6 +310,9 @@ mod tests {
         }
         let body = " {\n \"model\" : \"m\" ,\n \"max_tokens\" : 42 \n} ";
         assert_eq!(facts(body).max_output, Some(42));
+        assert_eq!(facts(body).choices, 1);
+        assert_eq!(facts(r#"{"model":"m","n":3,"best_of":5}"#).choices, 5);
+        assert_eq!(facts(r#"{"model":"m","n":0}"#).choices, 1);
     }
 
     #[test]
@@ -283,6 +333,15 @@ mod tests {
         assert_eq!(b.amount(&Price::default()).tokens, 8192);
         let b = upper_bound(&f, None, 4096);
         assert_eq!((b.completion, b.set_max_tokens), (4096, Some(4096)));
+        // Three completions of up to 50 each.
+        let f = RequestFacts {
+            body_bytes: 10,
+            max_output: Some(50),
+            choices: 3,
+            ..Default::default()
+        };
+        let b = upper_bound(&f, Some(100), 4096);
+        assert_eq!((b.prompt, b.completion, b.total), (100, 150, Some(300)));
     }
 
     #[test]

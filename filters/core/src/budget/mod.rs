@@ -6,6 +6,7 @@
 //! - [`ledger`]: one ledger (spent + held), reserve/settle/release, `Retry-After`, byte codec.
 //! - [`admit`]: which ledgers a request is under, all-or-nothing reservation across them.
 //! - [`bound`]: the request facts budgets read and the upper bound a request reserves.
+//! - [`shared`]: ledgers in proxy-wasm shared data, compare-and-swap per update.
 //! - [`table`]: the bounded directory of team ledgers kept in shared data.
 //! - [`usage`], [`inject`]: usage from response bodies; asking streams for it.
 //! - [`wire`]: the JSON the filter and `llmkube-budgets` exchange.
@@ -15,6 +16,7 @@ pub mod bound;
 pub mod inject;
 pub mod ledger;
 pub mod money;
+pub mod shared;
 pub mod table;
 pub mod usage;
 mod varint;

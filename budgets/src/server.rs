@@ -2,6 +2,7 @@
 
 use crate::store::{Clock, RedisStore, Reserve, StoreError};
 use bytes::Bytes;
+use futures_util::future::join_all;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
@@ -134,9 +135,9 @@ impl Service {
         Ok(reply)
     }
 
-    /// All or nothing across the ledgers: each is reserved atomically in turn; on a refusal the
-    /// holds already taken are released and the remaining ledgers asked read-only, so the answer
-    /// names every ledger in the way and the longest wait.
+    /// All or nothing across the ledgers: each is reserved atomically (all in one round trip);
+    /// if any refuses, the holds taken on the others are released, and the answer names every
+    /// ledger in the way and the longest wait.
     pub async fn reserve(&self, clock: Clock, r: ReserveRequest) -> Reply {
         if let Err(e) = validate_common(&r.router, &r.ledgers) {
             return bad_request(e);
@@ -149,45 +150,48 @@ impl Service {
             Ok(id) => id,
             Err(e) => return store_error(e),
         };
+        // Every ledger at once (one round trip: the connection pipelines them); each is atomic
+        // on its own. If any refuses, the holds taken on the others are released.
+        let outcomes = join_all(
+            r.ledgers
+                .iter()
+                .map(|l| self.store.reserve(clock, &r.router, l, &id, amount, ttl)),
+        )
+        .await;
         let mut taken: Vec<&LedgerRef> = Vec::new();
-        for (i, l) in r.ledgers.iter().enumerate() {
-            let outcome = match self
-                .store
-                .reserve(clock, &r.router, l, &id, amount, ttl)
-                .await
-            {
-                Ok(o) => o,
-                Err(e) => {
-                    self.undo(clock, &r.router, &taken, &id, ttl).await;
-                    return store_error(e);
+        let mut refused = Vec::new();
+        // Per refusing ledger: seconds to wait, or None when the request can never fit it.
+        let mut waits: Vec<Option<u64>> = Vec::new();
+        let mut failure = None;
+        for (l, outcome) in r.ledgers.iter().zip(outcomes) {
+            match outcome {
+                Ok(Reserve::Held) => taken.push(l),
+                Ok(Reserve::Refused(w)) => {
+                    refused.push(l.label());
+                    waits.push(w);
                 }
-            };
-            let Reserve::Refused(first) = outcome else {
-                taken.push(l);
-                continue;
-            };
-            self.undo(clock, &r.router, &taken, &id, ttl).await;
-            let mut refused = vec![l.label()];
-            let mut wait = first;
-            for rest in &r.ledgers[i + 1..] {
-                match self.store.check(clock, &r.router, rest, amount).await {
-                    Ok(Reserve::Refused(w)) => {
-                        refused.push(rest.label());
-                        wait = match (wait, w) {
-                            (Some(a), Some(b)) => Some(a.max(b)),
-                            _ => None,
-                        };
-                    }
-                    Ok(Reserve::Held) => {}
-                    Err(e) => return store_error(e),
-                }
+                Err(e) => failure = Some(e),
             }
-            let window = l.window_s;
+        }
+        if failure.is_some() || !refused.is_empty() {
+            self.undo(clock, &r.router, &taken, &id, ttl).await;
+        }
+        if let Some(e) = failure {
+            return store_error(e);
+        }
+        if !refused.is_empty() {
+            let never = waits.iter().any(Option::is_none);
+            let longest_window = r.ledgers.iter().map(|l| l.window_s).max().unwrap_or(1);
+            let retry = if never {
+                longest_window
+            } else {
+                waits.iter().flatten().copied().max().unwrap_or(1)
+            };
             return ok(&ReserveResponse {
                 admitted: false,
                 reservation: None,
-                retry_after_s: Some(wait.unwrap_or(window).max(1)),
-                never: wait.is_none(),
+                retry_after_s: Some(retry.max(1)),
+                never,
                 refused,
             });
         }
@@ -201,10 +205,13 @@ impl Service {
     }
 
     async fn undo(&self, clock: Clock, router: &str, taken: &[&LedgerRef], id: &str, ttl: u64) {
-        for l in taken {
-            // A failed release leaves a hold that expires with its ttl: never a leak.
-            let _ = self.store.settle(clock, router, l, id, None, ttl).await;
-        }
+        // A failed release leaves a hold that expires with its ttl: never a leak.
+        join_all(
+            taken
+                .iter()
+                .map(|l| self.store.settle(clock, router, l, id, None, ttl)),
+        )
+        .await;
     }
 
     /// Settle (charge the real usage) or release (charge nothing) on every ledger.
@@ -223,14 +230,15 @@ impl Service {
             (true, None) => return bad_request("settle: amount is required".into()),
             (false, _) => None,
         };
-        let mut found = 0;
-        for l in &r.ledgers {
-            let ttl = DEFAULT_HOLD_TTL_S * 1000;
-            match self
-                .store
+        let ttl = DEFAULT_HOLD_TTL_S * 1000;
+        let results = join_all(r.ledgers.iter().map(|l| {
+            self.store
                 .settle(clock, &r.router, l, &r.reservation, actual, ttl)
-                .await
-            {
+        }))
+        .await;
+        let mut found = 0;
+        for result in results {
+            match result {
                 Ok(f) => found += usize::from(f),
                 Err(e) => return store_error(e),
             }

@@ -40,10 +40,10 @@ impl From<redis::RedisError> for StoreError {
     }
 }
 
-/// The outcome of a reservation attempt (or a read-only check) on one ledger.
+/// The outcome of a reservation attempt on one ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reserve {
-    /// Held (or, for a check, would fit now).
+    /// Held (in `--unsafe-check-only` mode: would fit, not held).
     Held,
     /// Refused: seconds to wait, or `None` when the request alone is over the cap.
     Refused(Option<u64>),
@@ -144,46 +144,17 @@ impl RedisStore {
         amount: Amount,
         ttl_ms: u64,
     ) -> Result<Reserve, StoreError> {
-        let op = if self.hold { "reserve" } else { "check" };
-        let outcome = self
-            .admission(op, clock, router, l, id, amount, ttl_ms)
-            .await?;
-        self.remember(router, l).await?;
-        Ok(outcome)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn admission(
-        &self,
-        op: &str,
-        clock: Clock,
-        router: &str,
-        l: &LedgerRef,
-        id: &str,
-        amount: Amount,
-        ttl_ms: u64,
-    ) -> Result<Reserve, StoreError> {
         let caps = l.caps().map_err(StoreError::Internal)?;
+        let op = if self.hold { "reserve" } else { "check" };
         let (ok, wait): (i64, i64) = self
             .call(op, clock, router, l, id, amount, ttl_ms, caps)
             .await?;
+        self.remember(router, l).await?;
         Ok(match (ok, wait) {
             (1, _) => Reserve::Held,
             (_, w) if w < 0 => Reserve::Refused(None),
             (_, w) => Reserve::Refused(Some(w.max(1) as u64)),
         })
-    }
-
-    /// Read-only: would `amount` fit now, and if not how long until it would.
-    pub async fn check(
-        &self,
-        clock: Clock,
-        router: &str,
-        l: &LedgerRef,
-        amount: Amount,
-    ) -> Result<Reserve, StoreError> {
-        self.admission("check", clock, router, l, "", amount, 0)
-            .await
     }
 
     /// Drops the hold `id` (if it is still there) and charges `actual` (zero for a release).

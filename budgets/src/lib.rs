@@ -4,6 +4,7 @@
 //! atomic Lua script per ledger operation and its server `TIME` as the one clock. See README.md
 //! for the wire format and docs/budgets.md for the semantics.
 
+pub mod conn;
 pub mod server;
 pub mod store;
 
@@ -26,15 +27,19 @@ pub struct Flags {
     /// Test-only (`--unsafe-check-only`): admission checks without holding, as charge-after
     /// gateways do; concurrent requests then overshoot. Never for production.
     pub check_only: bool,
+    /// `--cluster`: `--redis` names one node of a Redis Cluster.
+    pub cluster: bool,
 }
 
-pub const USAGE: &str = "usage: llmkube-budgets --listen HOST:PORT --redis redis://HOST:PORT[/DB]";
+pub const USAGE: &str =
+    "usage: llmkube-budgets --listen HOST:PORT --redis redis://HOST:PORT[/DB] [--cluster]";
 
 impl Flags {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Flags, String> {
         let mut listen = None;
         let mut redis = None;
         let mut check_only = false;
+        let mut cluster = false;
         let mut it = args.into_iter();
         while let Some(a) = it.next() {
             let (name, inline) = match a.split_once('=') {
@@ -51,6 +56,7 @@ impl Flags {
                 "--listen" => listen = Some(value("--listen")?),
                 "--redis" => redis = Some(value("--redis")?),
                 "--unsafe-check-only" => check_only = true,
+                "--cluster" => cluster = true,
                 "-h" | "--help" => return Err(USAGE.to_string()),
                 other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
             }
@@ -72,6 +78,7 @@ impl Flags {
             listen,
             redis,
             check_only,
+            cluster,
         })
     }
 }

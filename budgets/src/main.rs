@@ -26,7 +26,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(flags: Flags) -> ExitCode {
-    let store = match RedisStore::new(&flags.redis, !flags.check_only) {
+    let store = match RedisStore::new(&flags.redis, !flags.check_only, flags.cluster) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("llmkube-budgets: {e}");

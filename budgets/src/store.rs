@@ -1,13 +1,12 @@
 //! Ledgers in Redis: one Lua script (`ledger.lua`) per ledger operation, atomic on the ledger's
 //! three keys, which share one hash tag so Redis Cluster keeps them on one node.
 
-use redis::aio::ConnectionManager;
+use crate::conn::Connector;
 use router_core::budget::window::Geometry;
 use router_core::budget::wire::{LedgerRef, Utilization};
 use router_core::budget::{Amount, Caps};
 use std::collections::HashSet;
 use std::sync::Mutex;
-use std::time::Duration;
 
 const SCRIPT: &str = include_str!("ledger.lua");
 
@@ -50,7 +49,7 @@ pub enum Reserve {
 }
 
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Connector,
     script: redis::Script,
     /// Test-only: check without holding (what charge-after gateways do), to show the concurrency
     /// test can fail.
@@ -64,18 +63,10 @@ pub type Clock = Option<u64>;
 
 impl RedisStore {
     /// Connects lazily: the service starts without Redis and answers 503 until it is reachable.
-    pub fn new(url: &str, hold: bool) -> Result<RedisStore, String> {
-        let client = redis::Client::open(url)
-            .map_err(|e| format!("--redis {}: {e}", crate::redacted(url)))?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_millis(500)))
-            .set_response_timeout(Some(Duration::from_millis(1000)))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200));
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| format!("--redis {}: {e}", crate::redacted(url)))?;
+    /// `cluster`: `url` is one node of a Redis Cluster.
+    pub fn new(url: &str, hold: bool, cluster: bool) -> Result<RedisStore, String> {
         Ok(RedisStore {
-            conn,
+            conn: Connector::new(url, cluster)?,
             script: redis::Script::new(SCRIPT),
             hold,
             known: Mutex::new(HashSet::new()),
@@ -83,7 +74,7 @@ impl RedisStore {
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut c = self.conn.clone();
+        let mut c = self.conn.get().await?;
         redis::cmd("PING").query_async::<String>(&mut c).await?;
         Ok(())
     }
@@ -113,7 +104,7 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         let key = Self::ledger_key(router, l);
         let g = Geometry::window(l.window_s);
-        let mut c = self.conn.clone();
+        let mut c = self.conn.get().await?;
         let now: i64 = clock.map_or(-1, |t| t as i64);
         let r = self
             .script
@@ -244,7 +235,7 @@ impl RedisStore {
                 team_mark.as_ref().is_some_and(|m| !known.contains(m)),
             )
         };
-        let mut c = self.conn.clone();
+        let mut c = self.conn.get().await?;
         if new_spec {
             redis::cmd("HSET")
                 .arg(Self::budgets_key(router))
@@ -272,7 +263,7 @@ impl RedisStore {
     /// The seed's `status.budgetUtilization` for one router, from what Redis holds now. A team
     /// budget's entry is its most utilised team, with every team listed under `teams`.
     pub async fn status(&self, clock: Clock, router: &str) -> Result<Vec<Utilization>, StoreError> {
-        let mut c = self.conn.clone();
+        let mut c = self.conn.get().await?;
         let specs: Vec<(String, String)> = redis::cmd("HGETALL")
             .arg(Self::budgets_key(router))
             .query_async(&mut c)

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{http, Binary, InProcess, Redis};
+use common::{http, Binary, Cluster, InProcess, Redis};
 use llmkube_budgets::store::{RedisStore, Reserve};
 use router_core::budget::money::{format_usd, parse_usd};
 use router_core::budget::wire::LedgerRef;
@@ -30,7 +30,7 @@ fn lua_and_core_agree_on_the_shared_table_of_cases() {
     let table: Value = serde_json::from_str(include_str!("cases.json")).unwrap();
     let rt = rt();
     rt.block_on(async {
-        let store = RedisStore::new(&redis.url(), true).unwrap();
+        let store = RedisStore::new(&redis.url(), true, false).unwrap();
         for case in table["cases"].as_array().unwrap() {
             let name = case["name"].as_str().unwrap();
             let window_s = case["window_s"].as_u64().unwrap();
@@ -431,4 +431,48 @@ fn bad_flags_exit_non_zero_with_a_clear_message() {
         assert!(err.contains(says), "{args:?}: {err}");
         assert!(!err.contains("secret"), "credentials in the message: {err}");
     }
+}
+
+#[test]
+fn a_redis_cluster_keeps_each_ledger_on_one_node() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let url = cluster.nodes[0].url().replace("/0", "");
+    let svc = InProcess::start_with(&url, true, true);
+    let router = unique("cluster");
+    // Many teams: their ledgers hash to slots on every node; each script call touches three keys
+    // of one ledger, which CROSSSLOT would refuse if they were not under one hash tag.
+    for i in 0..30 {
+        let team = format!("team-{i}");
+        let l = json!([
+            ledger("teams", Some(&team), 3600, 100),
+            ledger("all", None, 3600, 100_000)
+        ]);
+        let req = json!({"router": router, "ledgers": l, "amount": {"tokens": 60}});
+        let (s, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+        assert_eq!((s, &v["admitted"]), (200, &json!(true)), "{v}");
+        let settle = json!({"router": router, "ledgers": l, "reservation": v["reservation"], "amount": {"tokens": 60}});
+        let (s, v) = http(svc.addr, "POST", "/v1/settle", Some(&settle));
+        assert_eq!((s, &v["holds_found"]), (200, &json!(2)), "{v}");
+        // The team's cap holds in the cluster too.
+        let (_, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+        assert_eq!(v["admitted"], false, "{v}");
+    }
+    let per_node = cluster.keys_per_node();
+    assert!(
+        per_node.iter().all(|&n| n > 0),
+        "ledgers spread over every node: {per_node:?}"
+    );
+    let (s, v) = http(
+        svc.addr,
+        "GET",
+        &format!("/v1/status?router={router}"),
+        None,
+    );
+    assert_eq!(s, 200, "{v}");
+    let u = v["budgetUtilization"].as_array().unwrap();
+    assert_eq!(u[0]["name"], "all");
+    assert_eq!(u[0]["tokensUsed"], 30 * 60);
+    assert_eq!(u[1]["teams"].as_array().unwrap().len(), 30);
 }

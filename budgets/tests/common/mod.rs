@@ -30,12 +30,18 @@ pub struct Redis {
     child: Option<Child>,
     pub port: u16,
     dir: PathBuf,
+    extra: Vec<String>,
 }
 
 impl Redis {
     /// Starts `redis-server`, or returns `None` (after saying so loudly) when it is not installed
     /// and this is not CI. Under `CI=true` a missing redis-server fails the test.
     pub fn start() -> Option<Redis> {
+        Redis::start_with(&[])
+    }
+
+    /// [`Redis::start`] with more `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Option<Redis> {
         let found = Command::new("redis-server")
             .arg("--version")
             .stdout(Stdio::null())
@@ -53,6 +59,7 @@ impl Redis {
             child: None,
             port: free_port(),
             dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         r.spawn();
         Some(r)
@@ -72,6 +79,7 @@ impl Redis {
                 "always",
             ])
             .args(["--daemonize", "no", "--loglevel", "warning"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -122,6 +130,72 @@ impl Drop for Redis {
     }
 }
 
+/// A Redis Cluster of three masters (slots spread by `redis-cli --cluster create`).
+pub struct Cluster {
+    pub nodes: Vec<Redis>,
+}
+
+impl Cluster {
+    pub fn start() -> Option<Cluster> {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            nodes.push(Redis::start_with(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "2000",
+            ])?);
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for n in &nodes {
+            loop {
+                let info = Command::new("redis-cli")
+                    .args(["-p", &n.port.to_string(), "cluster", "info"])
+                    .output()
+                    .expect("redis-cli runs");
+                if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster did not reach state ok");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Some(Cluster { nodes })
+    }
+
+    /// How many keys each node holds.
+    pub fn keys_per_node(&self) -> Vec<usize> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let out = Command::new("redis-cli")
+                    .args(["-p", &n.port.to_string(), "dbsize"])
+                    .output()
+                    .expect("redis-cli runs");
+                String::from_utf8_lossy(&out.stdout)
+                    .trim()
+                    .parse()
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+}
+
 /// The service in this process, on its own runtime thread.
 pub struct InProcess {
     pub addr: SocketAddr,
@@ -131,6 +205,10 @@ pub struct InProcess {
 
 impl InProcess {
     pub fn start(redis_url: &str, hold: bool) -> InProcess {
+        InProcess::start_with(redis_url, hold, false)
+    }
+
+    pub fn start_with(redis_url: &str, hold: bool, cluster: bool) -> InProcess {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let url = redis_url.to_string();
@@ -141,7 +219,8 @@ impl InProcess {
                 .build()
                 .expect("runtime");
             rt.block_on(async move {
-                let store = llmkube_budgets::store::RedisStore::new(&url, hold).expect("store");
+                let store =
+                    llmkube_budgets::store::RedisStore::new(&url, hold, cluster).expect("store");
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                     .await
                     .expect("bind");

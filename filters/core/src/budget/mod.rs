@@ -10,12 +10,14 @@
 //! - [`table`]: the bounded directory of team ledgers kept in shared data.
 //! - [`usage`], [`inject`]: usage from response bodies; asking streams for it.
 //! - [`wire`]: the JSON the filter and `llmkube-budgets` exchange.
+//! - [`reply`]: the 429 and 503 answers.
 
 pub mod admit;
 pub mod bound;
 pub mod inject;
 pub mod ledger;
 pub mod money;
+pub mod reply;
 pub mod shared;
 pub mod table;
 pub mod usage;

@@ -116,6 +116,12 @@ impl TeamTable {
         }
     }
 
+    /// When the first slot frees up (its team goes quiet): the `Retry-After` of a new team
+    /// refused by a full table.
+    pub fn next_free_at(&self) -> Option<u64> {
+        self.entries.iter().map(|e| e.quiet_until).min()
+    }
+
     /// Count, then per slot: team length, team bytes, `quiet_until`, as LEB128 varints.
     pub fn encode(&self, out: &mut Vec<u8>) {
         put(out, self.entries.len() as u64);
@@ -190,6 +196,7 @@ mod tests {
             t.admit("c", 9_000, 4_999, 2),
             Err(TableError::Full { max: 2 })
         );
+        assert_eq!(t.next_free_at(), Some(5_000));
         // b went quiet at 5 s: c takes its slot, starting fresh; a keeps its own.
         assert_eq!(
             t.admit("c", 9_000, 5_000, 2),

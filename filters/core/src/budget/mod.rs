@@ -1,6 +1,7 @@
 //! Token and USD budgets (`spec.policy.budgets`): exact ledgers and admission that cannot be
 //! raced past a cap. See docs/budgets.md for the semantics and the bound.
 //!
+//! - [`config`]: the budgets configuration the generator writes, compiled for the filter.
 //! - [`money`]: USD as integer pico-dollars, prices, the seed's status strings.
 //! - [`window`]: rolling windows as bucketed counters that expire late, never early.
 //! - [`ledger`]: one ledger (spent + held), reserve/settle/release, `Retry-After`, byte codec.
@@ -14,6 +15,7 @@
 
 pub mod admit;
 pub mod bound;
+pub mod config;
 pub mod inject;
 pub mod ledger;
 pub mod money;

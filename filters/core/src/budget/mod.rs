@@ -12,6 +12,7 @@
 //! - [`usage`], [`inject`]: usage from response bodies; asking streams for it.
 //! - [`wire`]: the JSON the filter and `llmkube-budgets` exchange.
 //! - [`reply`]: the 429 and 503 answers.
+//! - [`plan`]: the budget step of one request: what to reserve where, what to charge.
 
 pub mod admit;
 pub mod bound;
@@ -19,6 +20,7 @@ pub mod config;
 pub mod inject;
 pub mod ledger;
 pub mod money;
+pub mod plan;
 pub mod reply;
 pub mod shared;
 pub mod table;

@@ -27,6 +27,10 @@ pub fn exceeded(budgets: &[String], retry_after_s: u64, never: bool) -> Refused 
     } else {
         format!("budget{plural} {names} exhausted; retry after {retry_after_s} s")
     };
+    refused(message, retry_after_s)
+}
+
+fn refused(message: String, retry_after_s: u64) -> Refused {
     Refused {
         error: ApiError {
             status: 429,
@@ -35,26 +39,20 @@ pub fn exceeded(budgets: &[String], retry_after_s: u64, never: bool) -> Refused 
             param: None,
             message,
         },
-        retry_after_s,
+        retry_after_s: retry_after_s.max(1),
     }
 }
 
 /// 429 for a new team when every team slot of the budget is still in use: the request is
 /// admitted once a slot's team has gone quiet (`retry_after_s`).
 pub fn teams_full(budget: &str, max_teams: usize, retry_after_s: u64) -> Refused {
-    Refused {
-        error: ApiError {
-            status: 429,
-            kind: RATE_LIMIT,
-            code: "budget_exceeded",
-            param: None,
-            message: format!(
-                "budget {budget} already tracks its limit of {max_teams} active teams; \
-                 a new team is admitted when one has been idle for the whole window"
-            ),
-        },
-        retry_after_s: retry_after_s.max(1),
-    }
+    refused(
+        format!(
+            "budget {budget} already tracks its limit of {max_teams} active teams; \
+             a new team is admitted when one has been idle for the whole window"
+        ),
+        retry_after_s,
+    )
 }
 
 /// 503: the shared budget store cannot be reached and budgets fail closed. `why` is the

@@ -73,6 +73,10 @@ pub struct ServiceConfig {
     pub cluster: String,
     #[serde(default = "default_service_timeout_ms")]
     pub timeout_ms: u64,
+    /// When the service cannot be reached: admit without budgets (audited) instead of the
+    /// default 503 `budget_store_unavailable`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fail_open: bool,
 }
 
 fn default_hold_ttl_s() -> u64 {

@@ -6,6 +6,13 @@ use crate::scan::Fields;
 
 const OPTION: &[u8] = br#""include_usage":true"#;
 
+/// Whether a stream on this API path needs asking for usage: OpenAI chat and completions send
+/// it only when asked; the Responses and Anthropic messages streams always carry it.
+pub fn stream_needs_asking(path: &str) -> bool {
+    let path = path.split('?').next().unwrap_or(path);
+    matches!(path, "/v1/chat/completions" | "/v1/completions")
+}
+
 /// The body to send upstream when the gateway must add `include_usage` (a `stream: true` request
 /// whose client did not set it), or `None` when the body goes as sent: not streaming, the client
 /// said `true` (it wants the chunk) or `false` (the gateway then estimates), or `stream_options`
@@ -97,6 +104,15 @@ mod tests {
         ] {
             assert_eq!(inject(as_sent), None, "{as_sent}");
         }
+    }
+
+    #[test]
+    fn only_openai_chat_and_completions_streams_need_asking() {
+        assert!(stream_needs_asking("/v1/chat/completions"));
+        assert!(stream_needs_asking("/v1/completions?x=1"));
+        assert!(!stream_needs_asking("/v1/responses"));
+        assert!(!stream_needs_asking("/v1/messages"));
+        assert!(!stream_needs_asking("/v1/embeddings"));
     }
 
     #[test]

@@ -101,14 +101,17 @@ impl Ring {
         }
     }
 
-    /// Buckets that may hold something, oldest first.
-    fn buckets(&self) -> impl Iterator<Item = u64> + '_ {
-        let n = self.cells.len() as u64;
-        self.head.saturating_sub(n - 1)..=self.head
-    }
-
-    fn cell(&self, k: u64) -> Amount {
-        self.cells[(k % self.cells.len() as u64) as usize]
+    /// (bucket, cell) of the buckets that may hold something, oldest first. One division per
+    /// walk, not one per cell: ledgers are walked several times per request.
+    fn entries(&self) -> impl Iterator<Item = (u64, Amount)> + '_ {
+        let n = self.cells.len();
+        let first = self.head.saturating_sub(n as u64 - 1);
+        let start = (first % n as u64) as usize;
+        (0..=(self.head - first) as usize).map(move |j| {
+            let i = start + j;
+            let i = if i >= n { i - n } else { i };
+            (first + j as u64, self.cells[i])
+        })
     }
 
     /// Moves `head` forward to `now`'s bucket, clearing the cells that are reused.
@@ -127,9 +130,9 @@ impl Ring {
 
     /// Everything still counting at `now`.
     pub fn sum(&self, g: &Geometry, now_ms: u64) -> Amount {
-        self.buckets()
-            .filter(|&k| g.live(k, now_ms))
-            .fold(Amount::ZERO, |acc, k| acc.plus(self.cell(k)))
+        self.entries()
+            .filter(|&(k, _)| g.live(k, now_ms))
+            .fold(Amount::ZERO, |acc, (_, c)| acc.plus(c))
     }
 
     /// Adds `a` at `now` and returns the bucket it went to. A clock that stepped back (another
@@ -158,8 +161,8 @@ impl Ring {
     /// rolled off, or `None` if less than `need` is in the ring at all.
     pub fn freed_by(&self, g: &Geometry, now_ms: u64, need: Amount) -> Option<u64> {
         let mut freed = Amount::ZERO;
-        for k in self.buckets().filter(|&k| g.live(k, now_ms)) {
-            freed = freed.plus(self.cell(k));
+        for (k, c) in self.entries().filter(|&(k, _)| g.live(k, now_ms)) {
+            freed = freed.plus(c);
             if freed.tokens >= need.tokens && freed.pico >= need.pico {
                 return Some(g.expires_at(k));
             }
@@ -169,9 +172,9 @@ impl Ring {
 
     /// When the ring will be empty (`now` if it already is).
     pub fn quiet_at(&self, g: &Geometry, now_ms: u64) -> u64 {
-        self.buckets()
-            .filter(|&k| g.live(k, now_ms) && !self.cell(k).is_zero())
-            .map(|k| g.expires_at(k))
+        self.entries()
+            .filter(|&(k, c)| g.live(k, now_ms) && !c.is_zero())
+            .map(|(k, _)| g.expires_at(k))
             .max()
             .unwrap_or(now_ms)
     }

@@ -30,7 +30,7 @@ fn main() {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let store = server_rt
-        .block_on(async { RedisStore::new(&url, true, false) })
+        .block_on(async { RedisStore::new(&url, &Default::default()) })
         .expect("store");
     server_rt.spawn(serve(
         listener,

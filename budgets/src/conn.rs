@@ -11,9 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-const RESPONSE_TIMEOUT: Duration = Duration::from_millis(1000);
-
 #[derive(Clone)]
 pub enum Conn {
     Single(ConnectionManager),
@@ -31,12 +28,15 @@ pub enum Connector {
 }
 
 impl Connector {
-    pub fn new(url: &str, cluster: bool) -> Result<Connector, String> {
+    /// `timeout`: how long one Redis call may take before the answer is 503 (connecting gets
+    /// half of it).
+    pub fn new(url: &str, cluster: bool, timeout: Duration) -> Result<Connector, String> {
         let shown = crate::redacted(url);
+        let connect = timeout / 2;
         if cluster {
             let client = ClusterClient::builder([url])
-                .connection_timeout(CONNECT_TIMEOUT)
-                .response_timeout(RESPONSE_TIMEOUT)
+                .connection_timeout(connect)
+                .response_timeout(timeout)
                 .retries(1)
                 .build()
                 .map_err(|e| format!("--redis {shown}: {e}"))?;
@@ -47,8 +47,8 @@ impl Connector {
         }
         let client = redis::Client::open(url).map_err(|e| format!("--redis {shown}: {e}"))?;
         let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(connect))
+            .set_response_timeout(Some(timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
         let conn = ConnectionManager::new_lazy_with_config(client, config)

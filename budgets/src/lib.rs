@@ -29,10 +29,12 @@ pub struct Flags {
     pub check_only: bool,
     /// `--cluster`: `--redis` names one node of a Redis Cluster.
     pub cluster: bool,
+    /// `--redis-timeout-ms`: per Redis call (default 1000).
+    pub timeout_ms: u64,
 }
 
 pub const USAGE: &str =
-    "usage: llmkube-budgets --listen HOST:PORT --redis redis://HOST:PORT[/DB] [--cluster]";
+    "usage: llmkube-budgets --listen HOST:PORT --redis redis://HOST:PORT[/DB] [--cluster] [--redis-timeout-ms MS]";
 
 impl Flags {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Flags, String> {
@@ -40,6 +42,7 @@ impl Flags {
         let mut redis = None;
         let mut check_only = false;
         let mut cluster = false;
+        let mut timeout_ms = store::DEFAULT_TIMEOUT_MS;
         let mut it = args.into_iter();
         while let Some(a) = it.next() {
             let (name, inline) = match a.split_once('=') {
@@ -57,6 +60,16 @@ impl Flags {
                 "--redis" => redis = Some(value("--redis")?),
                 "--unsafe-check-only" => check_only = true,
                 "--cluster" => cluster = true,
+                "--redis-timeout-ms" => {
+                    let v = value("--redis-timeout-ms")?;
+                    timeout_ms = v
+                        .parse()
+                        .ok()
+                        .filter(|&t| (10..=60_000).contains(&t))
+                        .ok_or_else(|| {
+                            format!("--redis-timeout-ms {v:?}: milliseconds, 10 to 60000")
+                        })?;
+                }
                 "-h" | "--help" => return Err(USAGE.to_string()),
                 other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
             }
@@ -79,6 +92,7 @@ impl Flags {
             redis,
             check_only,
             cluster,
+            timeout_ms,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! `llmkube-budgets --listen HOST:PORT --redis redis://HOST:PORT[/DB]`
 
-use llmkube_budgets::{serve, server::Service, store::RedisStore, Flags};
+use llmkube_budgets::store::{RedisStore, StoreOptions};
+use llmkube_budgets::{serve, server::Service, Flags};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -26,7 +27,14 @@ fn main() -> ExitCode {
 }
 
 async fn run(flags: Flags) -> ExitCode {
-    let store = match RedisStore::new(&flags.redis, !flags.check_only, flags.cluster) {
+    let store = match RedisStore::new(
+        &flags.redis,
+        &StoreOptions {
+            hold: !flags.check_only,
+            cluster: flags.cluster,
+            timeout: std::time::Duration::from_millis(flags.timeout_ms),
+        },
+    ) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("llmkube-budgets: {e}");
@@ -59,8 +67,16 @@ async fn run(flags: Flags) -> ExitCode {
     );
     let service = Arc::new(Service { store });
     serve(listener, service, shutdown_signal()).await;
-    println!("llmkube-budgets: stopped");
+    say("llmkube-budgets: stopped");
     ExitCode::SUCCESS
+}
+
+/// One line on stdout; a closed stdout (the supervisor went away) is not a reason to crash.
+fn say(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
 }
 
 async fn shutdown_signal() {

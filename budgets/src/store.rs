@@ -58,17 +58,40 @@ pub struct RedisStore {
     known: Mutex<HashSet<String>>,
 }
 
+/// How the store talks to Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// `false` only for the test-only `--unsafe-check-only`.
+    pub hold: bool,
+    /// `url` is one node of a Redis Cluster.
+    pub cluster: bool,
+    /// Per Redis call; past it the answer is 503 `budget_store_unavailable`.
+    pub timeout: std::time::Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            hold: true,
+            cluster: false,
+            timeout: std::time::Duration::from_millis(DEFAULT_TIMEOUT_MS),
+        }
+    }
+}
+
+/// Default `--redis-timeout-ms`.
+pub const DEFAULT_TIMEOUT_MS: u64 = 1000;
+
 /// A fixed time instead of Redis `TIME` (the shared table of cases); `None` in service.
 pub type Clock = Option<u64>;
 
 impl RedisStore {
     /// Connects lazily: the service starts without Redis and answers 503 until it is reachable.
-    /// `cluster`: `url` is one node of a Redis Cluster.
-    pub fn new(url: &str, hold: bool, cluster: bool) -> Result<RedisStore, String> {
+    pub fn new(url: &str, o: &StoreOptions) -> Result<RedisStore, String> {
         Ok(RedisStore {
-            conn: Connector::new(url, cluster)?,
+            conn: Connector::new(url, o.cluster, o.timeout)?,
             script: redis::Script::new(SCRIPT),
-            hold,
+            hold: o.hold,
             known: Mutex::new(HashSet::new()),
         })
     }

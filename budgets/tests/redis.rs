@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{http, Binary, Cluster, InProcess, Redis};
+use common::{http, wait_healthy, Binary, Cluster, InProcess, Redis};
 use llmkube_budgets::store::{RedisStore, Reserve};
 use router_core::budget::money::{format_usd, parse_usd};
 use router_core::budget::wire::LedgerRef;
@@ -30,7 +30,7 @@ fn lua_and_core_agree_on_the_shared_table_of_cases() {
     let table: Value = serde_json::from_str(include_str!("cases.json")).unwrap();
     let rt = rt();
     rt.block_on(async {
-        let store = RedisStore::new(&redis.url(), true, false).unwrap();
+        let store = RedisStore::new(&redis.url(), &common::test_options(true, false)).unwrap();
         for case in table["cases"].as_array().unwrap() {
             let name = case["name"].as_str().unwrap();
             let window_s = case["window_s"].as_u64().unwrap();
@@ -358,7 +358,14 @@ fn restarting_the_service_or_redis_loses_nothing() {
     let port = common::free_port();
     let listen = format!("127.0.0.1:{port}");
     let url = redis.url();
-    let args = ["--listen", listen.as_str(), "--redis", url.as_str()];
+    let args = [
+        "--listen",
+        listen.as_str(),
+        "--redis",
+        url.as_str(),
+        "--redis-timeout-ms",
+        "5000",
+    ];
     let bin = Binary::start(&args);
     assert!(
         bin.ready_line.contains("ready on http://127.0.0.1:"),
@@ -366,12 +373,15 @@ fn restarting_the_service_or_redis_loses_nothing() {
         bin.ready_line
     );
     let addr = listen.parse().unwrap();
+    wait_healthy(addr);
     let router = unique("restart");
     let l = json!([ledger("b", Some("alpha"), 3600, 100)]);
     let req = json!({"router": router, "ledgers": l, "amount": {"tokens": 30}});
-    let (_, v) = http(addr, "POST", "/v1/reserve", Some(&req));
+    let (s, v) = http(addr, "POST", "/v1/reserve", Some(&req));
+    assert_eq!((s, &v["admitted"]), (200, &json!(true)), "{v}");
     let settle = json!({"router": router, "ledgers": l, "reservation": v["reservation"], "amount": {"tokens": 30, "usd": "0.25"}});
-    assert_eq!(http(addr, "POST", "/v1/settle", Some(&settle)).0, 200);
+    let (s, v) = http(addr, "POST", "/v1/settle", Some(&settle));
+    assert_eq!(s, 200, "{v}");
     // A hold in flight across the restarts too.
     let (_, held) = http(addr, "POST", "/v1/reserve", Some(&req));
     assert_eq!(held["admitted"], true);
@@ -379,6 +389,7 @@ fn restarting_the_service_or_redis_loses_nothing() {
     assert!(status.success(), "clean exit on SIGTERM: {status:?}");
     redis.restart();
     let bin = Binary::start(&args);
+    wait_healthy(addr);
     let (_, st) = http(addr, "GET", &format!("/v1/status?router={}", router), None);
     let team = &st["budgetUtilization"][0]["teams"][0];
     assert_eq!(team["team"], "alpha");
@@ -402,6 +413,17 @@ fn bad_flags_exit_non_zero_with_a_clear_message() {
     for (args, says) in [
         (vec![], "--listen is required"),
         (vec!["--listen", "127.0.0.1:1"], "--redis is required"),
+        (
+            vec![
+                "--listen",
+                "127.0.0.1:1",
+                "--redis",
+                "redis://h:1",
+                "--redis-timeout-ms",
+                "0",
+            ],
+            "--redis-timeout-ms \"0\": milliseconds",
+        ),
         (
             vec!["--listen", "nowhere", "--redis", "redis://127.0.0.1:6379"],
             "not HOST:PORT",

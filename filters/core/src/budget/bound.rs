@@ -1,0 +1,370 @@
+//! What a request may cost at most, reserved before it goes upstream.
+//!
+//! The scanner validates the body and gives `stream` and the spans of the big values; it does
+//! not read `max_tokens`, so [`request_facts`] walks the top-level keys once more, jumping over
+//! the spans the scanner recorded (messages, tools, prompt, …) so the prompt is not walked twice.
+//!
+//! The bound, per request (documented in docs/budgets.md):
+//! - prompt ≤ body bytes + [`TEMPLATE_MARGIN`]: tokenizers in use (byte-level BPE, SentencePiece
+//!   with byte fallback) emit at most one token per byte of text, the JSON around the text is
+//!   longer than the chat template's own tokens, and the margin covers templates that add a
+//!   default system prompt. Images given by URL are the exception (their tokens are not in the body).
+//! - completion ≤ the client's `max_tokens` / `max_completion_tokens` / `max_output_tokens`;
+//!   without one, the backend's `contextLength`; without that, the gateway sets `max_tokens` to
+//!   the configured default ([`Bound::set_max_tokens`]) so the bound still holds.
+//! - prompt + completion ≤ `contextLength` when the backend declares it (the engine refuses more).
+
+use crate::scan::{Fields, Span};
+
+/// Tokens a chat template may add beyond what the body's bytes account for.
+pub const TEMPLATE_MARGIN: u64 = 256;
+/// Keys that cap the completion, across the OpenAI chat/completions, Responses and Anthropic APIs.
+const MAX_OUTPUT_KEYS: &[&[u8]] = &[
+    b"max_tokens",
+    b"max_completion_tokens",
+    b"max_output_tokens",
+];
+/// Keys that ask for several completions, each up to the cap (`best_of` is billed in full).
+const CHOICES_KEYS: &[&[u8]] = &[b"n", b"best_of"];
+/// `stream_options` longer than this is not read (it is a one-flag object).
+const MAX_STREAM_OPTIONS: usize = 4096;
+/// Escaped keys longer than this cannot be one of ours.
+const MAX_KEY: usize = 64;
+
+/// The request-body facts budgets need.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestFacts {
+    pub body_bytes: u64,
+    /// The largest completion cap the client sent, if any (a backend may read any of them).
+    pub max_output: Option<u64>,
+    /// Completions asked for (`n`, `best_of`: the larger), at least 1.
+    pub choices: u64,
+    pub stream: bool,
+    /// `stream_options.include_usage` as the client sent it.
+    pub include_usage: Option<bool>,
+}
+
+/// Reads the facts from a body the scanner accepted (`fields` is its answer for `body`).
+pub fn request_facts(body: &[u8], fields: &Fields) -> RequestFacts {
+    let spans = &fields.spans;
+    let big: Vec<Span> = [
+        spans.messages,
+        spans.tools,
+        spans.system,
+        spans.prompt,
+        spans.input,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let numbers = top_level_numbers(body, &big);
+    RequestFacts {
+        body_bytes: body.len() as u64,
+        max_output: numbers.max_output,
+        choices: numbers.choices.unwrap_or(1).max(1),
+        stream: fields.stream,
+        include_usage: spans.stream_options.and_then(|s| include_usage(body, s)),
+    }
+}
+
+fn include_usage(body: &[u8], (a, b): Span) -> Option<bool> {
+    if b - a > MAX_STREAM_OPTIONS {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(body.get(a..b)?).ok()?;
+    v.get("include_usage")?.as_bool()
+}
+
+#[derive(Default)]
+struct Numbers {
+    max_output: Option<u64>,
+    choices: Option<u64>,
+}
+
+/// The largest non-negative integer given for any of the keys we read, per kind.
+fn top_level_numbers(body: &[u8], big: &[Span]) -> Numbers {
+    let mut found = Numbers::default();
+    let Some(open) = body.iter().position(|&c| c == b'{') else {
+        return found;
+    };
+    let mut i = ws(body, open + 1);
+    while i < body.len() && body[i] == b'"' {
+        let Some(q) = string_end(body, i + 1) else {
+            return found;
+        };
+        let key = &body[i + 1..q];
+        i = ws(body, q + 1);
+        if body.get(i) != Some(&b':') {
+            return found;
+        }
+        i = ws(body, i + 1);
+        let start = i;
+        i = match big.iter().find(|s| s.0 == start) {
+            Some(s) => s.1,
+            None => match value_end(body, i) {
+                Some(end) => end,
+                None => return found,
+            },
+        };
+        let slot = match key_kind(key) {
+            Some(KeyKind::MaxOutput) => Some(&mut found.max_output),
+            Some(KeyKind::Choices) => Some(&mut found.choices),
+            None => None,
+        };
+        if let Some(slot) = slot {
+            if let Some(n) = std::str::from_utf8(&body[start..i])
+                .ok()
+                .and_then(|t| t.parse::<u64>().ok())
+            {
+                *slot = Some(slot.map_or(n, |f| f.max(n)));
+            }
+        }
+        i = ws(body, i);
+        if body.get(i) != Some(&b',') {
+            break;
+        }
+        i = ws(body, i + 1);
+    }
+    found
+}
+
+enum KeyKind {
+    MaxOutput,
+    Choices,
+}
+
+/// Which of our keys `raw` (a key's bytes between the quotes) is, escapes decoded as the backend
+/// would decode them.
+fn key_kind(raw: &[u8]) -> Option<KeyKind> {
+    let kind = |k: &[u8]| {
+        if MAX_OUTPUT_KEYS.contains(&k) {
+            Some(KeyKind::MaxOutput)
+        } else if CHOICES_KEYS.contains(&k) {
+            Some(KeyKind::Choices)
+        } else {
+            None
+        }
+    };
+    if !raw.contains(&b'\\') {
+        return kind(raw);
+    }
+    if raw.len() > MAX_KEY {
+        return None;
+    }
+    let mut quoted = Vec::with_capacity(raw.len() + 2);
+    quoted.push(b'"');
+    quoted.extend_from_slice(raw);
+    quoted.push(b'"');
+    let key = serde_json::from_slice::<String>(&quoted).ok()?;
+    kind(key.as_bytes())
+}
+
+fn ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && matches!(b[i], b' ' | b'\t' | b'\n' | b'\r') {
+        i += 1;
+    }
+    i
+}
+
+/// Index of the quote closing a string whose content starts at `from`.
+fn string_end(b: &[u8], from: usize) -> Option<usize> {
+    crate::fast::skip_string(b, from, |j| Ok::<usize, ()>(j + 2)).ok()?
+}
+
+/// End of the (valid) JSON value starting at `i`.
+fn value_end(b: &[u8], i: usize) -> Option<usize> {
+    match *b.get(i)? {
+        b'"' => string_end(b, i + 1).map(|q| q + 1),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            while j < b.len() {
+                match b[j] {
+                    b'"' => j = string_end(b, j + 1)?,
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            None
+        }
+        _ => {
+            let mut j = i;
+            while j < b.len() && !matches!(b[j], b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+            {
+                j += 1;
+            }
+            Some(j)
+        }
+    }
+}
+
+/// The most a request can use, in tokens, before prices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    pub prompt: u64,
+    pub completion: u64,
+    /// prompt + completion never exceeds this (the backend's `contextLength`, times the number
+    /// of completions: a loose but safe bound, the prompt is billed once).
+    pub total: Option<u64>,
+    /// The client set no completion cap and the backend declares no context length: the gateway
+    /// must set `max_tokens` to this in the request for the bound to hold.
+    pub set_max_tokens: Option<u64>,
+}
+
+/// See the module doc. `default_max_output` is the completion cap the gateway imposes when
+/// nothing else bounds the completion.
+pub fn upper_bound(
+    f: &RequestFacts,
+    context_length: Option<u64>,
+    default_max_output: u64,
+) -> Bound {
+    let mut prompt = f.body_bytes.saturating_add(TEMPLATE_MARGIN);
+    let (per_choice, set_max_tokens) = match (f.max_output, context_length) {
+        (Some(m), _) => (m, None),
+        (None, Some(c)) => (c, None),
+        (None, None) => (default_max_output, Some(default_max_output)),
+    };
+    // Each of `n` completions may reach the cap; the context bounds each one, not their sum.
+    let choices = f.choices.max(1);
+    if let Some(c) = context_length {
+        prompt = prompt.min(c);
+    }
+    let per_choice = context_length.map_or(per_choice, |c| per_choice.min(c));
+    Bound {
+        prompt,
+        completion: per_choice.saturating_mul(choices),
+        total: context_length.map(|c| c.saturating_mul(choices)),
+        set_max_tokens,
+    }
+}
+
+impl Bound {
+    /// Tokens and pico-dollars to reserve at `price`: the dearest split of at most `total` tokens
+    /// between prompt (≤ `prompt`) and completion (≤ `completion`).
+    pub fn amount(&self, price: &super::money::Price) -> super::window::Amount {
+        let total = self
+            .total
+            .unwrap_or(u64::MAX)
+            .min(self.prompt.saturating_add(self.completion));
+        let (p, c) = if price.completion >= price.prompt {
+            let c = self.completion.min(total);
+            (self.prompt.min(total - c), c)
+        } else {
+            let p = self.prompt.min(total);
+            (p, self.completion.min(total - p))
+        };
+        super::window::Amount::new(p.saturating_add(c), price.cost(p, c))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::money::Price;
+    use crate::scan::Scanner;
+
+    fn facts(body: &str) -> RequestFacts {
+        let fields = Scanner::new().scan(body.as_bytes()).unwrap();
+        request_facts(body.as_bytes(), &fields)
+    }
+
+    #[test]
+    fn reads_completion_caps_stream_and_include_usage() {
+        let f = facts(
+            r#"{"model":"m","messages":[{"role":"user","content":"max_tokens: 5"}],"max_tokens":120}"#,
+        );
+        assert_eq!(f.max_output, Some(120));
+        assert!(!f.stream);
+        assert_eq!(f.include_usage, None);
+        let f = facts(
+            r#"{"max_completion_tokens":300,"model":"m","stream":true,"stream_options":{"include_usage":false},"max_tokens":200}"#,
+        );
+        assert_eq!(
+            (f.max_output, f.stream, f.include_usage),
+            (Some(300), true, Some(false))
+        );
+        let f = facts(
+            r#"{"model":"m","input":"hi","max_output_tokens":7,"stream_options":{"include_usage":true}}"#,
+        );
+        assert_eq!((f.max_output, f.include_usage), (Some(7), Some(true)));
+        // Escaped key: the backend reads max_tokens, so do we.
+        let f = facts(r#"{"model":"m","max\u005ftokens":9}"#);
+        assert_eq!(f.max_output, Some(9));
+        // Nested, null, negative, fractional or string caps are not caps.
+        for body in [
+            r#"{"model":"m","metadata":{"max_tokens":5}}"#,
+            r#"{"model":"m","max_tokens":null}"#,
+            r#"{"model":"m","max_tokens":-1}"#,
+            r#"{"model":"m","max_tokens":1.5}"#,
+            r#"{"model":"m","max_tokens":"10"}"#,
+            r#"{"model":"m","x":[1,{"max_tokens":2},"]"],"y":{}}"#,
+        ] {
+            assert_eq!(facts(body).max_output, None, "{body}");
+        }
+        let body = " {\n \"model\" : \"m\" ,\n \"max_tokens\" : 42 \n} ";
+        assert_eq!(facts(body).max_output, Some(42));
+        assert_eq!(facts(body).choices, 1);
+        assert_eq!(facts(r#"{"model":"m","n":3,"best_of":5}"#).choices, 5);
+        assert_eq!(facts(r#"{"model":"m","n":0}"#).choices, 1);
+    }
+
+    #[test]
+    fn the_bound_uses_max_tokens_then_context_length_then_the_default() {
+        let f = RequestFacts {
+            body_bytes: 1000,
+            max_output: Some(50),
+            ..Default::default()
+        };
+        let b = upper_bound(&f, None, 4096);
+        assert_eq!((b.prompt, b.completion, b.set_max_tokens), (1256, 50, None));
+        let f = RequestFacts {
+            body_bytes: 1000,
+            ..Default::default()
+        };
+        let b = upper_bound(&f, Some(8192), 4096);
+        assert_eq!((b.prompt, b.completion, b.total), (1256, 8192, Some(8192)));
+        assert_eq!(b.amount(&Price::default()).tokens, 8192);
+        let b = upper_bound(&f, None, 4096);
+        assert_eq!((b.completion, b.set_max_tokens), (4096, Some(4096)));
+        // Three completions of up to 50 each.
+        let f = RequestFacts {
+            body_bytes: 10,
+            max_output: Some(50),
+            choices: 3,
+            ..Default::default()
+        };
+        let b = upper_bound(&f, Some(100), 4096);
+        assert_eq!((b.prompt, b.completion, b.total), (100, 150, Some(300)));
+    }
+
+    #[test]
+    fn the_usd_bound_is_the_dearest_split_within_the_context() {
+        let price = Price {
+            prompt: 1,
+            completion: 10,
+        };
+        let b = Bound {
+            prompt: 600,
+            completion: 800,
+            total: Some(1000),
+            set_max_tokens: None,
+        };
+        // Completion is dearer: 800 completion + 200 prompt.
+        assert_eq!(b.amount(&price).pico, 800 * 10 + 200);
+        let cheap_out = Price {
+            prompt: 10,
+            completion: 1,
+        };
+        assert_eq!(b.amount(&cheap_out).pico, 600 * 10 + 400);
+        let open = Bound { total: None, ..b };
+        assert_eq!(open.amount(&price).tokens, 1400);
+        assert_eq!(open.amount(&price).pico, 600 + 8000);
+    }
+}

@@ -1,0 +1,316 @@
+//! The budgets part of the plugin configuration, as the generator will write it and the filter
+//! reads it, and its compilation into [`Budget`]s and prices. (It joins `PluginConfig` when the
+//! filter wiring lands; until then it stands alone so both sides can be written against it.)
+
+use super::admit::{Budget, Scope, DEFAULT_HOLD_TTL_S};
+use super::ledger::Caps;
+use super::money::{parse_usd, Price};
+use super::table::DEFAULT_MAX_TEAMS;
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_TEAM_HEADER: &str = "x-llmkube-team";
+/// `max_tokens` the gateway sets when neither the client nor the backend bounds the completion.
+pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetsConfig {
+    pub budgets: Vec<BudgetConfig>,
+    /// `costPerMillionTokens` per backend; a backend not listed is free.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prices: Vec<BackendPrice>,
+    #[serde(default = "default_hold_ttl_s")]
+    pub hold_ttl_s: u64,
+    #[serde(default = "default_max_tokens")]
+    pub default_max_tokens: u64,
+    #[serde(default = "default_max_teams")]
+    pub max_teams: usize,
+    /// The shared ledger (`--budgets-service`); absent: ledgers live in this Envoy's shared data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetConfig {
+    pub name: String,
+    pub scope: ScopeName,
+    /// `ruleName` for `scope: rule`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// `headerKey` for `scope: team` (default `x-llmkube-team`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_usd: Option<String>,
+    pub window_s: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScopeName {
+    Router,
+    Rule,
+    Team,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendPrice {
+    pub backend: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_usd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_usd: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    /// The Envoy cluster the generator emits for `llmkube-budgets`.
+    pub cluster: String,
+    #[serde(default = "default_service_timeout_ms")]
+    pub timeout_ms: u64,
+    /// When the service cannot be reached: admit without budgets (audited) instead of the
+    /// default 503 `budget_store_unavailable`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fail_open: bool,
+}
+
+fn default_hold_ttl_s() -> u64 {
+    DEFAULT_HOLD_TTL_S
+}
+fn default_max_tokens() -> u64 {
+    DEFAULT_MAX_TOKENS
+}
+fn default_max_teams() -> usize {
+    DEFAULT_MAX_TEAMS
+}
+fn default_service_timeout_ms() -> u64 {
+    1000
+}
+
+/// A configuration problem: where (`budgets[1].max_usd`) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub path: String,
+    pub why: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path, self.why)
+    }
+}
+
+/// What the filter decides with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompiledBudgets {
+    pub budgets: Vec<Budget>,
+    /// By backend name.
+    pub prices: Vec<(String, Price)>,
+    pub hold_ttl_s: u64,
+    pub default_max_tokens: u64,
+    pub max_teams: usize,
+}
+
+impl CompiledBudgets {
+    pub fn price(&self, backend: &str) -> Price {
+        self.prices
+            .iter()
+            .find(|(b, _)| b == backend)
+            .map_or(Price::default(), |(_, p)| *p)
+    }
+}
+
+fn err(path: String, why: impl Into<String>) -> ConfigError {
+    ConfigError {
+        path,
+        why: why.into(),
+    }
+}
+
+impl BudgetsConfig {
+    pub fn compile(&self) -> Result<CompiledBudgets, ConfigError> {
+        let mut budgets = Vec::with_capacity(self.budgets.len());
+        for (i, b) in self.budgets.iter().enumerate() {
+            let at = |f: &str| format!("budgets[{i}].{f}");
+            // The generator checks the seed's name pattern; here only what keys need.
+            if b.name.is_empty() || b.name.len() > 63 {
+                return Err(err(at("name"), "must be 1 to 63 bytes"));
+            }
+            if self.budgets[..i].iter().any(|o| o.name == b.name) {
+                return Err(err(
+                    at("name"),
+                    format!("{:?} is used by an earlier budget", b.name),
+                ));
+            }
+            if b.window_s == 0 {
+                return Err(err(at("window_s"), "must be at least 1"));
+            }
+            let pico = match &b.max_usd {
+                Some(s) => Some(parse_usd(s).map_err(|why| err(at("max_usd"), why))?),
+                None => None,
+            };
+            if b.max_tokens == Some(0) {
+                return Err(err(at("max_tokens"), "must be at least 1"));
+            }
+            if b.max_tokens.is_none() && pico.is_none() {
+                return Err(err(
+                    at("max_tokens"),
+                    "either max_tokens or max_usd (or both) must be set",
+                ));
+            }
+            if b.rule.is_some() && b.scope != ScopeName::Rule {
+                return Err(err(at("rule"), "only for scope rule"));
+            }
+            if b.header.is_some() && b.scope != ScopeName::Team {
+                return Err(err(at("header"), "only for scope team"));
+            }
+            let scope = match b.scope {
+                ScopeName::Router => Scope::Router,
+                ScopeName::Rule => match &b.rule {
+                    Some(r) if !r.is_empty() => Scope::Rule(r.clone()),
+                    _ => return Err(err(at("rule"), "scope rule needs the rule's name")),
+                },
+                ScopeName::Team => Scope::Team {
+                    header: b
+                        .header
+                        .as_deref()
+                        .unwrap_or(DEFAULT_TEAM_HEADER)
+                        .to_ascii_lowercase(),
+                },
+            };
+            budgets.push(Budget {
+                name: b.name.clone(),
+                scope,
+                caps: Caps {
+                    tokens: b.max_tokens,
+                    pico,
+                },
+                window_s: b.window_s,
+            });
+        }
+        let mut prices = Vec::with_capacity(self.prices.len());
+        for (i, p) in self.prices.iter().enumerate() {
+            let price =
+                Price::from_per_million(p.prompt_usd.as_deref(), p.completion_usd.as_deref())
+                    .map_err(|why| err(format!("prices[{i}]"), why))?;
+            prices.push((p.backend.clone(), price));
+        }
+        if self.hold_ttl_s == 0 {
+            return Err(err("hold_ttl_s".into(), "must be at least 1"));
+        }
+        if self.max_teams == 0 {
+            return Err(err("max_teams".into(), "must be at least 1"));
+        }
+        Ok(CompiledBudgets {
+            budgets,
+            prices,
+            hold_ttl_s: self.hold_ttl_s,
+            default_max_tokens: self.default_max_tokens.max(1),
+            max_teams: self.max_teams,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<CompiledBudgets, String> {
+        let c: BudgetsConfig = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        c.compile().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn compiles_scopes_caps_and_prices() {
+        let c = parse(
+            r#"{"budgets":[
+                {"name":"all","scope":"router","max_tokens":1000,"window_s":60},
+                {"name":"chat","scope":"rule","rule":"chat","max_usd":"2.5","window_s":3600},
+                {"name":"teams","scope":"team","header":"X-Team","max_tokens":10,"max_usd":"1","window_s":1}],
+              "prices":[{"backend":"gpt","prompt_usd":"0.15","completion_usd":"0.6"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.budgets[0].scope, Scope::Router);
+        assert_eq!(c.budgets[1].scope, Scope::Rule("chat".into()));
+        assert_eq!(c.budgets[1].caps.pico, Some(2_500_000_000_000));
+        assert_eq!(
+            c.budgets[2].scope,
+            Scope::Team {
+                header: "x-team".into()
+            }
+        );
+        assert_eq!(
+            c.price("gpt"),
+            Price {
+                prompt: 150_000,
+                completion: 600_000
+            }
+        );
+        assert_eq!(c.price("local"), Price::default());
+        assert_eq!(
+            (c.hold_ttl_s, c.default_max_tokens, c.max_teams),
+            (900, 4096, 1024)
+        );
+        let team =
+            parse(r#"{"budgets":[{"name":"t","scope":"team","max_tokens":1,"window_s":1}]}"#)
+                .unwrap();
+        assert_eq!(
+            team.budgets[0].scope,
+            Scope::Team {
+                header: DEFAULT_TEAM_HEADER.into()
+            }
+        );
+    }
+
+    #[test]
+    fn problems_name_the_field() {
+        for (json, says) in [
+            (
+                r#"{"budgets":[{"name":"a","scope":"router","window_s":1}]}"#,
+                "budgets[0].max_tokens: either",
+            ),
+            (
+                r#"{"budgets":[{"name":"","scope":"router","max_tokens":1,"window_s":1}]}"#,
+                "budgets[0].name",
+            ),
+            (
+                r#"{"budgets":[{"name":"a","scope":"router","max_tokens":1,"window_s":1},{"name":"a","scope":"router","max_tokens":1,"window_s":1}]}"#,
+                "budgets[1].name",
+            ),
+            (
+                r#"{"budgets":[{"name":"a","scope":"rule","max_tokens":1,"window_s":1}]}"#,
+                "budgets[0].rule",
+            ),
+            (
+                r#"{"budgets":[{"name":"a","scope":"router","rule":"x","max_tokens":1,"window_s":1}]}"#,
+                "budgets[0].rule: only",
+            ),
+            (
+                r#"{"budgets":[{"name":"a","scope":"rule","rule":"x","header":"h","max_tokens":1,"window_s":1}]}"#,
+                "budgets[0].header",
+            ),
+            (
+                r#"{"budgets":[{"name":"a","scope":"router","max_usd":"1.2.3","window_s":1}]}"#,
+                "budgets[0].max_usd",
+            ),
+            (
+                r#"{"budgets":[{"name":"a","scope":"router","max_tokens":1,"window_s":0}]}"#,
+                "budgets[0].window_s",
+            ),
+            (
+                r#"{"budgets":[],"prices":[{"backend":"b","prompt_usd":"x"}]}"#,
+                "prices[0]",
+            ),
+            (r#"{"budgets":[],"hold_ttl_s":0}"#, "hold_ttl_s"),
+            (r#"{"budgets":[],"bogus":1}"#, "unknown field"),
+        ] {
+            let e = parse(json).unwrap_err();
+            assert!(e.contains(says), "{json}: {e}");
+        }
+    }
+}

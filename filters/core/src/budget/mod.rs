@@ -1,0 +1,35 @@
+//! Token and USD budgets (`spec.policy.budgets`): exact ledgers and admission that cannot be
+//! raced past a cap. See docs/budgets.md for the semantics and the bound.
+//!
+//! - [`config`]: the budgets configuration the generator writes, compiled for the filter.
+//! - [`money`]: USD as integer pico-dollars, prices, the seed's status strings.
+//! - [`window`]: rolling windows as bucketed counters that expire late, never early.
+//! - [`ledger`]: one ledger (spent + held), reserve/settle/release, `Retry-After`, byte codec.
+//! - [`admit`]: which ledgers a request is under, all-or-nothing reservation across them.
+//! - [`bound`]: the request facts budgets read and the upper bound a request reserves.
+//! - [`shared`]: ledgers in proxy-wasm shared data, compare-and-swap per update.
+//! - [`table`]: the bounded directory of team ledgers kept in shared data.
+//! - [`usage`], [`inject`]: usage from response bodies; asking streams for it.
+//! - [`wire`]: the JSON the filter and `llmkube-budgets` exchange.
+//! - [`reply`]: the 429 and 503 answers.
+//! - [`plan`]: the budget step of one request: what to reserve where, what to charge.
+
+pub mod admit;
+pub mod bound;
+pub mod config;
+pub mod inject;
+pub mod ledger;
+pub mod money;
+pub mod plan;
+pub mod reply;
+pub mod shared;
+pub mod table;
+pub mod usage;
+mod varint;
+pub mod window;
+pub mod wire;
+
+pub use admit::{admit_all, applicable, Budget, LedgerKey, LedgerStore, Refusal, Scope};
+pub use ledger::{Caps, Hold, Ledger, Shape, Wait};
+pub use money::Price;
+pub use window::Amount;

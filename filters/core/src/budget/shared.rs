@@ -1,0 +1,334 @@
+//! Ledgers in the host's shared key-value store (proxy-wasm shared data), exact across Envoy
+//! workers: every update is read → change → compare-and-swap, retried when another worker wrote
+//! in between.
+//!
+//! Creation: Envoy's shared data accepts any CAS value for a key that does not exist yet, so two
+//! workers creating one key could overwrite each other's first update. Ledger keys are therefore
+//! created only at configuration ([`create_missing`], run by the root context
+//! before traffic, and again by each worker, which finds them present), never on the request path:
+//! a request that finds its key missing gets [`SharedError::Missing`] and is refused (503), not
+//! silently given an empty ledger.
+
+use super::admit::{LedgerKey, LedgerStore};
+use super::ledger::{Caps, Hold, Ledger, Shape, Wait};
+use super::window::Amount;
+
+/// Attempts per update before giving up: each failed CAS means another request's update went
+/// through, so this only ends a pathological storm.
+pub const MAX_CAS_ATTEMPTS: usize = 64;
+
+/// The host's shared data, as the proxy-wasm ABI offers it.
+pub trait SharedData {
+    /// The value and its CAS token, `None` if the key is absent (or the host failed).
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)>;
+    /// Writes `value` if the key's token is still `cas` (`None`: unconditionally).
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError>;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetError {
+    CasMismatch,
+    /// Any other host failure.
+    Host,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SharedError {
+    /// The ledger key was not created at configuration.
+    Missing(String),
+    /// The stored bytes do not decode (never written by this code).
+    Corrupt(String),
+    /// The host refused the write, or [`MAX_CAS_ATTEMPTS`] were lost to other writers.
+    Contended(String),
+}
+
+/// One ledger's place in shared data, and the budget it belongs to.
+pub struct SharedLedger {
+    pub key: String,
+    pub shape: Shape,
+    pub caps: Caps,
+}
+
+/// Writes an empty ledger under every key that is absent (configuration time only).
+pub fn create_missing<S: SharedData>(
+    data: &S,
+    ledgers: &[SharedLedger],
+) -> Result<(), SharedError> {
+    for l in ledgers {
+        if data.get(&l.key).is_none() {
+            let mut b = Vec::with_capacity(Ledger::max_encoded_len(&l.shape));
+            Ledger::new(&l.shape).encode(&l.shape, &mut b);
+            data.set(&l.key, &b, None)
+                .map_err(|_| SharedError::Contended(l.key.clone()))?;
+        }
+    }
+    Ok(())
+}
+
+/// A [`LedgerStore`] over shared data. `ledger` maps a [`LedgerKey`] to its key and budget.
+pub struct SharedLedgers<'a, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger>> {
+    pub data: &'a S,
+    pub ledger: F,
+    pub now_ms: u64,
+}
+
+impl<S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger>> SharedLedgers<'_, S, F> {
+    /// Applies `change` to one ledger atomically; `change` may run several times (once per
+    /// attempt) and must depend only on the ledger it is given.
+    pub fn update<T>(
+        &self,
+        key: &LedgerKey,
+        mut change: impl FnMut(&mut Ledger, &Shape, &Caps, u64) -> T,
+    ) -> Result<T, SharedError> {
+        let l = (self.ledger)(key).ok_or_else(|| SharedError::Missing(format!("{key:?}")))?;
+        let mut buf = Vec::with_capacity(Ledger::max_encoded_len(&l.shape));
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let (bytes, cas) = self
+                .data
+                .get(&l.key)
+                .ok_or_else(|| SharedError::Missing(l.key.clone()))?;
+            let mut ledger = Ledger::decode(&bytes, &l.shape, self.now_ms)
+                .map_err(|e| SharedError::Corrupt(format!("{}: {e:?}", l.key)))?;
+            let before = ledger.clone();
+            let out = change(&mut ledger, &l.shape, &l.caps, self.now_ms);
+            if ledger == before {
+                return Ok(out);
+            }
+            buf.clear();
+            ledger.encode(&l.shape, &mut buf);
+            match self.data.set(&l.key, &buf, Some(cas)) {
+                Ok(()) => return Ok(out),
+                Err(SetError::CasMismatch) => continue,
+                Err(SetError::Host) => return Err(SharedError::Contended(l.key.clone())),
+            }
+        }
+        Err(SharedError::Contended(l.key.clone()))
+    }
+
+    pub fn settle(
+        &self,
+        key: &LedgerKey,
+        hold: Option<&Hold>,
+        actual: Amount,
+    ) -> Result<(), SharedError> {
+        self.update(key, |l, shape, _, now| l.settle(shape, hold, actual, now))
+    }
+
+    /// (spent, held) now.
+    pub fn usage(&self, key: &LedgerKey) -> Result<(Amount, Amount), SharedError> {
+        self.update(key, |l, shape, _, now| {
+            (l.spent(shape, now), l.held(shape, now))
+        })
+    }
+}
+
+impl<S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger>> LedgerStore
+    for SharedLedgers<'_, S, F>
+{
+    type Error = SharedError;
+
+    fn reserve(
+        &mut self,
+        key: &LedgerKey,
+        amount: Amount,
+    ) -> Result<Result<Hold, Wait>, SharedError> {
+        self.update(key, |l, shape, caps, now| {
+            l.try_reserve(shape, caps, amount, now)
+        })
+    }
+
+    fn release(&mut self, key: &LedgerKey, hold: &Hold) -> Result<(), SharedError> {
+        self.update(key, |l, shape, _, now| l.release(shape, hold, now))
+    }
+
+    fn check(&mut self, key: &LedgerKey, amount: Amount) -> Result<Result<(), Wait>, SharedError> {
+        self.update(key, |l, shape, caps, now| l.check(shape, caps, amount, now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::admit::admit_all;
+    use std::cell::{Cell, RefCell};
+    use std::collections::HashMap;
+
+    type Map = HashMap<String, (Vec<u8>, u32)>;
+    type Hook = Box<dyn FnOnce(&Envoyish)>;
+
+    /// Envoy's semantics: a new token per write; an absent key accepts any token.
+    fn envoy_set(
+        map: &mut Map,
+        tokens: &mut u32,
+        key: &str,
+        value: &[u8],
+        cas: Option<u32>,
+    ) -> Result<(), SetError> {
+        if let (Some(c), Some((_, cur))) = (cas, map.get(key)) {
+            if c != *cur {
+                return Err(SetError::CasMismatch);
+            }
+        }
+        *tokens += 1;
+        map.insert(key.to_string(), (value.to_vec(), *tokens));
+        Ok(())
+    }
+
+    #[derive(Default)]
+    struct Envoyish {
+        map: RefCell<Map>,
+        tokens: Cell<u32>,
+        /// Runs once before the next `set`, as another worker's write landing in between.
+        interleave: RefCell<Option<Hook>>,
+    }
+
+    impl SharedData for Envoyish {
+        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+            self.map.borrow().get(key).cloned()
+        }
+        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+            let hook = self.interleave.borrow_mut().take();
+            if let Some(f) = hook {
+                f(self);
+            }
+            let mut t = self.tokens.get();
+            let r = envoy_set(&mut self.map.borrow_mut(), &mut t, key, value, cas);
+            self.tokens.set(t);
+            r
+        }
+    }
+
+    fn one(_: &LedgerKey) -> Option<SharedLedger> {
+        Some(SharedLedger {
+            key: "llmkube.budget.all".into(),
+            shape: Shape::new(60, 900),
+            caps: Caps {
+                tokens: Some(100),
+                pico: None,
+            },
+        })
+    }
+
+    const KEY: LedgerKey = LedgerKey {
+        budget: 0,
+        team: None,
+    };
+
+    #[test]
+    fn a_write_landing_in_between_is_retried_not_lost() {
+        let data = Envoyish::default();
+        create_missing(&data, &[one(&KEY).unwrap()]).unwrap();
+        // Another worker reserves 60 between our read and our write.
+        *data.interleave.borrow_mut() = Some(Box::new(|d: &Envoyish| {
+            let mut other = SharedLedgers {
+                data: d,
+                ledger: one,
+                now_ms: 0,
+            };
+            assert!(other.reserve(&KEY, Amount::new(60, 0)).unwrap().is_ok());
+        }));
+        let mut store = SharedLedgers {
+            data: &data,
+            ledger: one,
+            now_ms: 0,
+        };
+        // Our 50 no longer fits after the retry re-reads the ledger.
+        assert!(store.reserve(&KEY, Amount::new(50, 0)).unwrap().is_err());
+        assert!(store.reserve(&KEY, Amount::new(40, 0)).unwrap().is_ok());
+        assert_eq!(store.usage(&KEY).unwrap().1.tokens, 100);
+    }
+
+    #[test]
+    fn missing_keys_are_an_error_not_an_empty_ledger() {
+        let data = Envoyish::default();
+        let mut store = SharedLedgers {
+            data: &data,
+            ledger: one,
+            now_ms: 0,
+        };
+        assert!(matches!(
+            store.reserve(&KEY, Amount::new(1, 0)),
+            Err(SharedError::Missing(_))
+        ));
+        data.set("llmkube.budget.all", b"\x07junk", None).unwrap();
+        assert!(matches!(
+            store.reserve(&KEY, Amount::new(1, 0)),
+            Err(SharedError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn admission_and_settlement_through_shared_data() {
+        let data = Envoyish::default();
+        let l = one(&KEY).unwrap();
+        create_missing(&data, &[l]).unwrap();
+        let first = data.get("llmkube.budget.all").unwrap();
+        // Creating again leaves an existing ledger alone.
+        create_missing(&data, &[one(&KEY).unwrap()]).unwrap();
+        assert_eq!(data.get("llmkube.budget.all").unwrap(), first);
+        let mut store = SharedLedgers {
+            data: &data,
+            ledger: one,
+            now_ms: 1000,
+        };
+        let holds = admit_all(&mut store, &[KEY], Amount::new(70, 0))
+            .unwrap()
+            .unwrap();
+        store
+            .settle(&KEY, Some(&holds[0].1), Amount::new(20, 0))
+            .unwrap();
+        assert_eq!(
+            store.usage(&KEY).unwrap(),
+            (Amount::new(20, 0), Amount::ZERO)
+        );
+        let refusal = admit_all(&mut store, &[KEY], Amount::new(81, 0))
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(refusal.wait, Wait::Seconds(61));
+    }
+
+    /// Real threads hammering one Mutex-backed store with Envoy's CAS semantics: the cap holds.
+    #[cfg(not(target_family = "wasm"))]
+    #[test]
+    fn concurrent_workers_never_overshoot() {
+        use std::sync::Mutex;
+        #[derive(Default)]
+        struct Locked(Mutex<(Map, u32)>);
+        impl SharedData for Locked {
+            fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+                self.0.lock().ok()?.0.get(key).cloned()
+            }
+            fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+                let mut g = self.0.lock().map_err(|_| SetError::Host)?;
+                let (map, tokens) = &mut *g;
+                envoy_set(map, tokens, key, value, cas)
+            }
+        }
+        let data = Locked::default();
+        create_missing(&data, &[one(&KEY).unwrap()]).unwrap();
+        let admitted: usize = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut store = SharedLedgers {
+                            data: &data,
+                            ledger: one,
+                            now_ms: 0,
+                        };
+                        (0..50)
+                            .filter(|_| store.reserve(&KEY, Amount::new(1, 0)).unwrap().is_ok())
+                            .count()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 100);
+        let store = SharedLedgers {
+            data: &data,
+            ledger: one,
+            now_ms: 0,
+        };
+        assert_eq!(store.usage(&KEY).unwrap().1.tokens, 100);
+    }
+}

@@ -1,0 +1,12 @@
+//! The response usage reader: reading a body (JSON or server-sent events, with or without
+//! stripping the usage-only chunk) in pieces gives the same answer and the same forwarded bytes
+//! as reading it whole, and never panics.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use router_core::budget::usage::split_invariance;
+
+fuzz_target!(|data: &[u8]| {
+    if let Err(e) = split_invariance(data) {
+        panic!("{e}");
+    }
+});

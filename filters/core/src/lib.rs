@@ -11,6 +11,7 @@ mod fast;
 pub mod glob;
 pub mod models;
 pub mod orders;
+pub mod pick;
 pub mod quarantine;
 pub mod rewrite;
 pub mod router;

@@ -78,6 +78,9 @@ pub struct Config {
     /// Load differences below this are treated as equal, so replicas with slightly different
     /// views still rank the same pod first.
     pub spread_bytes: u64,
+    /// A prompt no pod holds is placed by consistent hashing among the pods loaded at most this
+    /// percentage of the mean load (plus one request).
+    pub unseen_load_percent: u64,
     /// Engine gauges older than this are ignored.
     pub metrics_max_age_ns: u64,
     /// Seeds the block chain (one per backend).
@@ -92,8 +95,9 @@ impl Default for Config {
             session: None,
             quarantine_ns: 15_000_000_000,
             lease_ns: load::DEFAULT_LEASE_NS,
-            request_cost_bytes: 2048,
-            spread_bytes: 8192,
+            request_cost_bytes: 1024,
+            spread_bytes: 4096,
+            unseen_load_percent: 110,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
         }
@@ -316,10 +320,12 @@ impl Picker {
         let spread = if block > 0 { self.cfg.spread_bytes } else { 0 };
         // Rank the near-cheapest by rendezvous on the first block nobody is known to hold (or,
         // with no whole block, on a rotating counter: nothing to be consistent about).
+        // A session ranks by its own key, so every replica starts it on the same pod.
         let known = matched.iter().copied().max().unwrap_or(0);
-        let rank_key = match blocks.get(known).or(blocks.last()) {
-            Some(&h) => h,
-            None => {
+        let rank_key = match (key, blocks.get(known).or(blocks.last())) {
+            (Some(k), _) => k,
+            (None, Some(&h)) => h,
+            (None, None) => {
                 self.cursor = self.cursor.wrapping_add(1);
                 mix(self.cursor)
             }
@@ -331,10 +337,34 @@ impl Picker {
             .map(|i| matched[i])
             .max()
             .unwrap_or(0);
+        // A prompt no pod holds a block of: consistent hashing with bounded load, every pod
+        // not loaded past `unseen_load_percent` of the mean a candidate. The bound is loose on
+        // purpose: replicas see different loads, and only a loose bound lets them agree.
+        let unseen = block > 0 && known == 0 && !blocks.is_empty();
+        let bound = if unseen {
+            let live: Vec<u64> = (0..n)
+                .filter(|&i| costs[i] != u64::MAX)
+                .map(|i| self.load_bytes(i, now))
+                .collect();
+            let mean = live.iter().sum::<u64>() / live.len().max(1) as u64;
+            Some(
+                (mean as u128 * self.cfg.unseen_load_percent as u128 / 100) as u64
+                    + self.cfg.request_cost_bytes,
+            )
+        } else {
+            None
+        };
         for (i, &c) in costs.iter().enumerate() {
-            // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding less
-            // is never picked over it for the sake of consistency.
-            if c == u64::MAX || c > best.saturating_add(spread) || matched[i] < best_match {
+            if c == u64::MAX {
+                continue;
+            }
+            let candidate = match bound {
+                Some(b) => self.load_bytes(i, now) <= b,
+                // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding
+                // less is never picked over it for the sake of consistency.
+                None => c <= best.saturating_add(spread) && matched[i] >= best_match,
+            };
+            if !candidate {
                 continue;
             }
             let w = mix(rank_key ^ self.pods[i].id);

@@ -406,3 +406,42 @@ fn lost_releases_stop_counting_after_the_lease() {
     p.release(t, done(), 200 * S);
     assert_eq!(p.load_bytes(0, 200 * S), 0);
 }
+
+#[test]
+fn a_new_session_starts_on_the_same_pod_from_every_replica() {
+    let c = Config {
+        session: Some(SessionAffinity {
+            headers: vec!["x-session-id".into()],
+            idle_ns: 60 * S,
+        }),
+        ..cfg()
+    };
+    let mut order = pods(6);
+    order.rotate_left(2);
+    let (mut a, mut b) = (Picker::new(c.clone(), &pods(6)), Picker::new(c, &order));
+    let mut used = std::collections::HashSet::new();
+    for k in 0..40u64 {
+        // Different first messages per replica would rank differently; the session key does not.
+        let pa = prompt(&text(&format!("replica a turn {k}"), 1500), 256);
+        let pb = prompt(&text(&format!("replica b turn {k}"), 1500), 256);
+        let ta = pod(a.pick(
+            &Request {
+                session: Some(k),
+                ..req(&pa)
+            },
+            0,
+        ));
+        let tb = pod(b.pick(
+            &Request {
+                session: Some(k),
+                ..req(&pb)
+            },
+            0,
+        ));
+        assert_eq!(a.address(ta.pod()), b.address(tb.pod()), "session {k}");
+        used.insert(ta.pod());
+        a.release(ta, done(), 0);
+        b.release(tb, done(), 0);
+    }
+    assert!(used.len() >= 4, "sessions spread: {used:?}");
+}

@@ -108,6 +108,45 @@ struct Flight {
     usage: (u64, u64),
 }
 
+/// Everything an event changes.
+struct World {
+    pods: Vec<Pod>,
+    flights: Vec<Option<Flight>>,
+    events: BinaryHeap<Reverse<(u64, Ev)>>,
+    ttft: Vec<u64>,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    slots: usize,
+    prefill: u64,
+    decode: u64,
+}
+
+impl World {
+    /// Starts queued requests on pod `p` while it has free slots.
+    fn start(&mut self, p: usize, now: u64) {
+        while self.pods[p].busy < self.slots {
+            let Some(i) = self.pods[p].queue.pop_front() else {
+                break;
+            };
+            let Some(f) = self.flights[i].as_mut() else {
+                continue;
+            };
+            let pod = &mut self.pods[p];
+            let a = pod.engine.admit(&f.rendered);
+            pod.computed += a.computed_blocks;
+            pod.busy += 1;
+            self.prompt_tokens += a.prompt_tokens;
+            self.cached_tokens += a.cached_tokens;
+            let first = now + a.computed_blocks * self.prefill;
+            pod.ends.push(first + self.decode);
+            self.ttft.push(first - f.arrive);
+            f.usage = (a.prompt_tokens, a.cached_tokens);
+            self.events
+                .push(Reverse((first + self.decode, Ev::Done(i, p))));
+        }
+    }
+}
+
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
     /// Request `i` (index into the workload) finished on pod `p`.
@@ -145,7 +184,7 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
     let mut pickers: Vec<Picker> = (0..s.replicas.max(1))
         .map(|_| Picker::new(cfg.clone(), &addrs))
         .collect();
-    let mut pods: Vec<Pod> = (0..s.pods)
+    let pods: Vec<Pod> = (0..s.pods)
         .map(|_| Pod {
             engine: EngineCore::new(s.engine.clone()),
             busy: 0,
@@ -160,47 +199,26 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
     let block = cfg.prefix.as_ref().map_or(1024, |p| p.block_bytes);
     let names = [s.session_header.clone()];
 
-    let mut flights: Vec<Option<Flight>> = (0..reqs.len()).map(|_| None).collect();
-    let mut events: BinaryHeap<Reverse<(u64, Ev)>> = BinaryHeap::new();
-    let mut ttft: Vec<u64> = Vec::with_capacity(reqs.len());
-    let (mut prompt_tokens, mut cached_tokens) = (0u64, 0u64);
+    let mut w = World {
+        pods,
+        flights: (0..reqs.len()).map(|_| None).collect(),
+        events: BinaryHeap::new(),
+        ttft: Vec::with_capacity(reqs.len()),
+        prompt_tokens: 0,
+        cached_tokens: 0,
+        slots,
+        prefill,
+        decode,
+    };
     let mut unplaced = 0;
     let mut scanner = Scanner::new();
     let mut prompt = Prompt::default();
     let mut next_scrape = 0u64;
 
-    // Starts queued requests on pod `p` while it has free slots.
-    let start = |p: usize,
-                 now: u64,
-                 pods: &mut Vec<Pod>,
-                 flights: &mut Vec<Option<Flight>>,
-                 events: &mut BinaryHeap<Reverse<(u64, Ev)>>,
-                 ttft: &mut Vec<u64>,
-                 tokens: &mut (u64, u64)| {
-        while pods[p].busy < slots {
-            let Some(i) = pods[p].queue.pop_front() else {
-                break;
-            };
-            let Some(f) = flights[i].as_mut() else {
-                continue;
-            };
-            let a = pods[p].engine.admit(&f.rendered);
-            pods[p].computed += a.computed_blocks;
-            pods[p].busy += 1;
-            tokens.0 += a.prompt_tokens;
-            tokens.1 += a.cached_tokens;
-            let first = now + a.computed_blocks * prefill;
-            pods[p].ends.push(first + decode);
-            ttft.push(first - f.arrive);
-            f.usage = (a.prompt_tokens, a.cached_tokens);
-            events.push(Reverse((first + decode, Ev::Done(i, p))));
-        }
-    };
-
     let mut i = 0;
     loop {
         let next_arrival = reqs.get(i).map(|r| r.at_ns);
-        let next_event = events.peek().map(|Reverse((t, _))| *t);
+        let next_event = w.events.peek().map(|Reverse((t, _))| *t);
         let now = match (next_arrival, next_event) {
             (None, None) => break,
             (Some(a), Some(e)) => a.min(e),
@@ -208,7 +226,7 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
             (None, Some(e)) => e,
         };
         while next_scrape <= now {
-            for (p, pod) in pods.iter().enumerate() {
+            for (p, pod) in w.pods.iter().enumerate() {
                 let m = EngineMetrics {
                     waiting: pod.queue.len() as f64,
                     running: pod.busy as f64,
@@ -222,14 +240,14 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
             next_scrape += s.scrape_ns;
         }
         if next_event == Some(now) {
-            let Some(Reverse((_, Ev::Done(r, p)))) = events.pop() else {
+            let Some(Reverse((_, Ev::Done(r, p)))) = w.events.pop() else {
                 break;
             };
-            pods[p].busy -= 1;
-            if let Some(k) = pods[p].ends.iter().position(|&e| e == now) {
-                pods[p].ends.swap_remove(k);
+            w.pods[p].busy -= 1;
+            if let Some(k) = w.pods[p].ends.iter().position(|&e| e == now) {
+                w.pods[p].ends.swap_remove(k);
             }
-            if let Some(f) = flights[r].take() {
+            if let Some(f) = w.flights[r].take() {
                 if let Some(t) = f.ticket {
                     pickers[f.replica].release(
                         t,
@@ -241,17 +259,7 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                     );
                 }
             }
-            let mut tokens = (prompt_tokens, cached_tokens);
-            start(
-                p,
-                now,
-                &mut pods,
-                &mut flights,
-                &mut events,
-                &mut ttft,
-                &mut tokens,
-            );
-            (prompt_tokens, cached_tokens) = tokens;
+            w.start(p, now);
             continue;
         }
         // An arrival.
@@ -261,7 +269,15 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         let rendered = render_prompt("/v1/chat/completions", &json).into_bytes();
         let (pod, ticket) = if policy == Policy::Oracle {
             (
-                oracle(&mut pods, &flights, &rendered, now, slots, prefill, decode),
+                oracle(
+                    &mut w.pods,
+                    &w.flights,
+                    &rendered,
+                    now,
+                    slots,
+                    prefill,
+                    decode,
+                ),
                 None,
             )
         } else {
@@ -290,36 +306,27 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                 }
             }
         };
-        flights[i] = Some(Flight {
+        w.flights[i] = Some(Flight {
             replica,
             ticket,
             rendered,
             arrive: now,
             usage: (0, 0),
         });
-        pods[pod].queue.push_back(i);
-        let mut tokens = (prompt_tokens, cached_tokens);
-        start(
-            pod,
-            now,
-            &mut pods,
-            &mut flights,
-            &mut events,
-            &mut ttft,
-            &mut tokens,
-        );
-        (prompt_tokens, cached_tokens) = tokens;
+        w.pods[pod].queue.push_back(i);
+        w.start(pod, now);
         i += 1;
     }
 
+    let mut ttft = std::mem::take(&mut w.ttft);
     ttft.sort_unstable();
     let n = ttft.len().max(1);
-    let computed: Vec<f64> = pods.iter().map(|p| p.computed as f64).collect();
+    let computed: Vec<f64> = w.pods.iter().map(|p| p.computed as f64).collect();
     let mean = computed.iter().sum::<f64>() / computed.len().max(1) as f64;
     let max = computed.iter().copied().fold(0.0, f64::max);
     Report {
         requests: ttft.len(),
-        hit_rate: cached_tokens as f64 / prompt_tokens.max(1) as f64,
+        hit_rate: w.cached_tokens as f64 / w.prompt_tokens.max(1) as f64,
         ttft_mean_ms: ttft.iter().sum::<u64>() as f64 / n as f64 / 1e6,
         ttft_p99_ms: ttft.get((n * 99 / 100).min(n - 1)).copied().unwrap_or(0) as f64 / 1e6,
         imbalance: if mean > 0.0 { max / mean } else { 1.0 },

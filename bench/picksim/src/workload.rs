@@ -10,7 +10,7 @@ impl Rng {
     pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -19,10 +19,10 @@ impl Rng {
     }
     /// Uniform in [lo, hi).
     pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo).max(1)
+        lo + self.next_u64() % (hi - lo).max(1)
     }
     pub fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
     /// Exponential gap with mean `mean_ns`.
     pub fn exp(&mut self, mean_ns: f64) -> u64 {
@@ -39,8 +39,8 @@ pub fn prose(rng: &mut Rng, bytes: usize) -> String {
     ];
     let mut s = String::with_capacity(bytes + 16);
     while s.len() < bytes {
-        s.push_str(WORDS[(rng.next() % WORDS.len() as u64) as usize]);
-        s.push(if rng.next() % 11 == 0 { '.' } else { ' ' });
+        s.push_str(WORDS[(rng.next_u64() % WORDS.len() as u64) as usize]);
+        s.push(if rng.range(0, 11) == 0 { '.' } else { ' ' });
     }
     s
 }
@@ -97,7 +97,7 @@ fn body(messages: &[Value], tools: Option<&Value>) -> Vec<u8> {
 
 /// `n` requests of `shape` at `rate` requests per second (Poisson), sorted by arrival.
 pub fn generate(shape: Shape, n: usize, rate: f64, seed: u64) -> Vec<SimRequest> {
-    let mut rng = Rng::new(seed ^ shape as u64 * 0x1000_0001);
+    let mut rng = Rng::new(seed ^ (shape as u64 * 0x1000_0001));
     let gap = 1e9 / rate;
     let mut out = Vec::with_capacity(n);
     match shape {
@@ -133,7 +133,7 @@ pub fn generate(shape: Shape, n: usize, rate: f64, seed: u64) -> Vec<SimRequest>
                 start += rng.exp(gap * 6.0);
                 let id = out.len();
                 let turns = rng.range(4, 11);
-                let session = (rng.next() % 2 == 0).then(|| format!("chat-{id}"));
+                let session = (rng.range(0, 2) == 0).then(|| format!("chat-{id}"));
                 let mut msgs = vec![json!({"role": "system", "content": system})];
                 let mut t = start;
                 for _ in 0..turns {
@@ -166,7 +166,7 @@ pub fn generate(shape: Shape, n: usize, rate: f64, seed: u64) -> Vec<SimRequest>
             let mut start = 0u64;
             while out.len() < n {
                 start += rng.exp(gap * 8.0);
-                let tools = &toolsets[(rng.next() % toolsets.len() as u64) as usize];
+                let tools = &toolsets[(rng.next_u64() % toolsets.len() as u64) as usize];
                 let steps = rng.range(5, 16);
                 let mut msgs = vec![json!({"role": "user", "content": prose(&mut rng, 400)})];
                 let mut t = start;

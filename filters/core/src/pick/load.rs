@@ -242,8 +242,10 @@ vllm:prompt_tokens_total 12345\n";
 
     #[test]
     fn metrics_go_stale() {
-        let mut l = PodLoad::default();
-        l.metrics = parse_vllm_metrics(b"vllm:num_requests_waiting 4\n", 1_000);
+        let l = PodLoad {
+            metrics: parse_vllm_metrics(b"vllm:num_requests_waiting 4\n", 1_000),
+            ..PodLoad::default()
+        };
         assert!(l.fresh_metrics(1_500, 600).is_some());
         assert!(l.fresh_metrics(1_700, 600).is_none());
         assert!(l.fresh_metrics(999, 600).is_none(), "from the future");

@@ -87,16 +87,16 @@ fn main() {
             r3.hit_rate / pk.hit_rate.max(1e-9)
         );
         if sweep {
-            for block in [256, 512, 1024, 2048] {
-                for cost in [1024u64, 2048, 4096] {
-                    for spread in [0u64, 1024, 4096] {
+            for block in [512, 1024, 2048] {
+                for cost in [1024u64, 2048] {
+                    for spread in [1024u64, 4096] {
                         let mut s = base.clone();
                         if let Some(p) = s.picker.prefix.as_mut() {
                             p.block_bytes = block;
                         }
                         s.picker.request_cost_bytes = cost;
                         s.picker.spread_bytes = spread;
-                        for unseen in [110, 150, 200] {
+                        for unseen in [100, 110, 130] {
                             s.picker.unseen_load_percent = unseen;
                             let r = simulate(Policy::Picker, &s, &reqs);
                             let r3 = simulate(

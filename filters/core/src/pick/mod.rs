@@ -318,11 +318,17 @@ impl Picker {
             .collect();
         let best = costs.iter().copied().min().unwrap_or(u64::MAX);
         let spread = if block > 0 { self.cfg.spread_bytes } else { 0 };
-        // Rank the near-cheapest by rendezvous on the first block nobody is known to hold (or,
-        // with no whole block, on a rotating counter: nothing to be consistent about).
-        // A session ranks by its own key, so every replica starts it on the same pod.
         let known = matched.iter().copied().max().unwrap_or(0);
-        let rank_key = match (key, blocks.get(known).or(blocks.last())) {
+        let best_match = (0..n)
+            .filter(|&i| costs[i] == best)
+            .map(|i| matched[i])
+            .max()
+            .unwrap_or(0);
+        // Rank the near-cheapest by rendezvous on the first block the cheapest pod does not
+        // hold: a prefix spilled off its loaded pod then spills to the same pod from every
+        // replica. With no whole block, a rotating counter (nothing to be consistent about). A
+        // session ranks by its own key, so every replica starts it on the same pod.
+        let rank_key = match (key, blocks.get(best_match).or(blocks.last())) {
             (Some(k), _) => k,
             (None, Some(&h)) => h,
             (None, None) => {
@@ -332,11 +338,6 @@ impl Picker {
         };
         let mut chosen = None;
         let mut top = 0u64;
-        let best_match = (0..n)
-            .filter(|&i| costs[i] == best)
-            .map(|i| matched[i])
-            .max()
-            .unwrap_or(0);
         // A prompt no pod holds a block of: consistent hashing with bounded load, every pod
         // not loaded past `unseen_load_percent` of the mean a candidate. The bound is loose on
         // purpose: replicas see different loads, and only a loose bound lets them agree.

@@ -6,7 +6,7 @@
 //! In V8 (the engine Envoy embeds):
 //! ```text
 //! cargo build --release --target wasm32-wasip1 -p llmkube-router-core --example pick_speed
-//! node --no-warnings filters/core/examples/wasi_run.mjs target/wasm32-wasip1/release/examples/pick_speed.wasm
+//! node --no-warnings --no-liftoff filters/core/examples/wasi_run.mjs target/wasm32-wasip1/release/examples/pick_speed.wasm
 //! ```
 //! The body is scanned once up front (the filter scans it anyway); only the picking is timed.
 use router_core::pick::{

@@ -23,6 +23,7 @@ pub mod models;
 pub mod orders;
 pub mod plan;
 pub mod provider;
+pub mod pick;
 pub mod quarantine;
 pub mod response;
 pub mod rewrite;

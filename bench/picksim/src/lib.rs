@@ -1,0 +1,381 @@
+//! A deterministic simulation of endpoint picking, in virtual time.
+//!
+//! Pods are [`e2e::engine::EngineCore`]s (the engine the HTTP mock serves: same template, same
+//! LRU prefix cache) with a FIFO queue in front of `concurrency` slots; a request holds a slot
+//! for its prefill (per computed block) and its decode (per token). Routers are the core's own
+//! [`Picker`] in its three modes (round-robin, least-loaded = LoadAware without prefix
+//! affinity, and the prefix picker), each gateway replica with its own picker state, plus an
+//! oracle that sees every pod's true cache and queue and picks the earliest first token.
+//! Every replica reads the pods' vLLM gauges once a second, as the filter will on a timer.
+
+pub mod workload;
+
+use e2e::engine::{render_prompt, EngineConfig, EngineCore};
+use router_core::pick::{
+    hash_prompt, prompt_parts, session_key, Choice, Config, EngineMetrics, Mode, Outcome, Picker,
+    Prompt, Request, SessionAffinity, Ticket,
+};
+use router_core::scan::Scanner;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use workload::SimRequest;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    RoundRobin,
+    LeastLoaded,
+    Picker,
+    Oracle,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 4] = [
+        Policy::RoundRobin,
+        Policy::LeastLoaded,
+        Policy::Picker,
+        Policy::Oracle,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::RoundRobin => "round-robin",
+            Policy::LeastLoaded => "least-loaded",
+            Policy::Picker => "picker",
+            Policy::Oracle => "oracle",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Setup {
+    pub pods: usize,
+    pub replicas: usize,
+    pub engine: EngineConfig,
+    /// The picker's configuration (mode and affinity are set per policy).
+    pub picker: Config,
+    pub session_header: String,
+    pub scrape_ns: u64,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            pods: 8,
+            replicas: 1,
+            engine: EngineConfig {
+                cache_blocks: 384,
+                block_bytes: 256,
+                concurrency: 4,
+                prefill_per_block: std::time::Duration::from_millis(4),
+                decode_per_token: std::time::Duration::from_millis(4),
+                reply_tokens: 48,
+            },
+            picker: Config::default(),
+            session_header: "x-session-id".into(),
+            scrape_ns: 1_000_000_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Report {
+    pub requests: usize,
+    /// Cached prompt tokens / prompt tokens, from the engines.
+    pub hit_rate: f64,
+    pub ttft_mean_ms: f64,
+    pub ttft_p99_ms: f64,
+    /// Max over mean of computed (prefill) blocks per pod.
+    pub imbalance: f64,
+    /// Requests the router had no pod for.
+    pub unplaced: usize,
+}
+
+struct Pod {
+    engine: EngineCore,
+    /// Slots in use.
+    busy: usize,
+    /// When the requests in the slots finish.
+    ends: Vec<u64>,
+    queue: VecDeque<usize>,
+    computed: u64,
+}
+
+struct Flight {
+    replica: usize,
+    ticket: Option<Ticket>,
+    rendered: Vec<u8>,
+    arrive: u64,
+    /// The answer's `usage` (prompt, cached tokens), as the filter reads it at the end.
+    usage: (u64, u64),
+}
+
+/// Everything an event changes.
+struct World {
+    pods: Vec<Pod>,
+    flights: Vec<Option<Flight>>,
+    events: BinaryHeap<Reverse<(u64, Ev)>>,
+    ttft: Vec<u64>,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    slots: usize,
+    prefill: u64,
+    decode: u64,
+}
+
+impl World {
+    /// Starts queued requests on pod `p` while it has free slots.
+    fn start(&mut self, p: usize, now: u64) {
+        while self.pods[p].busy < self.slots {
+            let Some(i) = self.pods[p].queue.pop_front() else {
+                break;
+            };
+            let Some(f) = self.flights[i].as_mut() else {
+                continue;
+            };
+            let pod = &mut self.pods[p];
+            let a = pod.engine.admit(&f.rendered);
+            pod.computed += a.computed_blocks;
+            pod.busy += 1;
+            self.prompt_tokens += a.prompt_tokens;
+            self.cached_tokens += a.cached_tokens;
+            let first = now + a.computed_blocks * self.prefill;
+            pod.ends.push(first + self.decode);
+            self.ttft.push(first - f.arrive);
+            f.usage = (a.prompt_tokens, a.cached_tokens);
+            self.events
+                .push(Reverse((first + self.decode, Ev::Done(i, p))));
+        }
+    }
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// Request `i` (index into the workload) finished on pod `p`.
+    Done(usize, usize),
+}
+
+fn picker_config(policy: Policy, s: &Setup) -> Config {
+    let mut c = s.picker.clone();
+    match policy {
+        Policy::RoundRobin => c.mode = Mode::RoundRobin,
+        Policy::LeastLoaded => {
+            c.mode = Mode::LoadAware;
+            c.prefix = None;
+            c.session = None;
+        }
+        Policy::Picker | Policy::Oracle => {
+            c.mode = Mode::LoadAware;
+            if c.session.is_none() {
+                c.session = Some(SessionAffinity {
+                    headers: vec![s.session_header.clone()],
+                    idle_ns: 30 * 60 * 1_000_000_000,
+                });
+            }
+        }
+    }
+    c
+}
+
+/// Runs `reqs` through `policy` and reports what the engines saw.
+pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
+    let addrs: Vec<String> = (0..s.pods)
+        .map(|i| format!("10.1.0.{}:8000", i + 1))
+        .collect();
+    let cfg = picker_config(policy, s);
+    let mut pickers: Vec<Picker> = (0..s.replicas.max(1))
+        .map(|_| Picker::new(cfg.clone(), &addrs))
+        .collect();
+    let pods: Vec<Pod> = (0..s.pods)
+        .map(|_| Pod {
+            engine: EngineCore::new(s.engine.clone()),
+            busy: 0,
+            ends: Vec::new(),
+            queue: VecDeque::new(),
+            computed: 0,
+        })
+        .collect();
+    let prefill = s.engine.prefill_per_block.as_nanos() as u64;
+    let decode = s.engine.decode_per_token.as_nanos() as u64 * s.engine.reply_tokens as u64;
+    let slots = s.engine.concurrency.max(1);
+    let block = cfg.prefix.as_ref().map_or(1024, |p| p.block_bytes);
+    let names = [s.session_header.clone()];
+
+    let mut w = World {
+        pods,
+        flights: (0..reqs.len()).map(|_| None).collect(),
+        events: BinaryHeap::new(),
+        ttft: Vec::with_capacity(reqs.len()),
+        prompt_tokens: 0,
+        cached_tokens: 0,
+        slots,
+        prefill,
+        decode,
+    };
+    let mut unplaced = 0;
+    let mut scanner = Scanner::new();
+    let mut prompt = Prompt::default();
+    let mut next_scrape = 0u64;
+
+    let mut i = 0;
+    loop {
+        let next_arrival = reqs.get(i).map(|r| r.at_ns);
+        let next_event = w.events.peek().map(|Reverse((t, _))| *t);
+        let now = match (next_arrival, next_event) {
+            (None, None) => break,
+            (Some(a), Some(e)) => a.min(e),
+            (Some(a), None) => a,
+            (None, Some(e)) => e,
+        };
+        while next_scrape <= now {
+            for (p, pod) in w.pods.iter().enumerate() {
+                let m = EngineMetrics {
+                    waiting: pod.queue.len() as f64,
+                    running: pod.busy as f64,
+                    kv_usage: pod.engine.kv_usage(),
+                    at_ns: next_scrape,
+                };
+                for pk in pickers.iter_mut() {
+                    pk.set_metrics(p, m);
+                }
+            }
+            next_scrape += s.scrape_ns;
+        }
+        if next_event == Some(now) {
+            let Some(Reverse((_, Ev::Done(r, p)))) = w.events.pop() else {
+                break;
+            };
+            w.pods[p].busy -= 1;
+            if let Some(k) = w.pods[p].ends.iter().position(|&e| e == now) {
+                w.pods[p].ends.swap_remove(k);
+            }
+            if let Some(f) = w.flights[r].take() {
+                if let Some(t) = f.ticket {
+                    pickers[f.replica].release(
+                        t,
+                        Outcome::Done {
+                            prompt_tokens: Some(f.usage.0),
+                            cached_tokens: Some(f.usage.1),
+                        },
+                        now,
+                    );
+                }
+            }
+            w.start(p, now);
+            continue;
+        }
+        // An arrival.
+        let r = &reqs[i];
+        let replica = i % pickers.len();
+        let json: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        let rendered = render_prompt("/v1/chat/completions", &json).into_bytes();
+        let (pod, ticket) = if policy == Policy::Oracle {
+            (
+                oracle(
+                    &mut w.pods,
+                    &w.flights,
+                    &rendered,
+                    now,
+                    slots,
+                    prefill,
+                    decode,
+                ),
+                None,
+            )
+        } else {
+            let parts = match scanner.scan(&r.body) {
+                Ok(f) => prompt_parts(&r.body, &f.spans),
+                Err(_) => [&[][..]; 5],
+            };
+            hash_prompt(&parts, block, 0, &mut prompt);
+            let headers: Vec<(&str, &str)> = r
+                .session
+                .as_deref()
+                .map(|v| (names[0].as_str(), v))
+                .into_iter()
+                .collect();
+            let req = Request {
+                prompt: &prompt,
+                session: session_key(&names, headers.iter().copied()),
+                avoid: None,
+            };
+            match pickers[replica].pick(&req, now) {
+                Choice::Pod(t) => (t.pod(), Some(t)),
+                Choice::NoEligiblePod => {
+                    unplaced += 1;
+                    i += 1;
+                    continue;
+                }
+            }
+        };
+        w.flights[i] = Some(Flight {
+            replica,
+            ticket,
+            rendered,
+            arrive: now,
+            usage: (0, 0),
+        });
+        w.pods[pod].queue.push_back(i);
+        w.start(pod, now);
+        i += 1;
+    }
+
+    let mut ttft = std::mem::take(&mut w.ttft);
+    ttft.sort_unstable();
+    let n = ttft.len().max(1);
+    let computed: Vec<f64> = w.pods.iter().map(|p| p.computed as f64).collect();
+    let mean = computed.iter().sum::<f64>() / computed.len().max(1) as f64;
+    let max = computed.iter().copied().fold(0.0, f64::max);
+    Report {
+        requests: ttft.len(),
+        hit_rate: w.cached_tokens as f64 / w.prompt_tokens.max(1) as f64,
+        ttft_mean_ms: ttft.iter().sum::<u64>() as f64 / n as f64 / 1e6,
+        ttft_p99_ms: ttft.get((n * 99 / 100).min(n - 1)).copied().unwrap_or(0) as f64 / 1e6,
+        imbalance: if mean > 0.0 { max / mean } else { 1.0 },
+        unplaced,
+    }
+}
+
+/// The pod with the earliest first token, knowing every cache and queue exactly: the slots'
+/// finish times are known, each queued request is costed at its prefill against the cache as it
+/// is now plus its decode, and the request's own prefill against the pod's true cache. Ties go
+/// to the pod with the least queued, then the least prefill done so far.
+fn oracle(
+    pods: &mut [Pod],
+    flights: &[Option<Flight>],
+    rendered: &[u8],
+    now: u64,
+    slots: usize,
+    prefill: u64,
+    decode: u64,
+) -> usize {
+    let mut best = (u64::MAX, usize::MAX, u64::MAX, 0);
+    for (p, pod) in pods.iter_mut().enumerate() {
+        let mut free: BinaryHeap<Reverse<u64>> = pod.ends.iter().map(|&e| Reverse(e)).collect();
+        while free.len() < slots {
+            free.push(Reverse(now));
+        }
+        let block = pod.engine.block_bytes() as u64;
+        for &q in &pod.queue {
+            let Some(f) = flights[q].as_ref() else {
+                continue;
+            };
+            let blocks = (f.rendered.len() as u64).div_ceil(block);
+            let hit = pod.engine.cached_prefix_blocks(&f.rendered).min(blocks);
+            if let Some(Reverse(t)) = free.pop() {
+                free.push(Reverse(t.max(now) + (blocks - hit) * prefill + decode));
+            }
+        }
+        let start = free.pop().map_or(now, |Reverse(t)| t.max(now));
+        let blocks = (rendered.len() as u64).div_ceil(block);
+        let hit = pod.engine.cached_prefix_blocks(rendered).min(blocks);
+        let key = (
+            start - now + (blocks - hit) * prefill,
+            pod.queue.len() + pod.busy,
+            pod.computed,
+            p,
+        );
+        if key < best {
+            best = key;
+        }
+    }
+    best.3
+}

@@ -1,0 +1,118 @@
+//! The picking benchmark in virtual time: `cargo run --release -p picksim [-- --sweep]`.
+//!
+//! Prints, per workload, hit rate, TTFT mean/p99 and imbalance for round-robin, least-loaded,
+//! the picker (1 and 3 replicas) and the oracle, and the targets checked against them.
+//! `--sweep` also tries picker parameters on every workload.
+use picksim::workload::{generate, Shape};
+use picksim::{simulate, Policy, Report, Setup};
+
+const SEED: u64 = 20_261_201;
+
+fn workload(shape: Shape) -> Vec<picksim::workload::SimRequest> {
+    let rate = match shape {
+        Shape::SharedPrompt => 90.0,
+        Shape::MultiTurn => 70.0,
+        Shape::Agent => 40.0,
+        Shape::Unique => 100.0,
+    };
+    generate(shape, 3000, rate, SEED)
+}
+
+fn row(name: &str, r: &Report) {
+    println!(
+        "  {name:<22} hit {:>5.1}%  ttft mean {:>7.1} ms  p99 {:>8.1} ms  imbalance {:>4.2}",
+        r.hit_rate * 100.0,
+        r.ttft_mean_ms,
+        r.ttft_p99_ms,
+        r.imbalance
+    );
+}
+
+fn main() {
+    let sweep = std::env::args().any(|a| a == "--sweep");
+    let base = Setup::default();
+    for shape in Shape::ALL {
+        let reqs = workload(shape);
+        println!(
+            "{} ({} requests, {} pods)",
+            shape.name(),
+            reqs.len(),
+            base.pods
+        );
+        let mut got = std::collections::HashMap::new();
+        for p in Policy::ALL {
+            let r = simulate(p, &base, &reqs);
+            row(p.name(), &r);
+            got.insert(p.name(), r);
+        }
+        let three = Setup {
+            replicas: 3,
+            ..base.clone()
+        };
+        let r3 = simulate(Policy::Picker, &three, &reqs);
+        row("picker, 3 replicas", &r3);
+        row(
+            "least-loaded, 3 repl.",
+            &simulate(Policy::LeastLoaded, &three, &reqs),
+        );
+        let (pk, rr, ll, or) = (
+            &got["picker"],
+            &got["round-robin"],
+            &got["least-loaded"],
+            &got["oracle"],
+        );
+        let check = |ok: bool| if ok { "ok" } else { "MISSED" };
+        if matches!(shape, Shape::SharedPrompt | Shape::MultiTurn) {
+            println!(
+                "  targets: hit >= 95% oracle [{}] ({:.2}), >= 2x round-robin [{}] ({:.2}x)",
+                check(pk.hit_rate >= 0.95 * or.hit_rate),
+                pk.hit_rate / or.hit_rate.max(1e-9),
+                check(pk.hit_rate >= 2.0 * rr.hit_rate),
+                pk.hit_rate / rr.hit_rate.max(1e-9)
+            );
+        }
+        if shape == Shape::Unique {
+            println!(
+                "  targets: ttft mean within 5% of least-loaded [{}] ({:.3})",
+                check(pk.ttft_mean_ms <= 1.05 * ll.ttft_mean_ms),
+                pk.ttft_mean_ms / ll.ttft_mean_ms.max(1e-9)
+            );
+        }
+        println!(
+            "  targets: p99 <= 1.2x oracle [{}] ({:.2}), imbalance <= 1.3 [{}], 3 replicas >= 90% of 1 [{}] ({:.2})",
+            check(pk.ttft_p99_ms <= 1.2 * or.ttft_p99_ms),
+            pk.ttft_p99_ms / or.ttft_p99_ms.max(1e-9),
+            check(pk.imbalance <= 1.3),
+            check(r3.hit_rate >= 0.9 * pk.hit_rate),
+            r3.hit_rate / pk.hit_rate.max(1e-9)
+        );
+        if sweep {
+            for block in [512, 1024, 2048] {
+                for cost in [1024u64, 2048] {
+                    for spread in [1024u64, 4096] {
+                        let mut s = base.clone();
+                        if let Some(p) = s.picker.prefix.as_mut() {
+                            p.block_bytes = block;
+                        }
+                        s.picker.request_cost_bytes = cost;
+                        s.picker.spread_bytes = spread;
+                        for unseen in [100, 110, 130] {
+                            s.picker.unseen_load_percent = unseen;
+                            let r = simulate(Policy::Picker, &s, &reqs);
+                            let r3 = simulate(
+                                Policy::Picker,
+                                &Setup {
+                                    replicas: 3,
+                                    ..s.clone()
+                                },
+                                &reqs,
+                            );
+                            row(&format!("b{block} c{cost} s{spread} u{unseen}"), &r);
+                            row(&format!("b{block} c{cost} s{spread} u{unseen} r3"), &r3);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

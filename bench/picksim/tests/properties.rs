@@ -1,0 +1,81 @@
+//! Small fixed-seed simulations: the algorithmic properties the picker must keep, whatever the
+//! defaults are tuned to. Virtual time, so nothing here depends on the machine's speed.
+use picksim::workload::{generate, Shape};
+use picksim::{simulate, Policy, Setup};
+
+fn small() -> Setup {
+    Setup::default()
+}
+
+#[test]
+fn shared_prompts_hit_at_least_twice_round_robin_and_near_the_oracle() {
+    let reqs = generate(Shape::SharedPrompt, 1200, 80.0, 7);
+    let s = small();
+    let rr = simulate(Policy::RoundRobin, &s, &reqs);
+    let pk = simulate(Policy::Picker, &s, &reqs);
+    let or = simulate(Policy::Oracle, &s, &reqs);
+    assert_eq!(pk.requests, 1200);
+    assert!(pk.hit_rate >= 2.0 * rr.hit_rate, "picker {pk:?} rr {rr:?}");
+    assert!(
+        pk.hit_rate >= 0.85 * or.hit_rate,
+        "picker {pk:?} oracle {or:?}"
+    );
+    assert!(pk.ttft_mean_ms < rr.ttft_mean_ms);
+}
+
+#[test]
+fn multi_turn_chats_return_to_their_pod() {
+    let reqs = generate(Shape::MultiTurn, 1200, 60.0, 7);
+    let s = small();
+    let rr = simulate(Policy::RoundRobin, &s, &reqs);
+    let pk = simulate(Policy::Picker, &s, &reqs);
+    assert!(pk.hit_rate >= 2.0 * rr.hit_rate, "picker {pk:?} rr {rr:?}");
+}
+
+#[test]
+fn three_independent_replicas_keep_most_of_the_hit_rate() {
+    let reqs = generate(Shape::SharedPrompt, 1200, 80.0, 7);
+    let one = simulate(Policy::Picker, &small(), &reqs);
+    let three = simulate(
+        Policy::Picker,
+        &Setup {
+            replicas: 3,
+            ..small()
+        },
+        &reqs,
+    );
+    let rr = simulate(Policy::RoundRobin, &small(), &reqs);
+    assert!(
+        three.hit_rate >= 0.75 * one.hit_rate,
+        "3: {three:?} 1: {one:?}"
+    );
+    assert!(
+        three.hit_rate >= 1.5 * rr.hit_rate,
+        "3: {three:?} rr: {rr:?}"
+    );
+}
+
+#[test]
+fn unique_prompts_spread_evenly() {
+    let reqs = generate(Shape::Unique, 1200, 90.0, 7);
+    let pk = simulate(Policy::Picker, &small(), &reqs);
+    let ll = simulate(Policy::LeastLoaded, &small(), &reqs);
+    assert_eq!(pk.hit_rate, 0.0);
+    assert!(pk.imbalance <= 1.3, "{pk:?}");
+    assert!(
+        pk.ttft_mean_ms <= 2.0 * ll.ttft_mean_ms,
+        "picker {pk:?} ll {ll:?}"
+    );
+}
+
+#[test]
+fn the_simulation_is_deterministic() {
+    let reqs = generate(Shape::Agent, 300, 30.0, 11);
+    let a = simulate(Policy::Picker, &small(), &reqs);
+    let b = simulate(
+        Policy::Picker,
+        &small(),
+        &generate(Shape::Agent, 300, 30.0, 11),
+    );
+    assert_eq!(a, b);
+}

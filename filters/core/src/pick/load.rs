@@ -1,0 +1,253 @@
+//! Work in flight per pod, and the engine's own gauges.
+//!
+//! In-flight work is counted by tickets: picking a pod returns a [`Ticket`] that is not `Clone`
+//! and is consumed by release, so one request releases once. A filter keeps the ticket in its
+//! stream context and releases it in its last callback (which the host calls on completion,
+//! reset and client abort alike). If a release is still lost (a worker restarts with the
+//! counters in shared data), the count expires anyway: every acquisition lands in a time bucket,
+//! and buckets older than the lease stop counting. So a leak is bounded by the lease, not
+//! permanent.
+
+/// Buckets in the lease ring.
+pub const BUCKETS: usize = 8;
+
+/// Default lease: longer than any sane request (the default stream idle guard is 5 minutes).
+pub const DEFAULT_LEASE_NS: u64 = 15 * 60 * 1_000_000_000;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bucket {
+    pub epoch: u64,
+    pub requests: u32,
+    /// Uncached prompt bytes still to prefill (as predicted when the pod was picked).
+    pub work: u64,
+}
+
+/// What the engine says about itself (vLLM's gauges), and when it was read.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineMetrics {
+    pub waiting: f64,
+    pub running: f64,
+    /// KV-cache usage, 0..1.
+    pub kv_usage: f64,
+    pub at_ns: u64,
+}
+
+/// One pod's load.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodLoad {
+    pub buckets: [Bucket; BUCKETS],
+    pub metrics: Option<EngineMetrics>,
+}
+
+/// Proof that a request holds load on a pod. Release it exactly once
+/// ([`crate::pick::Picker::release`]); it carries what the release needs to check the
+/// prefix table's prediction.
+#[must_use = "a ticket must be released when the request ends"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Ticket {
+    pub(crate) pod: u16,
+    pub(crate) epoch: u64,
+    pub(crate) work: u64,
+    /// The prompt's size, for the `cached_tokens` correction.
+    pub(crate) prompt_bytes: usize,
+    /// Blocks the table predicted cached on this pod.
+    pub(crate) predicted: usize,
+}
+
+impl Ticket {
+    pub fn pod(&self) -> usize {
+        self.pod as usize
+    }
+    /// Prompt bytes the pick expected the pod to prefill.
+    pub fn predicted_uncached_bytes(&self) -> u64 {
+        self.work
+    }
+}
+
+impl PodLoad {
+    fn live(&self, now_epoch: u64) -> impl Iterator<Item = &Bucket> {
+        self.buckets
+            .iter()
+            .filter(move |b| b.epoch <= now_epoch && now_epoch - b.epoch < BUCKETS as u64)
+    }
+
+    /// Requests in flight on this pod that this state knows of.
+    pub fn requests(&self, now_epoch: u64) -> u32 {
+        self.live(now_epoch)
+            .fold(0u32, |a, b| a.saturating_add(b.requests))
+    }
+
+    /// Uncached prompt bytes in flight.
+    pub fn work(&self, now_epoch: u64) -> u64 {
+        self.live(now_epoch)
+            .fold(0u64, |a, b| a.saturating_add(b.work))
+    }
+
+    pub(crate) fn acquire(&mut self, epoch: u64, work: u64) {
+        let b = &mut self.buckets[(epoch % BUCKETS as u64) as usize];
+        if b.epoch != epoch {
+            *b = Bucket {
+                epoch,
+                requests: 0,
+                work: 0,
+            };
+        }
+        b.requests = b.requests.saturating_add(1);
+        b.work = b.work.saturating_add(work);
+    }
+
+    pub(crate) fn release(&mut self, epoch: u64, work: u64) {
+        let b = &mut self.buckets[(epoch % BUCKETS as u64) as usize];
+        // A bucket reused for a later epoch no longer holds this ticket's count.
+        if b.epoch == epoch {
+            b.requests = b.requests.saturating_sub(1);
+            b.work = b.work.saturating_sub(work);
+        }
+    }
+
+    /// The engine's gauges if read within `max_age_ns` of `now`.
+    pub fn fresh_metrics(&self, now: u64, max_age_ns: u64) -> Option<EngineMetrics> {
+        self.metrics
+            .filter(|m| m.at_ns <= now && now - m.at_ns <= max_age_ns)
+    }
+}
+
+/// Most bytes of a metrics page read: vLLM's page is tens of KiB; a bigger body is cut, and the
+/// gauges come first in practice.
+pub const MAX_METRICS_BYTES: usize = 1 << 20;
+
+/// Reads vLLM's gauges from its Prometheus text page: `vllm:num_requests_waiting`,
+/// `vllm:num_requests_running`, and `vllm:gpu_cache_usage_perc` (or its newer name
+/// `vllm:kv_cache_usage_perc`). Series with several label sets (one per model) are summed,
+/// the usage is the largest. `None` when neither request gauge is present (not a vLLM page).
+pub fn parse_vllm_metrics(text: &[u8], at_ns: u64) -> Option<EngineMetrics> {
+    let text = &text[..text.len().min(MAX_METRICS_BYTES)];
+    let mut m = EngineMetrics {
+        at_ns,
+        ..EngineMetrics::default()
+    };
+    let mut seen = false;
+    for line in text.split(|&b| b == b'\n') {
+        if line.first() == Some(&b'#') {
+            continue;
+        }
+        let name_end = line
+            .iter()
+            .position(|&b| b == b'{' || b == b' ' || b == b'\t')
+            .unwrap_or(line.len());
+        let name = &line[..name_end];
+        let which = match name {
+            b"vllm:num_requests_waiting" => 0,
+            b"vllm:num_requests_running" => 1,
+            b"vllm:gpu_cache_usage_perc" | b"vllm:kv_cache_usage_perc" => 2,
+            _ => continue,
+        };
+        let Some(v) = sample_value(&line[name_end..]) else {
+            continue;
+        };
+        match which {
+            0 => {
+                m.waiting += v;
+                seen = true;
+            }
+            1 => {
+                m.running += v;
+                seen = true;
+            }
+            _ => m.kv_usage = m.kv_usage.max(v.min(1.0)),
+        }
+    }
+    seen.then_some(m)
+}
+
+/// The value of a sample line after its name: skip `{labels}` (quoted values may hold braces),
+/// then the first number. Negative, NaN and infinite values are not load.
+fn sample_value(rest: &[u8]) -> Option<f64> {
+    let mut i = 0;
+    if rest.first() == Some(&b'{') {
+        let mut quoted = false;
+        let mut escaped = false;
+        i = 1;
+        loop {
+            let c = *rest.get(i)?;
+            i += 1;
+            if escaped {
+                escaped = false;
+            } else if quoted && c == b'\\' {
+                escaped = true;
+            } else if c == b'"' {
+                quoted = !quoted;
+            } else if c == b'}' && !quoted {
+                break;
+            }
+        }
+    }
+    let s = std::str::from_utf8(&rest[i..]).ok()?;
+    let v: f64 = s.split_whitespace().next()?.parse().ok()?;
+    (v.is_finite() && v >= 0.0).then_some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases_undo_acquisitions_and_leaks_expire() {
+        let mut l = PodLoad::default();
+        l.acquire(10, 500);
+        l.acquire(10, 100);
+        l.acquire(11, 50);
+        assert_eq!((l.requests(11), l.work(11)), (3, 650));
+        l.release(10, 100);
+        assert_eq!((l.requests(11), l.work(11)), (2, 550));
+        // Never released: gone once its bucket leaves the lease.
+        assert_eq!(l.requests(10 + BUCKETS as u64 - 1), 2);
+        assert_eq!(l.requests(10 + BUCKETS as u64), 1);
+        assert_eq!(l.requests(11 + BUCKETS as u64), 0);
+        // A release after the bucket was reused for a later epoch changes nothing.
+        l.acquire(19, 7);
+        l.release(11, 50);
+        assert_eq!((l.requests(19), l.work(19)), (1, 7));
+        // Over-release saturates.
+        l.release(19, 7);
+        l.release(19, 7);
+        assert_eq!((l.requests(19), l.work(19)), (0, 0));
+    }
+
+    #[test]
+    fn parses_vllm_gauges() {
+        let page = b"# HELP vllm:num_requests_running Number of requests running.\n\
+# TYPE vllm:num_requests_running gauge\n\
+vllm:num_requests_running{engine=\"0\",model_name=\"qwen\"} 3.0\n\
+vllm:num_requests_running{engine=\"1\",model_name=\"we}ird \\\"x\"} 1\n\
+vllm:num_requests_waiting{model_name=\"qwen\"} 2\n\
+vllm:gpu_cache_usage_perc{model_name=\"qwen\"} 0.42\n\
+vllm:num_requests_waiting_total 99\n\
+vllm:prompt_tokens_total 12345\n";
+        let m = parse_vllm_metrics(page, 5).unwrap();
+        assert_eq!(
+            (m.running, m.waiting, m.kv_usage, m.at_ns),
+            (4.0, 2.0, 0.42, 5)
+        );
+        let newer =
+            b"vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc{a=\"b\"} 0.9 1700000000\n";
+        let m = parse_vllm_metrics(newer, 0).unwrap();
+        assert_eq!((m.waiting, m.kv_usage), (0.0, 0.9));
+        assert_eq!(parse_vllm_metrics(b"up 1\n", 0), None);
+        assert_eq!(parse_vllm_metrics(b"", 0), None);
+        let bad = b"vllm:num_requests_waiting{x=\"unterminated 5\nvllm:num_requests_running NaN\nvllm:num_requests_running -3\nvllm:num_requests_running 2\n";
+        let m = parse_vllm_metrics(bad, 0).unwrap();
+        assert_eq!((m.waiting, m.running), (0.0, 2.0));
+    }
+
+    #[test]
+    fn metrics_go_stale() {
+        let l = PodLoad {
+            metrics: parse_vllm_metrics(b"vllm:num_requests_waiting 4\n", 1_000),
+            ..PodLoad::default()
+        };
+        assert!(l.fresh_metrics(1_500, 600).is_some());
+        assert!(l.fresh_metrics(1_700, 600).is_none());
+        assert!(l.fresh_metrics(999, 600).is_none(), "from the future");
+    }
+}

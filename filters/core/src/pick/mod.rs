@@ -1,0 +1,508 @@
+//! Picking the pod of a `resolution: endpoint` backend inside the gateway: prefix (KV-cache)
+//! affinity traded against load, sessions, quarantine. See docs/endpoint-picking.md.
+//!
+//! Everything here is plain state and arithmetic on caller-supplied time (host clock, ns), so the
+//! same code runs in the filter, in native tests and in the simulation (`bench/picksim`). Pods
+//! are indices into the configured list: a pick can only ever name a configured pod.
+//!
+//! The cost of sending a request to pod `p` is the prefill work the request would wait for
+//! there: the uncached prompt bytes already in flight on `p`, a fixed cost per request running
+//! or queued (their decode share), plus this request's own uncached bytes (its prompt minus the
+//! longest prefix `p` was sent). The cheapest pod wins, except that every pod within
+//! `spread_bytes` of the cheapest and holding at least its prefix is a candidate, and the
+//! candidates are ranked by rendezvous hashing on the first block nobody is known to hold. So a prefix no pod holds goes to the
+//! same pod from every gateway replica (bounded by load), and a prefix held somewhere goes
+//! there unless that pod is loaded by more than the prefix saves.
+
+pub mod blocks;
+pub mod codec;
+pub mod load;
+pub mod session;
+pub mod table;
+
+pub use blocks::{hash_prompt, prompt_parts, Prompt};
+pub use load::{parse_vllm_metrics, EngineMetrics, PodLoad, Ticket};
+pub use session::{session_key, Sessions};
+pub use table::BlockTable;
+
+use crate::quarantine::Quarantine;
+use blocks::{fnv64, mix};
+
+/// The table bound never shrinks below this many blocks, so predictions (and with them the
+/// confirmations that grow it back) keep happening.
+const MIN_LIMIT: usize = 64;
+
+/// Most pods per backend: pod indices are `u16` in tickets, tables and sessions.
+pub const MAX_PODS: usize = 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    RoundRobin,
+    LoadAware,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefixAffinity {
+    pub block_bytes: usize,
+    pub max_blocks_per_endpoint: usize,
+}
+
+impl Default for PrefixAffinity {
+    fn default() -> Self {
+        PrefixAffinity {
+            block_bytes: 1024,
+            max_blocks_per_endpoint: 16_384,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionAffinity {
+    /// Header names in priority order.
+    pub headers: Vec<String>,
+    pub idle_ns: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub mode: Mode,
+    /// Ignored with RoundRobin (the generator warns PrefixAffinityIgnored).
+    pub prefix: Option<PrefixAffinity>,
+    /// Ignored with RoundRobin (the generator warns SessionAffinityIgnored).
+    pub session: Option<SessionAffinity>,
+    pub quarantine_ns: u64,
+    /// In-flight counts older than this stop counting (a lost release cannot leak for ever).
+    pub lease_ns: u64,
+    /// Work one more request in flight or queued costs a pod, in prompt bytes (its decode share).
+    pub request_cost_bytes: u64,
+    /// Load differences below this are treated as equal, so replicas with slightly different
+    /// views still rank the same pod first.
+    pub spread_bytes: u64,
+    /// A prompt no pod holds is placed by consistent hashing among the pods loaded at most this
+    /// percentage of the mean load (plus one request).
+    pub unseen_load_percent: u64,
+    /// Engine gauges older than this are ignored.
+    pub metrics_max_age_ns: u64,
+    /// Seeds the block chain (one per backend).
+    pub seed: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mode: Mode::LoadAware,
+            prefix: Some(PrefixAffinity::default()),
+            session: None,
+            quarantine_ns: 15_000_000_000,
+            lease_ns: load::DEFAULT_LEASE_NS,
+            request_cost_bytes: 1024,
+            spread_bytes: 4096,
+            unseen_load_percent: 110,
+            metrics_max_age_ns: 5_000_000_000,
+            seed: 0,
+        }
+    }
+}
+
+/// What the picker needs to know about one request.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    pub prompt: &'a Prompt,
+    /// [`session_key`] of the request's headers, if it has one.
+    pub session: Option<u64>,
+    /// A pod not to use (the one a retry failed on).
+    pub avoid: Option<usize>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Choice {
+    Pod(Ticket),
+    /// Every configured pod is quarantined (or avoided): the caller falls back per the routing
+    /// rules, never to an address of its own.
+    NoEligiblePod,
+}
+
+/// How a request ended, for [`Picker::release`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A response came back. The engine's `usage.prompt_tokens` and
+    /// `usage.prompt_tokens_details.cached_tokens`, when it reports them, correct the table.
+    Done {
+        prompt_tokens: Option<u64>,
+        cached_tokens: Option<u64>,
+    },
+    /// A 5xx or a connection failure: two in a row quarantine the pod.
+    Failed,
+    /// The stream went silent past streamIdleTimeout: quarantined at once.
+    StreamIdle,
+    /// The client went away: says nothing about the pod.
+    Aborted,
+}
+
+#[derive(Clone, Debug)]
+struct Pod {
+    addr: String,
+    id: u64,
+}
+
+/// One backend's picking state.
+#[derive(Clone, Debug)]
+pub struct Picker {
+    cfg: Config,
+    pods: Vec<Pod>,
+    pub(crate) tables: Vec<BlockTable>,
+    pub(crate) loads: Vec<PodLoad>,
+    pub(crate) sessions: Sessions,
+    pub(crate) quarantine: Quarantine,
+    fails: Vec<u8>,
+    cursor: u64,
+}
+
+impl Picker {
+    /// A picker over the configured pods (`ip:port`), at most [`MAX_PODS`] of them.
+    pub fn new(cfg: Config, pods: &[String]) -> Self {
+        let pods: Vec<Pod> = pods
+            .iter()
+            .take(MAX_PODS)
+            .map(|a| Pod {
+                addr: a.clone(),
+                id: fnv64(a.as_bytes()),
+            })
+            .collect();
+        let n = pods.len();
+        let cap = cfg
+            .prefix
+            .as_ref()
+            .filter(|_| cfg.mode == Mode::LoadAware)
+            .map_or(1, |p| p.max_blocks_per_endpoint);
+        Picker {
+            tables: (0..n).map(|_| BlockTable::new(cap)).collect(),
+            loads: vec![PodLoad::default(); n],
+            sessions: Sessions::new(session::MAX_SESSIONS),
+            quarantine: Quarantine::new(n),
+            fails: vec![0; n],
+            cursor: 0,
+            pods,
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+    pub fn pods(&self) -> usize {
+        self.pods.len()
+    }
+    /// The configured address of pod `i`.
+    pub fn address(&self, i: usize) -> Option<&str> {
+        self.pods.get(i).map(|p| p.addr.as_str())
+    }
+    pub fn table(&self, i: usize) -> Option<&BlockTable> {
+        self.tables.get(i)
+    }
+    pub fn load(&self, i: usize) -> Option<&PodLoad> {
+        self.loads.get(i)
+    }
+
+    /// Block size in force, when prefix affinity is.
+    pub fn block_bytes(&self) -> Option<usize> {
+        self.prefix().map(|p| {
+            p.block_bytes
+                .clamp(blocks::MIN_BLOCK_BYTES, blocks::MAX_BLOCK_BYTES)
+        })
+    }
+
+    fn prefix(&self) -> Option<&PrefixAffinity> {
+        self.cfg
+            .prefix
+            .as_ref()
+            .filter(|_| self.cfg.mode == Mode::LoadAware)
+    }
+
+    fn epoch(&self, now: u64) -> u64 {
+        now / (self.cfg.lease_ns / (load::BUCKETS as u64 - 1)).max(1)
+    }
+
+    /// Records the engine's gauges for pod `i`.
+    pub fn set_metrics(&mut self, i: usize, m: EngineMetrics) {
+        if let Some(l) = self.loads.get_mut(i) {
+            l.metrics = Some(m);
+        }
+    }
+
+    /// Pod `i`'s load in prompt bytes: uncached bytes in flight plus a request cost for each
+    /// request running or queued there (the engine's own count when its gauges are fresh: it
+    /// also sees other replicas' requests).
+    pub fn load_bytes(&self, i: usize, now: u64) -> u64 {
+        let Some(l) = self.loads.get(i) else {
+            return u64::MAX;
+        };
+        let e = self.epoch(now);
+        let own = l.requests(e) as u64;
+        let engine = l
+            .fresh_metrics(now, self.cfg.metrics_max_age_ns)
+            .map_or(0, |m| (m.running + m.waiting).min(1e9) as u64);
+        l.work(e)
+            .saturating_add(own.max(engine).saturating_mul(self.cfg.request_cost_bytes))
+    }
+
+    fn queuing(&self, i: usize, now: u64) -> bool {
+        let l = &self.loads[i];
+        match l.fresh_metrics(now, self.cfg.metrics_max_age_ns) {
+            Some(m) => m.waiting >= 1.0,
+            None => l.requests(self.epoch(now)) >= 2,
+        }
+    }
+
+    fn eligible(&self, i: usize, now: u64, avoid: Option<usize>) -> bool {
+        Some(i) != avoid && !self.quarantine.is_quarantined(i, now)
+    }
+
+    /// Picks a pod for `req` and charges it; the ticket must go back to [`Picker::release`].
+    pub fn pick(&mut self, req: &Request<'_>, now: u64) -> Choice {
+        let n = self.pods.len();
+        if !(0..n).any(|i| self.eligible(i, now, req.avoid)) {
+            return Choice::NoEligiblePod;
+        }
+        let prompt_bytes = req.prompt.bytes as u64;
+        if self.cfg.mode == Mode::RoundRobin {
+            for _ in 0..n {
+                let i = (self.cursor % n as u64) as usize;
+                self.cursor = self.cursor.wrapping_add(1);
+                if self.eligible(i, now, req.avoid) {
+                    return Choice::Pod(self.charge(i, prompt_bytes, 0, req.prompt, now));
+                }
+            }
+            return Choice::NoEligiblePod;
+        }
+        let block = self.block_bytes().unwrap_or(0) as u64;
+        let blocks: &[u64] = if block > 0 { &req.prompt.blocks } else { &[] };
+        let matched: Vec<usize> = (0..n)
+            .map(|i| self.tables[i].matched_prefix(blocks))
+            .collect();
+        let cost = |p: &Picker, i: usize| {
+            let cached = (matched[i] as u64 * block).min(prompt_bytes);
+            p.load_bytes(i, now).saturating_add(prompt_bytes - cached)
+        };
+
+        // A live session stays on its pod unless that pod is queuing and clearly busier.
+        let idle = self.cfg.session.as_ref().map(|s| s.idle_ns);
+        let key = req.session.filter(|_| idle.is_some());
+        if let (Some(k), Some(idle)) = (key, idle) {
+            if let Some(b) = self.sessions.get(k, now, idle).map(usize::from) {
+                if b < n && self.eligible(b, now, req.avoid) {
+                    let least = (0..n)
+                        .filter(|&i| i != b && self.eligible(i, now, req.avoid))
+                        .map(|i| self.load_bytes(i, now))
+                        .min();
+                    let busier = least.is_some_and(|m| {
+                        self.load_bytes(b, now)
+                            > m.saturating_mul(2)
+                                .saturating_add(self.cfg.request_cost_bytes)
+                    });
+                    if !(busier && self.queuing(b, now)) {
+                        return Choice::Pod(self.charge_at(b, &matched, block, req, k, now));
+                    }
+                }
+            }
+        }
+
+        let costs: Vec<u64> = (0..n)
+            .map(|i| {
+                if self.eligible(i, now, req.avoid) {
+                    cost(self, i)
+                } else {
+                    u64::MAX
+                }
+            })
+            .collect();
+        let best = costs.iter().copied().min().unwrap_or(u64::MAX);
+        let spread = if block > 0 { self.cfg.spread_bytes } else { 0 };
+        let known = matched.iter().copied().max().unwrap_or(0);
+        let best_match = (0..n)
+            .filter(|&i| costs[i] == best)
+            .map(|i| matched[i])
+            .max()
+            .unwrap_or(0);
+        // Rank the near-cheapest by rendezvous on the first block the cheapest pod does not
+        // hold: a prefix spilled off its loaded pod then spills to the same pod from every
+        // replica. With no whole block, a rotating counter (nothing to be consistent about). A
+        // session ranks by its own key, so every replica starts it on the same pod.
+        let rank_key = match (key, blocks.get(best_match).or(blocks.last())) {
+            (Some(k), _) => k,
+            (None, Some(&h)) => h,
+            (None, None) => {
+                self.cursor = self.cursor.wrapping_add(1);
+                mix(self.cursor)
+            }
+        };
+        let mut chosen = None;
+        let mut top = 0u64;
+        // A prompt no pod holds a block of: consistent hashing with bounded load, every pod
+        // not loaded past `unseen_load_percent` of the mean a candidate. The bound is loose on
+        // purpose: replicas see different loads, and only a loose bound lets them agree.
+        let unseen = block > 0 && known == 0 && !blocks.is_empty();
+        let bound = if unseen {
+            let live: Vec<u64> = (0..n)
+                .filter(|&i| costs[i] != u64::MAX)
+                .map(|i| self.load_bytes(i, now))
+                .collect();
+            let mean = live.iter().sum::<u64>() / live.len().max(1) as u64;
+            Some(
+                (mean as u128 * self.cfg.unseen_load_percent as u128 / 100) as u64
+                    + self.cfg.request_cost_bytes,
+            )
+        } else {
+            None
+        };
+        for (i, &c) in costs.iter().enumerate() {
+            if c == u64::MAX {
+                continue;
+            }
+            let candidate = match bound {
+                Some(b) => self.load_bytes(i, now) <= b,
+                // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding
+                // less is never picked over it for the sake of consistency.
+                None => c <= best.saturating_add(spread) && matched[i] >= best_match,
+            };
+            if !candidate {
+                continue;
+            }
+            let w = mix(rank_key ^ self.pods[i].id);
+            if chosen.is_none() || w > top {
+                chosen = Some(i);
+                top = w;
+            }
+        }
+        let Some(i) = chosen else {
+            return Choice::NoEligiblePod;
+        };
+        match key {
+            Some(k) => Choice::Pod(self.charge_at(i, &matched, block, req, k, now)),
+            None => {
+                let cached = (matched[i] as u64 * block).min(prompt_bytes);
+                Choice::Pod(self.charge(i, prompt_bytes - cached, matched[i], req.prompt, now))
+            }
+        }
+    }
+
+    fn charge_at(
+        &mut self,
+        i: usize,
+        matched: &[usize],
+        block: u64,
+        req: &Request<'_>,
+        key: u64,
+        now: u64,
+    ) -> Ticket {
+        self.sessions.bind(key, i as u16, now);
+        let bytes = req.prompt.bytes as u64;
+        let cached = (matched[i] as u64 * block).min(bytes);
+        self.charge(i, bytes - cached, matched[i], req.prompt, now)
+    }
+
+    fn charge(
+        &mut self,
+        i: usize,
+        work: u64,
+        predicted: usize,
+        prompt: &Prompt,
+        now: u64,
+    ) -> Ticket {
+        let epoch = self.epoch(now);
+        self.loads[i].acquire(epoch, work);
+        if self.prefix().is_some() {
+            // Recorded now, not when the response ends: a burst of one new prompt then finds
+            // it on the first pod instead of missing everywhere.
+            self.tables[i].record(&prompt.blocks);
+        }
+        Ticket {
+            pod: i as u16,
+            epoch,
+            work,
+            prompt_bytes: prompt.bytes,
+            predicted,
+        }
+    }
+
+    /// Ends a request: releases its load, counts failures towards quarantine, and checks the
+    /// table's prediction against what the engine reports cached.
+    pub fn release(&mut self, t: Ticket, outcome: Outcome, now: u64) {
+        let i = t.pod as usize;
+        let (Some(l), Some(fails)) = (self.loads.get_mut(i), self.fails.get_mut(i)) else {
+            return;
+        };
+        l.release(t.epoch, t.work);
+        match outcome {
+            Outcome::Done {
+                prompt_tokens,
+                cached_tokens,
+            } => {
+                *fails = 0;
+                if let (Some(p), Some(c), Some(block)) =
+                    (prompt_tokens, cached_tokens, self.block_bytes())
+                {
+                    self.correct(i, &t, p, c, block);
+                }
+            }
+            Outcome::Failed => {
+                *fails = fails.saturating_add(1);
+                if *fails >= 2 {
+                    self.quarantine_pod(i, now);
+                }
+            }
+            Outcome::StreamIdle => self.quarantine_pod(i, now),
+            Outcome::Aborted => {}
+        }
+    }
+
+    fn quarantine_pod(&mut self, i: usize, now: u64) {
+        self.quarantine
+            .mark(i, now.saturating_add(self.cfg.quarantine_ns));
+        self.fails[i] = 0;
+        // A pod that failed may come back restarted, with an empty cache.
+        self.tables[i].clear();
+    }
+
+    /// The engine caches fewer blocks than the table remembers when its KV cache is smaller
+    /// than `maxBlocksPerEndpoint` covers. A prediction the engine contradicts shrinks the
+    /// table's bound by a quarter; a confirmed one grows it back by the blocks confirmed.
+    fn correct(
+        &mut self,
+        i: usize,
+        t: &Ticket,
+        prompt_tokens: u64,
+        cached_tokens: u64,
+        block: usize,
+    ) {
+        if t.predicted == 0 || prompt_tokens == 0 {
+            return;
+        }
+        let cached_bytes = (cached_tokens.min(prompt_tokens) as u128 * t.prompt_bytes as u128
+            / prompt_tokens as u128) as usize;
+        let cached_blocks = cached_bytes / block;
+        let table = &mut self.tables[i];
+        // One block of slack: tokens and bytes do not line up exactly.
+        if cached_blocks + 1 < t.predicted {
+            let limit = table.limit();
+            table.set_limit((limit - limit / 4).max(MIN_LIMIT));
+        } else {
+            let limit = table.limit();
+            table.set_limit(limit.saturating_add(t.predicted));
+        }
+    }
+
+    /// Forgets sessions idle past the configured timeout (call now and then, e.g. on a timer).
+    pub fn expire_sessions(&mut self, now: u64) {
+        if let Some(s) = &self.cfg.session {
+            self.sessions.expire(now, s.idle_ns);
+        }
+    }
+
+    pub fn is_quarantined(&self, i: usize, now: u64) -> bool {
+        self.quarantine.is_quarantined(i, now)
+    }
+}
+
+#[cfg(test)]
+mod tests;

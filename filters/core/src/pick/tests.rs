@@ -1,0 +1,447 @@
+use super::*;
+
+const S: u64 = 1_000_000_000;
+
+fn pods(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("10.0.0.{}:8000", i + 1)).collect()
+}
+
+fn prompt(text: &str, block: usize) -> Prompt {
+    let mut p = Prompt::default();
+    hash_prompt(&[text.as_bytes()], block, 0, &mut p);
+    p
+}
+
+fn req(p: &Prompt) -> Request<'_> {
+    Request {
+        prompt: p,
+        session: None,
+        avoid: None,
+    }
+}
+
+fn pod(c: Choice) -> Ticket {
+    match c {
+        Choice::Pod(t) => t,
+        Choice::NoEligiblePod => panic!("no eligible pod"),
+    }
+}
+
+fn done() -> Outcome {
+    Outcome::Done {
+        prompt_tokens: None,
+        cached_tokens: None,
+    }
+}
+
+fn cfg() -> Config {
+    Config {
+        prefix: Some(PrefixAffinity {
+            block_bytes: 256,
+            max_blocks_per_endpoint: 1024,
+        }),
+        ..Config::default()
+    }
+}
+
+fn text(tag: &str, bytes: usize) -> String {
+    let mut s = String::new();
+    let mut i = 0;
+    while s.len() < bytes {
+        s.push_str(&format!("{tag} word {i}; "));
+        i += 1;
+    }
+    s
+}
+
+#[test]
+fn round_robin_cycles_and_ignores_affinity() {
+    let c = Config {
+        mode: Mode::RoundRobin,
+        session: Some(SessionAffinity {
+            headers: vec!["x-session".into()],
+            idle_ns: 60 * S,
+        }),
+        ..cfg()
+    };
+    let mut p = Picker::new(c, &pods(3));
+    let pr = prompt(&text("a", 2000), 256);
+    let r = Request {
+        session: Some(5),
+        ..req(&pr)
+    };
+    let got: Vec<usize> = (0..6)
+        .map(|_| {
+            let t = pod(p.pick(&r, 0));
+            let i = t.pod();
+            p.release(t, done(), 0);
+            i
+        })
+        .collect();
+    assert_eq!(got, vec![0, 1, 2, 0, 1, 2]);
+    assert!(p.table(0).unwrap().is_empty(), "nothing remembered");
+    assert!(p.table(0).unwrap().heap_bytes() <= 64, "no table memory");
+}
+
+#[test]
+fn least_loaded_without_prefix_affinity() {
+    let c = Config {
+        prefix: None,
+        ..cfg()
+    };
+    let mut p = Picker::new(c, &pods(3));
+    let pr = prompt(&text("a", 2000), 256);
+    let t0 = pod(p.pick(&req(&pr), 0));
+    let t1 = pod(p.pick(&req(&pr), 0));
+    let t2 = pod(p.pick(&req(&pr), 0));
+    let mut seen = vec![t0.pod(), t1.pod(), t2.pod()];
+    seen.sort();
+    assert_eq!(seen, vec![0, 1, 2], "each pod once");
+    let freed = t1.pod();
+    p.release(t1, done(), 0);
+    let t = pod(p.pick(&req(&pr), 0));
+    assert_eq!(t.pod(), freed);
+    for t in [t0, t2, t] {
+        p.release(t, done(), 0);
+    }
+    assert!((0..3).all(|i| p.load_bytes(i, 0) == 0), "no leak");
+}
+
+#[test]
+fn a_prompt_returns_to_the_pod_holding_its_prefix() {
+    let mut p = Picker::new(cfg(), &pods(4));
+    let system = text("tenant-a system prompt", 8000);
+    let first = prompt(&format!("{system} question one"), 256);
+    let t = pod(p.pick(&req(&first), 0));
+    let home = t.pod();
+    p.release(t, done(), 0);
+    for q in 0..10 {
+        let pr = prompt(&format!("{system} another question {q}"), 256);
+        let t = pod(p.pick(&req(&pr), S));
+        assert_eq!(t.pod(), home, "question {q}");
+        assert!(t.predicted_uncached_bytes() < 512);
+        p.release(t, done(), S);
+    }
+}
+
+#[test]
+fn a_warm_pod_loses_to_an_idle_one_when_its_queue_outweighs_the_prefix() {
+    let c = Config {
+        request_cost_bytes: 1000,
+        spread_bytes: 0,
+        ..cfg()
+    };
+    let mut p = Picker::new(c, &pods(2));
+    let system = text("sys", 2000);
+    let t = pod(p.pick(&req(&prompt(&system, 256)), 0));
+    let home = t.pod();
+    p.release(t, done(), 0);
+    // Load the warm pod with unrelated work: far more than the 2 KB it would save.
+    let mut held = Vec::new();
+    for k in 0..3 {
+        let big = prompt(&text(&format!("other {k}"), 6000), 256);
+        let only_home = Request {
+            avoid: Some(1 - home),
+            ..req(&big)
+        };
+        held.push(pod(p.pick(&only_home, 0)));
+    }
+    assert!(held.iter().all(|t| t.pod() == home));
+    let t = pod(p.pick(&req(&prompt(&format!("{system} q"), 256)), 0));
+    assert_ne!(t.pod(), home);
+    p.release(t, done(), 0);
+    // Unloaded again, the warm pod wins.
+    for t in held {
+        p.release(t, done(), 0);
+    }
+    let t = pod(p.pick(&req(&prompt(&format!("{system} q2"), 256)), 0));
+    assert_eq!(t.pod(), home);
+    p.release(t, done(), 0);
+}
+
+#[test]
+fn unseen_prefixes_are_placed_alike_by_independent_replicas() {
+    let mut a = Picker::new(cfg(), &pods(8));
+    // Another replica, configured with the pods in another order.
+    let mut order = pods(8);
+    order.reverse();
+    let mut b = Picker::new(cfg(), &order);
+    let mut spread = [0usize; 8];
+    for k in 0..64 {
+        let pr = prompt(&text(&format!("tenant {k}"), 3000), 256);
+        let ta = pod(a.pick(&req(&pr), 0));
+        let tb = pod(b.pick(&req(&pr), 0));
+        assert_eq!(a.address(ta.pod()), b.address(tb.pod()), "tenant {k}");
+        spread[ta.pod()] += 1;
+        a.release(ta, done(), 0);
+        b.release(tb, done(), 0);
+    }
+    assert!(
+        spread.iter().all(|&n| n >= 2),
+        "rendezvous spreads: {spread:?}"
+    );
+}
+
+#[test]
+fn a_pick_is_always_a_configured_pod_and_none_left_says_so() {
+    let c = Config {
+        quarantine_ns: 10 * S,
+        ..cfg()
+    };
+    let mut p = Picker::new(c, &pods(2));
+    let pr = prompt("short", 256);
+    for _ in 0..2 {
+        for i in 0..2 {
+            let t = pod(p.pick(
+                &Request {
+                    avoid: Some(1 - i),
+                    ..req(&pr)
+                },
+                0,
+            ));
+            assert_eq!(t.pod(), i);
+            assert!(p.address(t.pod()).is_some());
+            p.release(t, Outcome::Failed, 0);
+        }
+    }
+    assert!(p.is_quarantined(0, S) && p.is_quarantined(1, S));
+    assert_eq!(p.pick(&req(&pr), S), Choice::NoEligiblePod);
+    // The deadline passes: eligible again.
+    assert!(matches!(p.pick(&req(&pr), 10 * S), Choice::Pod(_)));
+    let mut empty = Picker::new(cfg(), &[]);
+    assert_eq!(empty.pick(&req(&pr), 0), Choice::NoEligiblePod);
+}
+
+#[test]
+fn two_failures_in_a_row_quarantine_and_a_success_resets_the_count() {
+    let mut p = Picker::new(cfg(), &pods(2));
+    let pr = prompt("x", 256);
+    let on0 = |p: &mut Picker| {
+        pod(p.pick(
+            &Request {
+                avoid: Some(1),
+                ..req(&pr)
+            },
+            0,
+        ))
+    };
+    let t = on0(&mut p);
+    p.release(t, Outcome::Failed, 0);
+    let t = on0(&mut p);
+    p.release(t, done(), 0);
+    let t = on0(&mut p);
+    p.release(t, Outcome::Failed, 0);
+    assert!(!p.is_quarantined(0, 0), "failures were not in a row");
+    let t = on0(&mut p);
+    p.release(t, Outcome::Aborted, 0);
+    assert!(!p.is_quarantined(0, 0), "a client abort says nothing");
+    let t = on0(&mut p);
+    p.release(t, Outcome::Failed, 0);
+    assert!(p.is_quarantined(0, 0));
+    let t = pod(p.pick(&req(&pr), 0));
+    assert_eq!(t.pod(), 1);
+    p.release(t, Outcome::StreamIdle, 0);
+    assert!(
+        p.is_quarantined(1, 0),
+        "a silent stream quarantines at once"
+    );
+}
+
+fn sessions_cfg() -> Config {
+    Config {
+        prefix: None,
+        session: Some(SessionAffinity {
+            headers: vec!["x-session-id".into()],
+            idle_ns: 60 * S,
+        }),
+        request_cost_bytes: 1000,
+        ..cfg()
+    }
+}
+
+#[test]
+fn a_session_stays_moves_only_when_its_pod_queues_and_is_clearly_busier_then_stays() {
+    let mut p = Picker::new(sessions_cfg(), &pods(3));
+    let pr = prompt("hello", 256);
+    let s = Request {
+        session: Some(42),
+        ..req(&pr)
+    };
+    let other = req(&pr);
+    // Busy pods 0 and 1 a little: the new session goes to the least loaded (2).
+    let b0 = pod(p.pick(&other, 0));
+    let b1 = pod(p.pick(&other, 0));
+    let t = pod(p.pick(&s, 0));
+    let home = t.pod();
+    assert!(home != b0.pod() && home != b1.pod());
+    p.release(t, done(), 0);
+    p.release(b0, done(), 0);
+    p.release(b1, done(), 0);
+    // Load on the session's pod without queuing (gauges say nothing waits): it stays.
+    p.set_metrics(
+        home,
+        EngineMetrics {
+            waiting: 0.0,
+            running: 1.0,
+            kv_usage: 0.5,
+            at_ns: 0,
+        },
+    );
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(pod(p.pick(&Request { avoid: None, ..s }, 0)));
+    }
+    assert!(held.iter().all(|t| t.pod() == home));
+    p.set_metrics(
+        home,
+        EngineMetrics {
+            waiting: 0.0,
+            running: 4.0,
+            kv_usage: 0.5,
+            at_ns: S,
+        },
+    );
+    let t = pod(p.pick(&s, S));
+    assert_eq!(t.pod(), home, "busy but not queuing");
+    p.release(t, done(), S);
+    // Queuing and clearly busier: it moves.
+    p.set_metrics(
+        home,
+        EngineMetrics {
+            waiting: 3.0,
+            running: 4.0,
+            kv_usage: 0.9,
+            at_ns: S,
+        },
+    );
+    let t = pod(p.pick(&s, S));
+    let moved = t.pod();
+    assert_ne!(moved, home);
+    p.release(t, done(), S);
+    // And it stays where it moved, even once the old pod is idle again.
+    for t in held.drain(..) {
+        p.release(t, done(), S);
+    }
+    p.set_metrics(home, EngineMetrics::default());
+    let t = pod(p.pick(&s, 2 * S));
+    assert_eq!(t.pod(), moved);
+    p.release(t, done(), 2 * S);
+    // Idle past the timeout: placed by load again (and rebound).
+    let busy = pod(p.pick(
+        &Request {
+            avoid: Some(home),
+            ..other
+        },
+        70 * S,
+    ));
+    let t = pod(p.pick(&s, 100 * S));
+    assert_ne!(t.pod(), busy.pod());
+    p.release(t, done(), 100 * S);
+    p.release(busy, done(), 100 * S);
+}
+
+#[test]
+fn cached_tokens_correct_the_table_bound() {
+    let c = Config {
+        prefix: Some(PrefixAffinity {
+            block_bytes: 256,
+            max_blocks_per_endpoint: 4096,
+        }),
+        ..cfg()
+    };
+    let mut p = Picker::new(c, &pods(1));
+    let pr = prompt(&text("sys", 4096), 256);
+    let t = pod(p.pick(&req(&pr), 0));
+    p.release(t, done(), 0);
+    let t = pod(p.pick(&req(&pr), 0));
+    assert_eq!(t.predicted, 16);
+    // The engine had none of it: its cache is smaller than the table thinks.
+    p.release(
+        t,
+        Outcome::Done {
+            prompt_tokens: Some(1000),
+            cached_tokens: Some(0),
+        },
+        0,
+    );
+    assert_eq!(p.table(0).unwrap().limit(), 3072);
+    let t = pod(p.pick(&req(&pr), 0));
+    p.release(
+        t,
+        Outcome::Done {
+            prompt_tokens: Some(1000),
+            cached_tokens: Some(1000),
+        },
+        0,
+    );
+    assert_eq!(p.table(0).unwrap().limit(), 3072 + 16);
+    // Repeated contradictions stop at the floor.
+    for _ in 0..100 {
+        let t = pod(p.pick(&req(&pr), 0));
+        p.release(
+            t,
+            Outcome::Done {
+                prompt_tokens: Some(1000),
+                cached_tokens: Some(0),
+            },
+            0,
+        );
+    }
+    assert_eq!(p.table(0).unwrap().limit(), MIN_LIMIT);
+}
+
+#[test]
+fn lost_releases_stop_counting_after_the_lease() {
+    let c = Config {
+        lease_ns: 70 * S,
+        ..cfg()
+    };
+    let mut p = Picker::new(c, &pods(1));
+    let pr = prompt(&text("a", 1000), 256);
+    let t = pod(p.pick(&req(&pr), 0));
+    assert!(p.load_bytes(0, 0) > 0);
+    assert!(p.load_bytes(0, 69 * S) > 0);
+    assert_eq!(p.load_bytes(0, 81 * S), 0);
+    // Releasing late is harmless.
+    p.release(t, done(), 200 * S);
+    assert_eq!(p.load_bytes(0, 200 * S), 0);
+}
+
+#[test]
+fn a_new_session_starts_on_the_same_pod_from_every_replica() {
+    let c = Config {
+        session: Some(SessionAffinity {
+            headers: vec!["x-session-id".into()],
+            idle_ns: 60 * S,
+        }),
+        ..cfg()
+    };
+    let mut order = pods(6);
+    order.rotate_left(2);
+    let (mut a, mut b) = (Picker::new(c.clone(), &pods(6)), Picker::new(c, &order));
+    let mut used = std::collections::HashSet::new();
+    for k in 0..40u64 {
+        // Different first messages per replica would rank differently; the session key does not.
+        let pa = prompt(&text(&format!("replica a turn {k}"), 1500), 256);
+        let pb = prompt(&text(&format!("replica b turn {k}"), 1500), 256);
+        let ta = pod(a.pick(
+            &Request {
+                session: Some(k),
+                ..req(&pa)
+            },
+            0,
+        ));
+        let tb = pod(b.pick(
+            &Request {
+                session: Some(k),
+                ..req(&pb)
+            },
+            0,
+        ));
+        assert_eq!(a.address(ta.pod()), b.address(tb.pod()), "session {k}");
+        used.insert(ta.pod());
+        a.release(ta, done(), 0);
+        b.release(tb, done(), 0);
+    }
+    assert!(used.len() >= 4, "sessions spread: {used:?}");
+}

@@ -7,8 +7,9 @@
 
 mod common;
 use common::*;
-use llmkube_gen::envoy::{compile_envoy, EnvoyOptions, Format, UPSTREAM_WASM_FILE, WASM_FILE};
+use llmkube_gen::targets::envoy::{UPSTREAM_WASM_FILE, WASM_FILE};
 use llmkube_gen::Source;
+use llmkube_gen::{compile_envoy, EnvoyOptions, Format};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::Command;

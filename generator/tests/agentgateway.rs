@@ -309,6 +309,20 @@ fn one_route_per_route_key_in_attempt_order() {
     assert_eq!(cloud["policies"]["health"]["eviction"]["duration"], "20s");
 }
 
+/// The per-attempt timeout of each priority group's provider.
+fn group_timeouts(groups: &Value) -> Vec<&str> {
+    groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            g["providers"][0]["policies"]["http"]["requestTimeout"]
+                .as_str()
+                .unwrap()
+        })
+        .collect()
+}
+
 #[test]
 fn per_attempt_timeouts_are_per_provider() {
     let text = dataplane_docs(with_gateway(reference_example(None)));
@@ -324,17 +338,10 @@ fn per_attempt_timeouts_are_per_provider() {
                 .is_some_and(|g| g.len() == 2)
         })
         .unwrap();
-    let t: Vec<&str> = route["backends"][0]["ai"]["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| {
-            g["providers"][0]["policies"]["http"]["requestTimeout"]
-                .as_str()
-                .unwrap()
-        })
-        .collect();
-    assert_eq!(t, ["10s", "1m"]);
+    assert_eq!(
+        group_timeouts(&route["backends"][0]["ai"]["groups"]),
+        ["10s", "1m"]
+    );
     let docs = common::crds::documents(file(&out, "kubernetes.yaml"));
     let b = docs
         .iter()
@@ -343,17 +350,7 @@ fn per_attempt_timeouts_are_per_provider() {
                 && d["spec"]["ai"]["groups"].as_array().unwrap().len() == 2
         })
         .unwrap();
-    let t: Vec<&str> = b["spec"]["ai"]["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| {
-            g["providers"][0]["policies"]["http"]["requestTimeout"]
-                .as_str()
-                .unwrap()
-        })
-        .collect();
-    assert_eq!(t, ["10s", "1m"]);
+    assert_eq!(group_timeouts(&b["spec"]["ai"]["groups"]), ["10s", "1m"]);
 }
 
 #[test]

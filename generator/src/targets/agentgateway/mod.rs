@@ -181,6 +181,13 @@ impl TargetChecks for AgentgatewayOptions {
                 "is required for the agentgateway target: it names the Gateway the ext_proc policy and the routes attach to",
             ));
         }
+        if !self.listen.ip().is_unspecified() {
+            diags.warn(Problem::new(
+                "options",
+                "--listen",
+                format!("agentgateway v1.3.1 binds take only a port: it listens on port {} of every address, not only on {}", self.listen.port(), self.listen.ip()),
+            ));
+        }
         if self.image.is_empty() || self.image.contains(char::is_whitespace) {
             diags.error(Problem::new(
                 "options",
@@ -223,11 +230,7 @@ fn refusals(ir: &Ir, diags: &mut Diagnostics) {
         }
     }
     for (i, r) in ir.router.spec.rules.iter().enumerate() {
-        let plans: Vec<&RoutePlan> = ir
-            .routes
-            .iter()
-            .filter(|p| p.rule.as_deref() == Some(r.name.as_str()))
-            .collect();
+        let plans = ir.rule_plans(&r.name);
         if plans.iter().any(|p| !p.mirrors.is_empty()) {
             diags.error(Problem::new(
                 &ir.label,

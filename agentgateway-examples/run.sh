@@ -35,17 +35,27 @@ for _ in $(seq 100); do
   curl -s -o /dev/null http://127.0.0.1:14000/ && break
   sleep 0.2
 done
-ask() { # model, extra curl args...
-  local model=$1; shift
+fail=0
+ask() { # expected substring, model, extra curl args...
+  local want=$1 model=$2; shift 2
   local out
   out=$(curl -s -w ' HTTP %{http_code}' http://127.0.0.1:14000/v1/chat/completions \
     -H 'content-type: application/json' "$@" \
     -d "{\"model\":\"$model\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}")
-  printf '%-40s %s\n' "model=$model $*" "$out"
+  printf '%-70s %s\n' "model=$model $*" "$out"
+  case "$out" in *"$want"*) ;; *) echo "  expected: $want"; fail=1 ;; esac
 }
-ask qwen3-8b
-ask llama-3-70b
-ask gpt-5
-ask gpt-5 -H 'x-llmkube-classification: pii'
-ask qwen3-8b -H 'x-llmkube-route: complex-tasks/cloud-gpt' -H 'x-llmkube-classification: pii'
-curl -s -w ' HTTP %{http_code}\n' http://127.0.0.1:14000/v1/chat/completions -d 'not json'
+ask 'served by qwen3-8b' qwen3-8b
+ask 'HTTP 200' llama-3-70b
+# Sensitive: never the cloud proxy, whatever the model asks for.
+ask 'served by llama-3-70b' gpt-5 -H 'x-llmkube-classification: pii'
+# A client cannot pick the route: the filter overwrites x-llmkube-route before routing.
+ask 'served by llama-3-70b' qwen3-8b -H 'x-llmkube-route: complex-tasks/cloud-gpt' -H 'x-llmkube-classification: pii'
+out=$(curl -s -w ' HTTP %{http_code}' http://127.0.0.1:14000/v1/chat/completions -d 'not json')
+echo "not json: $out"
+case "$out" in *"HTTP 400"*) ;; *) echo "  expected: HTTP 400"; fail=1 ;; esac
+if [ "$fail" != 0 ]; then
+  echo "--- ext-proc log"; tail -20 "$work/ext-proc.log"
+  echo "--- agentgateway log"; tail -20 "$work/agentgateway.log"
+fi
+exit "$fail"

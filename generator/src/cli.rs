@@ -6,6 +6,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::ir::CompileOptions;
+use crate::targets::agentgateway::AgentgatewayOptions;
 use crate::targets::envoy::{EnvoyOptions, Format};
 use crate::targets::envoy_gateway::{GatewayOptions, WasmSource};
 use crate::targets::Target;
@@ -23,6 +24,9 @@ usage:
       envoy-gateway options: --wasm-url URL | --wasm-image REF [--wasm-sha256 HEX]
                      [--wasm-dir DIR] [--gateway-listener NAME] [--resolve ...] [--endpoints ...]
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
+      agentgateway options: -o DIR [--listen ADDR:PORT] [--ext-proc HOST:PORT]
+                     [--ext-proc-image REF] [--wasm-dir DIR] [--wasm-sha256 HEX]
+                     [--resolve ...] [--router NAME] [--model-header NAME] [--max-body-bytes N]
   -f - reads stdin. Problems are printed to stderr as `<Kind>/<name>: <field.path>: <why>`.";
 
 struct Args {
@@ -48,6 +52,8 @@ const VALUE_FLAGS: &[&str] = &[
     "--wasm-image",
     "--wasm-sha256",
     "--gateway-listener",
+    "--ext-proc",
+    "--ext-proc-image",
 ];
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -174,6 +180,15 @@ const TARGET_FLAGS: &[(Target, &[&str])] = &[
             "--gateway-listener",
         ],
     ),
+    (
+        Target::Agentgateway,
+        &[
+            "--listen",
+            "--ext-proc",
+            "--ext-proc-image",
+            "--wasm-sha256",
+        ],
+    ),
 ];
 
 fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
@@ -187,20 +202,18 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
         Err(m) => return usage(err, &m),
     };
     let target = match target.parse::<Target>() {
-        Ok(Target::Agentgateway) => {
-            let _ = writeln!(
-                err,
-                "options: --target: agentgateway is not implemented yet (envoy and envoy-gateway are)"
-            );
-            return 1;
-        }
         Ok(t) => t,
         Err(m) => return usage(err, &m),
     };
-    for (t, flags) in TARGET_FLAGS {
+    let allowed = |f: &str| {
+        TARGET_FLAGS
+            .iter()
+            .any(|(t, flags)| *t == target && flags.contains(&f))
+    };
+    for (_, flags) in TARGET_FLAGS {
         if let Some(f) = flags
             .iter()
-            .find(|f| *t != target && a.opts.contains_key(**f))
+            .find(|f| !allowed(f) && a.opts.contains_key(**f))
         {
             return usage(err, &format!("{f} is not an option of --target {target}"));
         }
@@ -211,9 +224,16 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
     };
     let mut problems = Vec::new();
     let common = common_options(a, &mut problems);
+    if target == Target::Agentgateway && output.is_none() {
+        return usage(
+            err,
+            "--target agentgateway writes three files: -o DIR is required",
+        );
+    }
     let compiled = match target {
         Target::Envoy => envoy_options(a, common, output.as_deref(), &mut problems),
-        _ => gateway_options(a, common, &mut problems),
+        Target::EnvoyGateway => gateway_options(a, common, &mut problems),
+        Target::Agentgateway => agentgateway_options(a, common, &mut problems),
     };
     if !problems.is_empty() {
         for p in problems {
@@ -233,6 +253,15 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
         Compile::Envoy(o) => crate::targets::envoy::compile_envoy_diag(&sources, o, &mut diags),
         Compile::EnvoyGateway(o) => {
             crate::targets::envoy_gateway::compile_envoy_gateway_diag(&sources, o, &mut diags)
+        }
+        Compile::Agentgateway(o) => {
+            let files =
+                crate::targets::agentgateway::compile_agentgateway_diag(&sources, o, &mut diags);
+            print_diags(&diags, err);
+            let Some(files) = files.filter(|_| diags.errors.is_empty()) else {
+                return 1;
+            };
+            return write_dir(output.as_deref().unwrap_or(Path::new(".")), &files, err);
         }
         Compile::Invalid => None,
     };
@@ -259,6 +288,7 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
 enum Compile {
     Envoy(EnvoyOptions),
     EnvoyGateway(GatewayOptions),
+    Agentgateway(AgentgatewayOptions),
     /// Some option was invalid (the problems say which).
     Invalid,
 }
@@ -408,6 +438,58 @@ fn gateway_options(a: &Args, common: CompileOptions, problems: &mut Vec<Problem>
         o.listener = l.to_string();
     }
     Compile::EnvoyGateway(o)
+}
+
+fn agentgateway_options(a: &Args, common: CompileOptions, problems: &mut Vec<Problem>) -> Compile {
+    let mut o = AgentgatewayOptions {
+        common,
+        ..Default::default()
+    };
+    if let Some(l) = single(a, "--listen", problems) {
+        match l.parse() {
+            Ok(sa) => o.listen = sa,
+            Err(_) => problems.push(Problem::new(
+                "options",
+                "--listen",
+                format!("{l:?} must be ADDR:PORT"),
+            )),
+        }
+    }
+    if let Some(e) = single(a, "--ext-proc", problems) {
+        match parse_host_port(e) {
+            Ok(hp) => o.ext_proc = hp,
+            Err(why) => problems.push(Problem::new(
+                "options",
+                "--ext-proc",
+                format!("{e:?}: {why}"),
+            )),
+        }
+    }
+    if let Some(i) = single(a, "--ext-proc-image", problems) {
+        o.image = i.to_string();
+    }
+    if let Some(d) = single(a, "--wasm-dir", problems) {
+        o.wasm_dir = PathBuf::from(d);
+    }
+    o.wasm_sha256 = single(a, "--wasm-sha256", problems).map(str::to_string);
+    Compile::Agentgateway(o)
+}
+
+/// Writes the files into `dir` (created if missing), each atomically; nothing is written when
+/// the directory cannot be created.
+fn write_dir(dir: &Path, files: &[(&str, String)], err: &mut dyn Write) -> i32 {
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        let _ = writeln!(err, "{}: cannot create: {e}", dir.display());
+        return 1;
+    }
+    for (name, text) in files {
+        let path = dir.join(name);
+        if let Err(e) = write_atomically(&path, text.as_bytes()) {
+            let _ = writeln!(err, "{}: cannot write: {e}", path.display());
+            return 1;
+        }
+    }
+    0
 }
 
 /// Writes `bytes` to a temporary file next to `path` (mode 0600: the bootstrap can hold provider

@@ -117,6 +117,16 @@ pub struct SecretRef {
     pub key: String,
 }
 
+impl Ir {
+    /// The route plans rule `name` stamps, in table order.
+    pub fn rule_plans(&self, name: &str) -> Vec<&RoutePlan> {
+        self.routes
+            .iter()
+            .filter(|p| p.rule.as_deref() == Some(name))
+            .collect()
+    }
+}
+
 impl Backend {
     pub fn external(&self) -> Option<&External> {
         match &self.kind {

@@ -196,17 +196,73 @@ fn invalid_input_writes_no_file() {
 }
 
 #[test]
-fn agentgateway_target_is_not_implemented() {
+fn agentgateway_target_writes_three_files_into_the_output_dir() {
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../agentgateway-examples/router.yaml"
+    );
     let o = run(
-        &["compile", "--target", "agentgateway", "-f", &example()],
+        &["compile", "--target", "agentgateway", "-f", example],
         None,
     );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("-o DIR is required"), "{}", stderr(&o));
+    let d = tmpdir("agw").join("out");
+    let sha = "a".repeat(64);
+    let args = [
+        "compile",
+        "--target",
+        "agentgateway",
+        "-f",
+        example,
+        "-o",
+        d.to_str().unwrap(),
+        "--wasm-sha256",
+        &sha,
+        "--ext-proc",
+        "127.0.0.1:19001",
+        "--listen",
+        "127.0.0.1:14001",
+    ];
+    // The default body limit is above what agentgateway replays for a fallback: refused, and
+    // nothing written.
+    let o = run(&args, None);
     assert_eq!(o.status.code(), Some(1));
-    assert_eq!(
-        stderr(&o),
-        "options: --target: agentgateway is not implemented yet (envoy and envoy-gateway are)\n"
+    assert!(
+        stderr(&o).contains("failover needs the request replayed"),
+        "{}",
+        stderr(&o)
     );
-    assert!(o.stdout.is_empty());
+    assert!(!d.exists());
+    let mut ok = args.to_vec();
+    ok.extend(["--max-body-bytes", "65536"]);
+    let o = run(&ok, None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for f in ["agentgateway.yaml", "ext-proc.yaml", "kubernetes.yaml"] {
+        assert!(d.join(f).is_file(), "{f}");
+    }
+    let server = std::fs::read_to_string(d.join("ext-proc.yaml")).unwrap();
+    assert!(server.contains(&sha));
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "agentgateway",
+            "-f",
+            example,
+            "-o",
+            "/tmp/x",
+            "--admin",
+            "127.0.0.1:1",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--admin is not an option of --target agentgateway"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

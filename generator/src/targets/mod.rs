@@ -1,6 +1,7 @@
 //! One emitter per gateway. Each target renders the same [`Ir`]; what a target cannot express
 //! is refused (or warned about) by that target's own checks, before and after the IR is built.
 
+pub mod agentgateway;
 pub mod checks;
 pub mod envoy;
 pub mod envoy_gateway;

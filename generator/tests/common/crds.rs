@@ -67,12 +67,21 @@ impl Report {
 }
 
 impl Crds {
+    /// Every CRD but agentgateway's (the largest files, for another target).
     pub fn load() -> Crds {
+        Self::load_dirs(false)
+    }
+
+    /// Every CRD, agentgateway's included.
+    pub fn load_all() -> Crds {
+        Self::load_dirs(true)
+    }
+
+    fn load_dirs(agentgateway: bool) -> Crds {
         let mut schemas = BTreeMap::new();
         for sub in std::fs::read_dir(crds_dir()).unwrap() {
             let sub = sub.unwrap().path();
-            // The agentgateway CRDs are for another target (and the largest files).
-            if !sub.is_dir() || sub.ends_with("agentgateway") {
+            if !sub.is_dir() || (!agentgateway && sub.ends_with("agentgateway")) {
                 continue;
             }
             for f in std::fs::read_dir(&sub).unwrap() {

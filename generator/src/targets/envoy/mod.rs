@@ -247,7 +247,7 @@ pub fn upstream_wasm_path(opts: &EnvoyOptions) -> PathBuf {
     absolute(opts.wasm_dir.join(UPSTREAM_WASM_FILE))
 }
 
-fn absolute(p: PathBuf) -> PathBuf {
+pub(crate) fn absolute(p: PathBuf) -> PathBuf {
     if p.is_absolute() {
         p
     } else {

@@ -132,9 +132,19 @@ fn object(api_version: &str, kind: &str, metadata: Value, spec: Value) -> Value 
     json!({"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec})
 }
 
-/// The module's sha256: `--wasm-sha256` (64 lowercase hex digits), else that of the built file.
+/// The module's sha256 for this target's options.
 fn module_sha256(opts: &GatewayOptions, diags: &mut Diagnostics) -> Option<String> {
-    if let Some(s) = &opts.wasm_sha256 {
+    pin_module(opts.wasm_sha256.as_deref(), &opts.wasm_dir, diags)
+}
+
+/// The model-router module's sha256: `--wasm-sha256` (64 lowercase hex digits), else that of
+/// the built file in `wasm_dir`.
+pub(crate) fn pin_module(
+    given: Option<&str>,
+    wasm_dir: &std::path::Path,
+    diags: &mut Diagnostics,
+) -> Option<String> {
+    if let Some(s) = given {
         let ok = s.len() == 64 && s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
         if !ok {
             diags.error(Problem::new(
@@ -144,9 +154,9 @@ fn module_sha256(opts: &GatewayOptions, diags: &mut Diagnostics) -> Option<Strin
             ));
             return None;
         }
-        return Some(s.clone());
+        return Some(s.to_string());
     }
-    let path = opts.wasm_dir.join(super::envoy::WASM_FILE);
+    let path = wasm_dir.join(super::envoy::WASM_FILE);
     match std::fs::read(&path) {
         Ok(bytes) => Some(sha256_hex(&bytes)),
         Err(e) => {

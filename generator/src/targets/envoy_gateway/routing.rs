@@ -25,11 +25,7 @@ const RETRY_TRIGGERS: [&str; 4] = ["5xx", "reset", "connect-failure", "refused-s
 /// per-try timeout per route rule).
 pub(super) fn check(ir: &Ir, diags: &mut Diagnostics) {
     for (i, r) in ir.router.spec.rules.iter().enumerate() {
-        let plans: Vec<&RoutePlan> = ir
-            .routes
-            .iter()
-            .filter(|p| p.rule.as_deref() == Some(r.name.as_str()))
-            .collect();
+        let plans = ir.rule_plans(&r.name);
         if plans.iter().any(|p| !p.mirrors.is_empty()) {
             diags.warn(Problem::new(
                 &ir.label,

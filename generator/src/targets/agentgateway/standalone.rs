@@ -1,0 +1,143 @@
+//! `agentgateway.yaml`: one bind on the `--listen` port, one listener whose gateway-level
+//! `extProc` (failClosed, request body buffered) runs the filter before route selection, one
+//! route per route key (`x-llmkube-route` exact) and a catch-all 404.
+//!
+//! Credentials: like the envoy target's bootstrap (a file for local runs), a Secret that is part
+//! of the input is written inline as the provider's `backendAuth` key; without it the key is read
+//! from `/var/run/secrets/llmkube/<namespace>/<secret>/<key>`. This file is therefore written
+//! with mode 0600; kubernetes.yaml never holds a value.
+
+use std::time::Duration;
+
+use router_core::headers::ROUTE_HEADER;
+use serde_json::{json, Value};
+
+use super::{attempts, host_port, no_route_body, AgentgatewayOptions, Attempt, INTERNAL_HEADERS};
+use crate::duration::gateway_duration;
+use crate::ir::{Credential, Ir, RoutePlan};
+use crate::model::Provider;
+
+/// Same triggers as the envoy target's `retry_on` 5xx (a connection failure is retried by
+/// agentgateway itself: `ProxyError::is_retryable`).
+pub(super) const RETRY_CONDITION: &str = "response.code >= 500";
+
+pub(super) fn config(ir: &Ir, opts: &AgentgatewayOptions) -> Value {
+    let (host, port) = &opts.ext_proc;
+    let mut routes: Vec<Value> = ir
+        .routes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| route(ir, i, p))
+        .collect();
+    routes.push(json!({
+        "name": "no-route",
+        "matches": [{"path": {"pathPrefix": "/"}}],
+        "policies": {"directResponse": {"status": 404, "body": no_route_body()}},
+    }));
+    json!({
+        "binds": [{
+            "port": opts.listen.port(),
+            "listeners": [{
+                "name": ir.router.metadata.name.clone().unwrap_or_default(),
+                "protocol": "HTTP",
+                "policies": {"extProc": {
+                    "host": host_port(host, *port),
+                    "failureMode": "failClosed",
+                    "processingOptions": processing_options(),
+                }},
+                "routes": routes,
+            }],
+        }],
+    })
+}
+
+/// The filter reads the whole request (model, messages) and the response status; it needs no
+/// response body and no trailers.
+pub(super) fn processing_options() -> Value {
+    json!({
+        "requestHeaderMode": "send",
+        "requestBodyMode": "buffered",
+        "requestTrailerMode": "skip",
+        "responseHeaderMode": "send",
+        "responseBodyMode": "none",
+        "responseTrailerMode": "skip",
+    })
+}
+
+fn route(ir: &Ir, index: usize, p: &RoutePlan) -> Value {
+    let mut policies = json!({
+        "requestHeaderModifier": {"remove": INTERNAL_HEADERS},
+    });
+    if p.order.len() > 1 {
+        policies["retry"] = json!({
+            "attempts": p.order.len() - 1,
+            "codes": [],
+            "condition": RETRY_CONDITION,
+        });
+    }
+    let groups: Vec<Value> = attempts(ir, p)
+        .iter()
+        .map(|a| json!({"providers": [provider(ir, a)]}))
+        .collect();
+    json!({
+        "name": format!("route-{index}"),
+        "matches": [{"headers": [{"name": ROUTE_HEADER, "value": {"exact": p.key}}]}],
+        "policies": policies,
+        "backends": [{"ai": {"groups": groups}}],
+    })
+}
+
+fn provider(ir: &Ir, a: &Attempt) -> Value {
+    let b = a.backend;
+    let mut policies = json!({
+        "http": {"requestTimeout": gateway_duration(Duration::from_millis(a.timeout_ms))},
+        "health": {"eviction": {
+            "duration": gateway_duration(ir.timeouts.quarantine),
+            "consecutiveFailures": 1,
+        }},
+    });
+    let (provider, host) = match b.external() {
+        Some(e) => {
+            if e.url.https {
+                policies["backendTLS"] = json!({});
+            }
+            if let Some(c) = &e.credential {
+                policies["backendAuth"] = json!({"key": {"value": key_source(c)}});
+            }
+            let p = match e.provider {
+                Provider::Anthropic => json!({"anthropic": {"model": e.model}}),
+                _ => json!({"openAI": {"model": e.model}}),
+            };
+            (p, host_port(&e.url.host, e.url.port))
+        }
+        None => (
+            json!({"openAI": {}}),
+            b.endpoints
+                .first()
+                .map(|(h, port)| host_port(h, *port))
+                .unwrap_or_default(),
+        ),
+    };
+    let mut v = json!({
+        "name": b.name,
+        "provider": provider,
+        "hostOverride": host,
+        "policies": policies,
+    });
+    if b.rewrites_path() {
+        v["pathPrefix"] = json!(b.path_prefix());
+    }
+    v
+}
+
+/// The provider key: inline when the Secret was in the input (without the `Bearer ` prefix the
+/// IR's header value carries), else the file a local run mounts it at.
+fn key_source(c: &Credential) -> Value {
+    match &c.value {
+        Some(v) => json!(v.strip_prefix("Bearer ").unwrap_or(v)),
+        None => json!({"file": format!(
+            "/var/run/secrets/llmkube/{}/{}/{}",
+            c.secret.namespace, c.secret.name, c.secret.key
+        )}),
+    }
+}

@@ -1,0 +1,550 @@
+//! `compile --target agentgateway`: the standalone config against agentgateway v1.3.1's own
+//! config schema, kubernetes.yaml against the CRDs (unknown fields and CEL rules included), the
+//! routing the filter's route keys select, the module pin, determinism, no secret values in the
+//! manifests, the refusals, golden files, and — when `AGENTGATEWAY_BIN` is set — the real
+//! binary's `--validate-only`.
+
+mod common;
+use common::crds::{crds_dir, Crds, Report};
+use common::*;
+use llmkube_gen::targets::agentgateway::{
+    compile_agentgateway, AgentgatewayOptions, Output, RETRY_REPLAY_LIMIT,
+};
+use llmkube_gen::{CompileOptions, Source};
+use serde_json::{json, Value};
+
+const FAKE_SHA: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+fn opts(max_body: Option<u64>) -> AgentgatewayOptions {
+    AgentgatewayOptions {
+        common: CompileOptions {
+            max_body_bytes: max_body,
+            ..Default::default()
+        },
+        wasm_dir: "/opt/llmkube/wasm".into(),
+        wasm_sha256: Some(FAKE_SHA.into()),
+        ..Default::default()
+    }
+}
+
+fn src(text: &str) -> Vec<Source> {
+    vec![Source {
+        name: "input.yaml".into(),
+        text: text.into(),
+    }]
+}
+
+fn with_gateway(mut r: Value) -> Value {
+    r["spec"]["agentGatewayRef"] = json!({"name": "agw", "namespace": "agentgateway-system"});
+    r
+}
+
+fn example() -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../agentgateway-examples/router.yaml"
+    ))
+    .unwrap()
+}
+
+/// The data-plane router without its shadow rule (refused here), on a Gateway.
+fn dataplane() -> String {
+    let mut r = with_gateway(dataplane_router());
+    let rules = r["spec"]["rules"].as_array_mut().unwrap();
+    rules.retain(|x| x["name"] != "sh");
+    dataplane_docs(r)
+}
+
+fn compile(text: &str, o: &AgentgatewayOptions) -> Output {
+    compile_agentgateway(&src(text), o).unwrap_or_else(|e| panic!("{e:#?}"))
+}
+
+fn errors(text: &str, o: &AgentgatewayOptions) -> Vec<String> {
+    match compile_agentgateway(&src(text), o) {
+        Ok(_) => panic!("expected a refusal"),
+        Err(e) => e.iter().map(|p| p.to_string()).collect(),
+    }
+}
+
+fn file<'a>(out: &'a Output, name: &str) -> &'a str {
+    &out.iter().find(|(n, _)| *n == name).unwrap().1
+}
+
+fn yaml(text: &str) -> Value {
+    serde_norway::from_str(text).unwrap()
+}
+
+fn corpus() -> Vec<(&'static str, String, Option<u64>)> {
+    vec![
+        ("example", example(), Some(RETRY_REPLAY_LIMIT)),
+        ("dataplane", dataplane(), Some(RETRY_REPLAY_LIMIT)),
+        (
+            "per-backend-timeouts",
+            dataplane_docs(with_gateway(reference_example(None))),
+            Some(4096),
+        ),
+    ]
+}
+
+#[test]
+fn standalone_config_matches_agentgateway_v1_3_1_config_schema() {
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(crds_dir().join("agentgateway/config-schema-v1.3.1.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let validator = jsonschema::options()
+        .should_validate_formats(false)
+        .build(&schema)
+        .unwrap();
+    for (name, text, max) in corpus() {
+        let out = compile(&text, &opts(max));
+        let cfg = yaml(file(&out, "agentgateway.yaml"));
+        let errs: Vec<String> = validator
+            .iter_errors(&cfg)
+            .map(|e| format!("{name}: {}: {e}", e.instance_path()))
+            .collect();
+        assert!(errs.is_empty(), "{errs:#?}");
+    }
+    // The check is not vacuous: a typo and a bad enum value are caught.
+    let out = compile(&example(), &opts(Some(RETRY_REPLAY_LIMIT)));
+    let mut cfg = yaml(file(&out, "agentgateway.yaml"));
+    cfg["binds"][0]["listeners"][0]["policies"]["extProc"]["failuremode"] = json!("failClosed");
+    assert!(!validator.is_valid(&cfg));
+    let mut cfg = yaml(file(&out, "agentgateway.yaml"));
+    cfg["binds"][0]["listeners"][0]["policies"]["extProc"]["failureMode"] = json!("closed");
+    assert!(!validator.is_valid(&cfg));
+}
+
+/// Core objects have no CRD: they must survive a round trip through the k8s-openapi types
+/// (which drop unknown fields) unchanged.
+fn check_core(d: &Value) -> Result<(), String> {
+    fn round<T: serde::de::DeserializeOwned + serde::Serialize>(
+        d: &Value,
+    ) -> Result<Value, String> {
+        let t: T = serde_json::from_value(d.clone()).map_err(|e| e.to_string())?;
+        serde_json::to_value(t).map_err(|e| e.to_string())
+    }
+    let back = match d["kind"].as_str() {
+        Some("Deployment") => round::<k8s_openapi::api::apps::v1::Deployment>(d)?,
+        Some("Service") => round::<k8s_openapi::api::core::v1::Service>(d)?,
+        Some("ConfigMap") => round::<k8s_openapi::api::core::v1::ConfigMap>(d)?,
+        k => return Err(format!("unexpected core kind {k:?}")),
+    };
+    (back == *d)
+        .then_some(())
+        .ok_or_else(|| format!("{} changes in a round trip: {back}", d["kind"]))
+}
+
+#[test]
+fn kubernetes_documents_match_their_crds_and_cel_rules() {
+    let crds = Crds::load_all();
+    let mut report = Report::default();
+    let mut kinds = std::collections::BTreeSet::new();
+    for (name, text, max) in corpus() {
+        let out = compile(&text, &opts(max));
+        for d in common::crds::documents(file(&out, "kubernetes.yaml")) {
+            kinds.insert(d["kind"].as_str().unwrap().to_string());
+            if matches!(d["apiVersion"].as_str(), Some("v1" | "apps/v1")) {
+                if let Err(e) = check_core(&d) {
+                    report.errors.push(format!("{name}: {e}"));
+                }
+                continue;
+            }
+            let before = report.errors.len();
+            crds.check(&d, &mut report);
+            for e in &mut report.errors[before..] {
+                *e = format!("{name}: {e}");
+            }
+        }
+    }
+    eprintln!("{}", report.summary());
+    assert!(report.errors.is_empty(), "{:#?}", report.errors);
+    assert!(report.cel_evaluated > 20, "{}", report.summary());
+    for k in [
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "AgentgatewayPolicy",
+        "AgentgatewayBackend",
+        "HTTPRoute",
+        "ReferenceGrant",
+    ] {
+        assert!(kinds.contains(k), "no {k} in {kinds:?}");
+    }
+}
+
+#[test]
+fn crd_checks_catch_mistakes_in_agentgateway_objects() {
+    let crds = Crds::load_all();
+    let out = compile(&example(), &opts(Some(RETRY_REPLAY_LIMIT)));
+    let docs = common::crds::documents(file(&out, "kubernetes.yaml"));
+    let check = |d: &Value| {
+        let mut r = Report::default();
+        crds.check(d, &mut r);
+        r.errors
+    };
+    let policy = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "AgentgatewayPolicy" && d["spec"]["traffic"]["phase"] == "PreRouting"
+        })
+        .unwrap()
+        .clone();
+    assert!(check(&policy).is_empty());
+    let mut typo = policy.clone();
+    typo["spec"]["traffic"]["extProc"]["failuremode"] = json!("FailClosed");
+    assert!(
+        check(&typo).iter().any(|e| e.contains("unknown field")),
+        "{:?}",
+        check(&typo)
+    );
+    // PreRouting forbids retries (a CEL rule).
+    let mut retry = policy.clone();
+    retry["spec"]["traffic"]["retry"] = json!({"attempts": 1});
+    assert!(
+        check(&retry).iter().any(|e| e.contains("CEL rule")),
+        "{:?}",
+        check(&retry)
+    );
+}
+
+fn listener(cfg: &Value) -> &Value {
+    &cfg["binds"][0]["listeners"][0]
+}
+
+#[test]
+fn ext_proc_runs_before_routing_and_fails_closed() {
+    let o = AgentgatewayOptions {
+        ext_proc: ("10.0.0.7".into(), 19000),
+        listen: "127.0.0.1:14001".parse().unwrap(),
+        ..opts(Some(RETRY_REPLAY_LIMIT))
+    };
+    let out = compile(&example(), &o);
+    let cfg = yaml(file(&out, "agentgateway.yaml"));
+    assert_eq!(cfg["binds"][0]["port"], 14001);
+    // Listener-level (gateway) policy: it runs before route selection; no route has its own.
+    let ep = &listener(&cfg)["policies"]["extProc"];
+    assert_eq!(ep["host"], "10.0.0.7:19000");
+    assert_eq!(ep["failureMode"], "failClosed");
+    assert_eq!(ep["processingOptions"]["requestBodyMode"], "buffered");
+    for r in listener(&cfg)["routes"].as_array().unwrap() {
+        assert!(r["policies"].get("extProc").is_none(), "{r}");
+    }
+    let docs = common::crds::documents(file(&out, "kubernetes.yaml"));
+    let pre: Vec<&Value> = docs
+        .iter()
+        .filter(|d| {
+            d["kind"] == "AgentgatewayPolicy" && d["spec"]["traffic"].get("extProc").is_some()
+        })
+        .collect();
+    assert_eq!(pre.len(), 1);
+    assert_eq!(pre[0]["spec"]["traffic"]["phase"], "PreRouting");
+    assert_eq!(
+        pre[0]["spec"]["traffic"]["extProc"]["failureMode"],
+        "FailClosed"
+    );
+    assert_eq!(pre[0]["spec"]["targetRefs"][0]["kind"], "Gateway");
+    assert_eq!(pre[0]["metadata"]["namespace"], "agentgateway-system");
+}
+
+/// Every route key the filter can stamp gets one route with its attempt order as priority
+/// groups, a sensitive order never holds a cloud provider, and anything else is a 404.
+#[test]
+fn one_route_per_route_key_in_attempt_order() {
+    let text = dataplane();
+    let out = compile(&text, &opts(Some(RETRY_REPLAY_LIMIT)));
+    let cfg = yaml(file(&out, "agentgateway.yaml"));
+    let routes = listener(&cfg)["routes"].as_array().unwrap().clone();
+    let (last, keyed) = routes.split_last().unwrap();
+    assert_eq!(last["policies"]["directResponse"]["status"], 404);
+    assert!(last["matches"][0].get("headers").is_none());
+    let envoy = common::envoy::compile(with_gateway(dataplane_router()));
+    let pc = common::envoy::plugin_of(&envoy);
+    let router = router_core::router::Router::new(pc.clone()).unwrap();
+    let plans = llmkube_gen::ir::route_plans(&router, 300_000);
+    let plans: Vec<_> = plans
+        .into_iter()
+        .filter(|p| p.rule.as_deref() != Some("sh"))
+        .collect();
+    assert_eq!(keyed.len(), plans.len());
+    for (r, p) in keyed.iter().zip(&plans) {
+        assert_eq!(r["matches"][0]["headers"][0]["name"], "x-llmkube-route");
+        assert_eq!(
+            r["matches"][0]["headers"][0]["value"]["exact"],
+            p.key.as_str()
+        );
+        let groups = r["backends"][0]["ai"]["groups"].as_array().unwrap();
+        let names: Vec<&str> = groups
+            .iter()
+            .map(|g| {
+                assert_eq!(g["providers"].as_array().unwrap().len(), 1);
+                g["providers"][0]["name"].as_str().unwrap()
+            })
+            .collect();
+        let expected: Vec<&str> = p
+            .order
+            .iter()
+            .map(|&b| router.backend(b).name.as_str())
+            .collect();
+        assert_eq!(names, expected, "{}", p.key);
+        match p.order.len() {
+            1 => assert!(r["policies"].get("retry").is_none()),
+            n => assert_eq!(r["policies"]["retry"]["attempts"], n as u64 - 1),
+        }
+        if p.rule.as_deref() == Some("pii") {
+            assert!(names.iter().all(|n| n.starts_with("local-")), "{names:?}");
+        }
+    }
+    // The external providers carry their model; the local ones keep the request's.
+    let cloud = keyed
+        .iter()
+        .flat_map(|r| r["backends"][0]["ai"]["groups"].as_array().unwrap().iter())
+        .map(|g| &g["providers"][0])
+        .find(|p| p["name"] == "claude")
+        .unwrap();
+    assert_eq!(cloud["provider"]["anthropic"]["model"], "claude-opus-4");
+    assert_eq!(cloud["hostOverride"], "api.anthropic.com:443");
+    assert_eq!(cloud["policies"]["backendTLS"], json!({}));
+    assert_eq!(cloud["policies"]["health"]["eviction"]["duration"], "20s");
+}
+
+/// The per-attempt timeout of each priority group's provider.
+fn group_timeouts(groups: &Value) -> Vec<&str> {
+    groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            g["providers"][0]["policies"]["http"]["requestTimeout"]
+                .as_str()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn per_attempt_timeouts_are_per_provider() {
+    let text = dataplane_docs(with_gateway(reference_example(None)));
+    let out = compile(&text, &opts(Some(4096)));
+    let cfg = yaml(file(&out, "agentgateway.yaml"));
+    let route = listener(&cfg)["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            r["backends"][0]["ai"]["groups"]
+                .as_array()
+                .is_some_and(|g| g.len() == 2)
+        })
+        .unwrap();
+    assert_eq!(
+        group_timeouts(&route["backends"][0]["ai"]["groups"]),
+        ["10s", "1m"]
+    );
+    let docs = common::crds::documents(file(&out, "kubernetes.yaml"));
+    let b = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "AgentgatewayBackend"
+                && d["spec"]["ai"]["groups"].as_array().unwrap().len() == 2
+        })
+        .unwrap();
+    assert_eq!(group_timeouts(&b["spec"]["ai"]["groups"]), ["10s", "1m"]);
+}
+
+#[test]
+fn ext_proc_config_pins_the_built_module() {
+    let dir = std::env::temp_dir().join(format!("agw-wasm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let wasm = b"\0asm\x01\0\0\0 pretend module";
+    std::fs::write(dir.join("llmkube_model_router.wasm"), wasm).unwrap();
+    let o = AgentgatewayOptions {
+        wasm_dir: dir.clone(),
+        wasm_sha256: None,
+        ..opts(Some(RETRY_REPLAY_LIMIT))
+    };
+    let out = compile(&example(), &o);
+    let cfg = yaml(file(&out, "ext-proc.yaml"));
+    use sha2::Digest;
+    let sha: String = sha2::Sha256::digest(wasm)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(cfg["module"]["sha256"], sha.as_str());
+    assert_eq!(
+        cfg["module"]["path"],
+        dir.join("llmkube_model_router.wasm")
+            .to_string_lossy()
+            .as_ref()
+    );
+    assert_eq!(cfg["root_id"], "model-router");
+    // The plugin config is the envoy target's (same router, same options).
+    let envoy = common::envoy::compile_text(example());
+    let envoy: Value = serde_json::from_str(&envoy).unwrap();
+    let mut theirs = common::envoy::plugin_of(&envoy);
+    let ours: router_core::config::PluginConfig =
+        serde_json::from_value(cfg["plugin_config"].clone()).unwrap();
+    theirs.max_body_bytes = ours.max_body_bytes;
+    assert_eq!(ours, theirs);
+    // The in-cluster copy pins the same digest at the image's path.
+    let docs = common::crds::documents(file(&out, "kubernetes.yaml"));
+    let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    let in_cluster = yaml(cm["data"]["ext-proc.yaml"].as_str().unwrap());
+    assert_eq!(in_cluster["module"]["sha256"], sha.as_str());
+    assert_eq!(
+        in_cluster["module"]["path"],
+        "/opt/llmkube/wasm/llmkube_model_router.wasm"
+    );
+    // A missing module is an actionable error.
+    let o = AgentgatewayOptions {
+        wasm_dir: dir.join("nope"),
+        wasm_sha256: None,
+        ..opts(Some(RETRY_REPLAY_LIMIT))
+    };
+    let e = errors(&example(), &o);
+    assert!(
+        e.iter()
+            .any(|e| e.starts_with("options: --wasm-sha256: cannot read")),
+        "{e:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn deterministic_output() {
+    for (_, text, max) in corpus() {
+        assert_eq!(compile(&text, &opts(max)), compile(&text, &opts(max)));
+    }
+}
+
+#[test]
+fn secrets_are_referenced_in_manifests_never_inlined() {
+    let out = compile(&dataplane(), &opts(Some(RETRY_REPLAY_LIMIT)));
+    for f in ["kubernetes.yaml", "ext-proc.yaml"] {
+        for key in [OPENAI_KEY, ANTHROPIC_KEY] {
+            assert!(!file(&out, f).contains(key), "{f} holds a secret value");
+        }
+    }
+    let docs = common::crds::documents(file(&out, "kubernetes.yaml"));
+    let refs: Vec<Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "AgentgatewayBackend")
+        .flat_map(|d| d["spec"]["ai"]["groups"].as_array().unwrap().clone())
+        .map(|g| g["providers"][0]["policies"]["auth"].clone())
+        .filter(|a| !a.is_null())
+        .collect();
+    assert!(
+        refs.contains(&json!({"secretRef": {"name": "openai", "key": "OPENAI_API_KEY"}})),
+        "{refs:?}"
+    );
+    // The standalone file follows the envoy target for local runs: the key, without "Bearer ".
+    let cfg = file(&out, "agentgateway.yaml");
+    assert!(cfg.contains(&format!("value: {OPENAI_KEY}")), "{cfg}");
+    assert!(!cfg.contains("Bearer"));
+    // Without the Secret in the input, the standalone file reads the key from a file.
+    let mut r = with_gateway(router());
+    r["spec"]["rules"] =
+        json!([{"name": "r0", "match": {"models": ["gpt-*"]}, "route": {"backends": ["cloud"]}}]);
+    let text = docs_of(r);
+    let out = compile(&text, &opts(None));
+    assert!(file(&out, "agentgateway.yaml").contains("file: /var/run/secrets/llmkube/llm/openai/"));
+}
+
+fn docs_of(r: Value) -> String {
+    common::docs(&[r, isvc("isvc-a", Some(8000)), isvc("isvc-b", None)])
+}
+
+#[test]
+fn refusals_name_the_field_and_the_reason() {
+    // Failover with a body limit above what agentgateway replays.
+    let e = errors(&dataplane(), &opts(None));
+    assert!(
+        e.iter().any(|e| e.starts_with(
+            "ModelRouter/dp: spec.rules[0].route.backends: failover needs the request replayed"
+        )),
+        "{e:?}"
+    );
+    // Shadow copies would be sent without their body.
+    let e = errors(
+        &dataplane_docs(with_gateway(dataplane_router())),
+        &opts(Some(4096)),
+    );
+    assert!(
+        e.iter()
+            .any(|e| e
+                .starts_with("ModelRouter/dp: spec.rules[3].route.strategy: shadow is refused")),
+        "{e:?}"
+    );
+    // No Gateway to attach to.
+    let e = errors(&dataplane_docs(dataplane_router()), &opts(Some(4096)));
+    assert!(
+        e.iter()
+            .any(|e| e.starts_with("ModelRouter/dp: spec.agentGatewayRef: is required")),
+        "{e:?}"
+    );
+    // Pod picking is not generated.
+    let mut r = with_gateway(router());
+    r["spec"]["backends"][0]["resolution"] = json!("endpoint");
+    let mut o = opts(Some(4096));
+    o.common.endpoints = [("isvc-a".to_string(), vec![("10.0.0.1".to_string(), 8000)])].into();
+    let e = errors(&full(r), &o);
+    assert!(
+        e.iter()
+            .any(|e| e.contains("spec.backends[0].resolution: endpoint")),
+        "{e:?}"
+    );
+    // Signing providers.
+    let mut r = with_gateway(router());
+    r["spec"]["backends"][2]["external"] = json!({"provider": "bedrock", "model": "m", "url": "https://bedrock-runtime.us-east-1.amazonaws.com"});
+    let e = errors(&full(r), &opts(Some(4096)));
+    assert!(
+        e.iter()
+            .any(|e| e.contains("spec.backends[2].external.provider: bedrock is not served")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn agentgateway_target_matches_its_golden_files() {
+    let mut failures = Vec::new();
+    for (name, text, max) in corpus() {
+        let out = compile(&text, &opts(max));
+        for (f, t) in &out {
+            if let Err(e) = common::golden::check(&format!("agentgateway-{name}"), f, t) {
+                failures.push(e);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// With a real agentgateway (`AGENTGATEWAY_BIN`), the generated config passes `--validate-only`.
+#[test]
+fn real_agentgateway_accepts_the_config() {
+    let Some(bin) = std::env::var_os("AGENTGATEWAY_BIN") else {
+        eprintln!(
+            "AGENTGATEWAY_BIN not set: skipping (see generator/README.md for how to build one)"
+        );
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("agw-validate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, text, max) in corpus() {
+        let out = compile(&text, &opts(max));
+        let path = dir.join(format!("{name}.yaml"));
+        std::fs::write(&path, file(&out, "agentgateway.yaml")).unwrap();
+        let o = std::process::Command::new(&bin)
+            .arg("-f")
+            .arg(&path)
+            .arg("--validate-only")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{name}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}

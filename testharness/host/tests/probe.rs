@@ -15,7 +15,7 @@ fn probe_path() -> PathBuf {
     PATH.get_or_init(|| match std::env::var("PROBE_FILTER_WASM") {
         Ok(p) => PathBuf::from(p),
         // Panics (fails the test) if the module cannot be built: never skip.
-        Err(_) => build_wasm("probe-filter", "probe_filter").unwrap_or_else(|e| panic!("{e:#}")),
+        Err(_) => e2e::wasm::build_filter("probe-filter", "probe_filter"),
     })
     .clone()
 }

@@ -298,6 +298,13 @@ pub(crate) fn parse_path(raw: &[u8]) -> Vec<String> {
 }
 
 fn property(st: &HostState, path: &[String]) -> Option<Vec<u8>> {
+    if let Some((_, v)) = st
+        .streams
+        .get(&st.effective)
+        .and_then(|s| s.properties.iter().find(|(p, _)| p.as_slice() == path))
+    {
+        return Some(v.clone());
+    }
     if let Some(v) = st.opts.properties.get(path) {
         return Some(v.clone());
     }

@@ -133,6 +133,9 @@ pub(crate) struct Stream {
     pub local_response: Option<LocalResponse>,
     /// `proxy_close_stream` reset the stream.
     pub reset: bool,
+    /// Properties of this stream only (what a gateway knows per request: `source.address`, ...),
+    /// looked up before the VM's.
+    pub properties: Vec<(Vec<String>, Vec<u8>)>,
 }
 
 impl Stream {

@@ -51,6 +51,9 @@ pub struct VmOptions {
 /// Callback answers kept per stream direction ([`StreamOutcome::actions`]).
 pub const MAX_RECORDED_ACTIONS: usize = 256;
 
+/// Properties an embedder may set on one stream.
+pub const MAX_STREAM_PROPERTIES: usize = 32;
+
 /// Properties a guest may add with `proxy_set_property` beyond those configured.
 pub const MAX_GUEST_PROPERTIES: usize = 1024;
 
@@ -873,6 +876,29 @@ impl Vm {
     /// The most recent names passed to `proxy_call_foreign_function`.
     pub fn foreign_calls(&self) -> Vec<String> {
         self.store.data().foreign_calls.iter().cloned().collect()
+    }
+
+    /// Sets a property for one stream only (at most [`MAX_STREAM_PROPERTIES`]; more are ignored).
+    pub fn set_stream_property(
+        &mut self,
+        id: StreamId,
+        path: &[&str],
+        value: impl Into<Vec<u8>>,
+    ) -> Result<(), HostError> {
+        let s = self
+            .store
+            .data_mut()
+            .streams
+            .get_mut(&id.0)
+            .ok_or(HostError::UnknownStream(id))?;
+        let path: Vec<String> = path.iter().map(|p| p.to_string()).collect();
+        let value = value.into();
+        if let Some(slot) = s.properties.iter_mut().find(|(p, _)| *p == path) {
+            slot.1 = value;
+        } else if s.properties.len() < MAX_STREAM_PROPERTIES {
+            s.properties.push((path, value));
+        }
+        Ok(())
     }
 
     /// HTTP stream contexts created and not yet done.

@@ -548,6 +548,41 @@ mod tests {
     }
 
     #[test]
+    fn a_trap_is_answered_503_fail_closed_and_nothing_passes() {
+        use envoy_types::pb::envoy::config::core::v3::HeaderMap;
+        let wat = r#"(module (memory (export "memory") 1)
+          (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024)
+          (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) unreachable))"#;
+        let module = llmkube_wasm_runtime::WasmModule::compile(wat.as_bytes()).unwrap();
+        let pool = Pool::new(module, Default::default(), 1).unwrap();
+        let mut x = Exchange::new(&pool);
+        let headers = HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![HeaderValue {
+                    key: ":path".into(),
+                    value: String::new(),
+                    raw_value: b"/v1/chat/completions".to_vec(),
+                }],
+            }),
+            end_of_stream: false,
+            ..Default::default()
+        };
+        let r = x
+            .handle(ProcessingRequest {
+                request: Some(processing_request::Request::RequestHeaders(headers)),
+                ..Default::default()
+            })
+            .unwrap();
+        let Some(processing_response::Response::ImmediateResponse(ir)) = r.response else {
+            panic!("{r:?}")
+        };
+        assert_eq!(ir.status.unwrap().code, 503);
+        let body: serde_json::Value = serde_json::from_slice(&ir.body).unwrap();
+        assert_eq!(body["error"]["code"], "fail_closed");
+        x.finish();
+    }
+
+    #[test]
     fn decision_headers_become_llmkube_metadata() {
         let s =
             decision_metadata(&h(&[("x-llmkube-backend", "a"), ("x-llmkube-rule", "r")])).unwrap();

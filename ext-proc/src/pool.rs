@@ -164,3 +164,53 @@ fn start(module: &WasmModule, opts: &VmOptions) -> anyhow::Result<Vm> {
     }
     Ok(vm)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Traps in request headers; everything else is a no-op.
+    const TRAPS_ON_HEADERS: &str = r#"(module
+      (memory (export "memory") 1)
+      (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024)
+      (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) unreachable))"#;
+
+    fn pool(instances: usize) -> Pool {
+        let module = WasmModule::compile(TRAPS_ON_HEADERS.as_bytes()).unwrap();
+        Pool::new(module, VmOptions::default(), instances).unwrap()
+    }
+
+    #[test]
+    fn a_trapped_instance_is_replaced_and_its_streams_are_void() {
+        let p = pool(1);
+        let a = p.open().unwrap();
+        let b = p.open().unwrap();
+        let trap = p.with(&a, |vm, id| vm.request_headers(id, &[(":path", "/")], true));
+        assert!(
+            matches!(trap, Err(PoolError::Vm(HostError::Trap { .. }))),
+            "{trap:?}"
+        );
+        // The other stream of the dead instance is refused, never run on the new one.
+        assert!(matches!(
+            p.with(&b, |vm, _| Ok(vm.open_streams())),
+            Err(PoolError::Replaced)
+        ));
+        // A new stream gets a fresh instance with none of the old streams.
+        let c = p.open().unwrap();
+        assert_eq!(p.with(&c, |vm, _| Ok(vm.open_streams())).unwrap(), 1);
+        p.close(a);
+        p.close(b);
+        p.close(c);
+    }
+
+    #[test]
+    fn streams_spread_over_the_least_busy_instance() {
+        let p = pool(2);
+        let a = p.open().unwrap();
+        let b = p.open().unwrap();
+        assert_ne!(a.slot, b.slot);
+        p.close(a);
+        let c = p.open().unwrap();
+        assert_eq!(c.slot, a.slot);
+    }
+}

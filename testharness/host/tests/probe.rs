@@ -603,3 +603,20 @@ fn wasm_text_modules_load_and_missing_callbacks_default_to_continue() {
     assert!(out.complete);
     assert_eq!(out.forwarded_body, b"body");
 }
+
+#[test]
+fn stream_properties_are_seen_by_that_stream_only_and_win_over_the_vm_ones() {
+    let o = opts(json!({"property": ["source", "address"]}))
+        .with_property(&["source", "address"], "10.0.0.1:1");
+    let mut h = host_with(o);
+    let a = h.new_http_stream().unwrap();
+    h.set_stream_property(a, &["source", "address"], "203.0.113.9:4000")
+        .unwrap();
+    h.request_headers(a, &post("/x"), true).unwrap();
+    assert_eq!(
+        h.request_outcome(a).unwrap().header("x-prop"),
+        Some("203.0.113.9:4000")
+    );
+    let out = h.run_request(&post("/y"), b"", 0).unwrap();
+    assert_eq!(out.header("x-prop"), Some("10.0.0.1:1"));
+}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-instance cost of a filter, measured by repetition (issue 5).
+"""Per-instance cost of a filter, measured by repetition.
 
 The added latency of one filter at 1 KiB is a few tens of µs, inside the run-to-run noise of this
 machine. So each filter also runs K times in one chain: (CPU per request with K copies - with one

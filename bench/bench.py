@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Side-by-side latency benchmark of our proxy-wasm filters against Envoy's native filters (issue 5).
+"""Side-by-side latency benchmark of our proxy-wasm filters against Envoy's native filters.
 
 Driven by bench/run, which makes sure the prerequisites exist. This script:
   1. writes the request bodies (realistic chat-completions JSON, model first / model last),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prices host interactions of a proxy-wasm filter in Envoy's V8 (issue 5: where the fixed cost is).
+"""Prices host interactions of a proxy-wasm filter in Envoy's V8 (where the fixed cost is).
 
 Runs, in one Envoy (--concurrency 1) side by side, listeners whose only filter is
 bench/hostcall-cost repeating one hostcall N times per request, plus a listener without filters

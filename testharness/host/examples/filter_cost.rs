@@ -10,7 +10,7 @@
 //! `filters/core/examples/scan_speed_v8.mjs`.
 
 use std::time::Instant;
-use wasm_host::{build_wasm, Host, VmOptions};
+use wasm_host::{Host, VmOptions};
 
 fn body(kib: usize) -> Vec<u8> {
     let sentence = "The quick brown fox jumps over the lazy dog, again and again; ";
@@ -30,7 +30,7 @@ fn main() {
     // section kept, the bench's plugin config, and a fixed number of rounds over one body file.
     let wasm = match std::env::var("FILTER_COST_WASM") {
         Ok(p) => p.into(),
-        Err(_) => build_wasm("llmkube-model-router", "llmkube_model_router").expect("build"),
+        Err(_) => e2e::wasm::build_filter("llmkube-model-router", "llmkube_model_router"),
     };
     let config = match std::env::var("FILTER_COST_CONFIG") {
         Ok(p) => std::fs::read(p).expect("config file"),

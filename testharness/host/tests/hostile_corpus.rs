@@ -1,4 +1,4 @@
-//! Issue 4: the bad-input corpus through the compiled model-router module, driven by the wasmtime
+//! The bad-input corpus through the compiled model-router module, driven by the wasmtime
 //! host as Envoy drives it. Every input gets the documented status and OpenAI-shaped JSON error
 //! (shared/interface.md) and is never forwarded; none kills the VM; afterwards the same VM routes.
 //!

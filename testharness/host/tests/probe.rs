@@ -15,7 +15,7 @@ fn probe_path() -> PathBuf {
     PATH.get_or_init(|| match std::env::var("PROBE_FILTER_WASM") {
         Ok(p) => PathBuf::from(p),
         // Panics (fails the test) if the module cannot be built: never skip.
-        Err(_) => build_wasm("probe-filter", "probe_filter").unwrap_or_else(|e| panic!("{e:#}")),
+        Err(_) => e2e::wasm::build_filter("probe-filter", "probe_filter"),
     })
     .clone()
 }
@@ -602,4 +602,21 @@ fn wasm_text_modules_load_and_missing_callbacks_default_to_continue() {
     let out = h.run_request(&post("/x"), b"body", 0).unwrap();
     assert!(out.complete);
     assert_eq!(out.forwarded_body, b"body");
+}
+
+#[test]
+fn stream_properties_are_seen_by_that_stream_only_and_win_over_the_vm_ones() {
+    let o = opts(json!({"property": ["source", "address"]}))
+        .with_property(&["source", "address"], "10.0.0.1:1");
+    let mut h = host_with(o);
+    let a = h.new_http_stream().unwrap();
+    h.set_stream_property(a, &["source", "address"], "203.0.113.9:4000")
+        .unwrap();
+    h.request_headers(a, &post("/x"), true).unwrap();
+    assert_eq!(
+        h.request_outcome(a).unwrap().header("x-prop"),
+        Some("203.0.113.9:4000")
+    );
+    let out = h.run_request(&post("/y"), b"", 0).unwrap();
+    assert_eq!(out.header("x-prop"), Some("10.0.0.1:1"));
 }

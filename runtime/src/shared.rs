@@ -1,11 +1,21 @@
 //! Process-wide state Envoy shares between worker VMs: shared data (with CAS) and shared queues.
 //!
-//! It lives behind an `Arc<Mutex<..>>` so two [`crate::Host`]s can model two Envoy workers running
-//! the same plugin, which is the only way to test CAS loops for lost updates.
+//! It lives behind an `Arc<Mutex<..>>` so every VM of a plugin (Envoy's workers; the instances of
+//! an ext_proc server's pool) sees one store, with Envoy's CAS rules across all of them. Sizes are
+//! bounded: a guest asking for more gets a status code, never more memory.
 
 use crate::Status;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Keys one store holds, across vm_ids.
+pub const MAX_SHARED_KEYS: usize = 1 << 16;
+/// Bytes of one shared-data value.
+pub const MAX_SHARED_VALUE: usize = 1 << 20;
+/// Queues one store holds.
+pub const MAX_QUEUES: usize = 1024;
+/// Items waiting in one queue.
+pub const MAX_QUEUE_ITEMS: usize = 4096;
 
 /// A handle on one shared-data/queue store; clones share the same store.
 #[derive(Clone, Default)]
@@ -94,13 +104,17 @@ impl SharedStore {
 
     /// Envoy's exact rules: cas 0 always writes; a mismatching cas on an existing key fails;
     /// a key that does not exist yet is created whatever cas says; every write gets a new cas.
+    /// Beyond [`MAX_SHARED_VALUE`] or [`MAX_SHARED_KEYS`] the write fails with InternalFailure.
     pub fn set(&self, vm_id: &str, key: &str, value: &[u8], cas: u32) -> Result<(), Status> {
+        if value.len() > MAX_SHARED_VALUE {
+            return Err(Status::InternalFailure);
+        }
         let mut inner = self.lock();
         let k = (vm_id.to_string(), key.to_string());
-        if let Some((_, current)) = inner.data.get(&k) {
-            if cas != 0 && cas != *current {
-                return Err(Status::CasMismatch);
-            }
+        match inner.data.get(&k) {
+            Some((_, current)) if cas != 0 && cas != *current => return Err(Status::CasMismatch),
+            None if inner.data.len() >= MAX_SHARED_KEYS => return Err(Status::InternalFailure),
+            _ => {}
         }
         let new_cas = inner.next_cas();
         inner.data.insert(k, (value.to_vec(), new_cas));
@@ -120,7 +134,13 @@ impl SharedStore {
         keys
     }
 
-    pub(crate) fn register_queue(&self, vm_id: &str, name: &str, owner: u64, root: u32) -> u32 {
+    pub(crate) fn register_queue(
+        &self,
+        vm_id: &str,
+        name: &str,
+        owner: u64,
+        root: u32,
+    ) -> Result<u32, Status> {
         let mut inner = self.lock();
         if let Some(i) = inner
             .queues
@@ -130,7 +150,10 @@ impl SharedStore {
             // Re-registering moves delivery to the new registrant, as Envoy does.
             inner.queues[i].owner = owner;
             inner.queues[i].root_context = root;
-            return i as u32 + 1;
+            return Ok(i as u32 + 1);
+        }
+        if inner.queues.len() >= MAX_QUEUES {
+            return Err(Status::InternalFailure);
         }
         inner.queues.push(Queue {
             vm_id: vm_id.to_string(),
@@ -140,7 +163,7 @@ impl SharedStore {
             items: VecDeque::new(),
             pending_notifications: 0,
         });
-        inner.queues.len() as u32
+        Ok(inner.queues.len() as u32)
     }
 
     pub(crate) fn resolve_queue(&self, vm_id: &str, name: &str) -> Option<u32> {
@@ -157,6 +180,9 @@ impl SharedStore {
             .queues
             .get_mut((id as usize).wrapping_sub(1))
             .ok_or(Status::NotFound)?;
+        if q.items.len() >= MAX_QUEUE_ITEMS || value.len() > MAX_SHARED_VALUE {
+            return Err(Status::InternalFailure);
+        }
         q.items.push_back(value.to_vec());
         q.pending_notifications += 1;
         Ok(())

@@ -103,8 +103,8 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>, m: &str) -> anyhow::Resul
         "clock_time_get",
         |mut c: C<'_>, id: i32, _precision: i64, ret: i32| -> i32 {
             let t = match id {
-                0 => c.data().clock_nanos,
-                1 => c.data().monotonic_nanos,
+                0 => c.data().opts.clock.realtime_nanos(),
+                1 => c.data().opts.clock.monotonic_nanos(),
                 _ => return ENOTSUP,
             };
             if write_u64(&mut c, ret, t) {
@@ -115,17 +115,17 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>, m: &str) -> anyhow::Resul
         },
     )?;
     l.func_wrap(m, "random_get", |mut c: C<'_>, ptr: i32, len: i32| -> i32 {
-        let mut bytes = Vec::with_capacity(len as u32 as usize);
-        while bytes.len() < len as u32 as usize {
-            let r = next_random(c.data_mut());
-            bytes.extend_from_slice(&r.to_le_bytes());
+        // Written piece by piece: the guest's length must not size a host allocation.
+        let (mut at, end) = (ptr as u32 as u64, ptr as u32 as u64 + len as u32 as u64);
+        while at < end {
+            let r = next_random(c.data_mut()).to_le_bytes();
+            let n = (end - at).min(8) as usize;
+            if !write(&mut c, at as u32 as i32, &r[..n]) {
+                return EFAULT;
+            }
+            at += n as u64;
         }
-        bytes.truncate(len as u32 as usize);
-        if write(&mut c, ptr, &bytes) {
-            ESUCCESS
-        } else {
-            EFAULT
-        }
+        ESUCCESS
     })?;
     l.func_wrap(
         m,
@@ -149,18 +149,14 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>, m: &str) -> anyhow::Resul
                 };
                 data.extend_from_slice(&chunk);
             }
-            let st = c.data_mut();
-            if fd == 1 {
-                st.stdout.extend_from_slice(&data);
-            } else {
-                st.stderr.extend_from_slice(&data);
-            }
+            let st = c.data();
+            st.opts.log_sink.wasi_output(fd as u32, &data);
             if !data.is_empty() {
                 let mut line = String::from_utf8_lossy(&data).into_owned();
                 if line.ends_with('\n') {
                     line.pop();
                 }
-                st.logs.push((level, line));
+                st.log(level, &line);
             }
             if write_u32(&mut c, written, data.len() as u32) {
                 ESUCCESS
@@ -175,19 +171,15 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>, m: &str) -> anyhow::Resul
         |_c: C<'_>, _fd: i32, _iovs: i32, _n: i32, _read: i32| -> i32 { ENOSYS },
     )?;
     // Envoy logs these as errors and reports success.
-    l.func_wrap(m, "fd_close", |mut c: C<'_>, _fd: i32| -> i32 {
-        c.data_mut()
-            .logs
-            .push((LogLevel::Error, "wasi_unstable fd_close".into()));
+    l.func_wrap(m, "fd_close", |c: C<'_>, _fd: i32| -> i32 {
+        c.data().log(LogLevel::Error, "wasi_unstable fd_close");
         ESUCCESS
     })?;
     l.func_wrap(
         m,
         "fd_seek",
-        |mut c: C<'_>, _fd: i32, _off: i64, _whence: i32, _ret: i32| -> i32 {
-            c.data_mut()
-                .logs
-                .push((LogLevel::Error, "wasi_unstable fd_seek".into()));
+        |c: C<'_>, _fd: i32, _off: i64, _whence: i32, _ret: i32| -> i32 {
+            c.data().log(LogLevel::Error, "wasi_unstable fd_seek");
             ESUCCESS
         },
     )?;

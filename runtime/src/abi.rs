@@ -298,6 +298,13 @@ pub(crate) fn parse_path(raw: &[u8]) -> Vec<String> {
 }
 
 fn property(st: &HostState, path: &[String]) -> Option<Vec<u8>> {
+    if let Some((_, v)) = st
+        .streams
+        .get(&st.effective)
+        .and_then(|s| s.properties.iter().find(|(p, _)| p.as_slice() == path))
+    {
+        return Some(v.clone());
+    }
     if let Some(v) = st.opts.properties.get(path) {
         return Some(v.clone());
     }
@@ -341,10 +348,13 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
             let Some(level) = LogLevel::from_raw(level) else {
                 return BAD_ARGUMENT;
             };
+            if !c.data().opts.log_sink.enabled(level) {
+                return OK;
+            }
             let Some(msg) = read_str(&mut c, ptr, len) else {
                 return INVALID_MEMORY;
             };
-            c.data_mut().logs.push((level, msg));
+            c.data().log(level, &msg);
             OK
         },
     )?;
@@ -364,7 +374,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_get_current_time_nanoseconds",
         |mut c: C<'_>, ret: i32| -> i32 {
-            let now = c.data().clock_nanos;
+            let now = c.data().opts.clock.realtime_nanos();
             if write_u64(&mut c, ret, now) {
                 OK
             } else {
@@ -378,7 +388,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         |mut c: C<'_>, ms: i32| -> i32 {
             let st = c.data_mut();
             st.tick_period_ms = ms as u32;
-            st.next_tick_nanos = st.clock_nanos + (ms as u32 as u64) * 1_000_000;
+            st.next_tick_nanos = st.opts.clock.monotonic_nanos() + (ms as u32 as u64) * 1_000_000;
             OK
         },
     )?;
@@ -416,6 +426,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
             };
             let st = c.data_mut();
             let id = st.effective;
+            let limit = st.opts.limits.max_buffered_body;
             let buf = match (ty, st.streams.get_mut(&id)) {
                 (0, Some(s)) => &mut s.req.buffer,
                 (1, Some(s)) => &mut s.resp.buffer,
@@ -423,6 +434,14 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 (_, _) => return BAD_ARGUMENT,
             };
             let (start, size) = (start as u32 as usize, size as u32 as usize);
+            let kept = if start == 0 {
+                buf.len().saturating_sub(size)
+            } else {
+                buf.len()
+            };
+            if kept.saturating_add(data.len()) > limit {
+                return BAD_ARGUMENT;
+            }
             // Envoy's rules (context.cc Buffer::copyFrom): start 0 drains `size` bytes and
             // prepends (so (0,0) prepends and (0,len) replaces), start >= len appends; anything
             // else is refused.
@@ -533,7 +552,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 return Ok(INVALID_MEMORY);
             };
             let path = parse_path(&raw);
-            c.data_mut().property_reads.push(path.clone());
+            c.data().opts.log_sink.property_read(&path);
             match property(c.data(), &path) {
                 Some(v) => copy_out(&mut c, &v, rp, rs),
                 None => Ok(NOT_FOUND),
@@ -548,7 +567,11 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 return INVALID_MEMORY;
             };
             let path = parse_path(&raw);
-            c.data_mut().opts.properties.insert(path, val);
+            let props = &mut c.data_mut().opts.properties;
+            if !props.contains_key(&path) && props.len() >= crate::vm::MAX_GUEST_PROPERTIES {
+                return INTERNAL_FAILURE;
+            }
+            props.insert(path, val);
             OK
         },
     )?;
@@ -591,12 +614,15 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 return INVALID_MEMORY;
             };
             let st = c.data();
-            let id = st.opts.shared.register_queue(
+            let id = match st.opts.shared.register_queue(
                 &st.opts.vm_id,
                 &name,
                 st.host_key,
                 crate::ROOT_CONTEXT_ID,
-            );
+            ) {
+                Ok(id) => id,
+                Err(s) => return s as i32,
+            };
             if write_u32(&mut c, ret, id) {
                 OK
             } else {
@@ -754,12 +780,16 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
             {
                 return BAD_ARGUMENT;
             }
-            let token = st.next_token;
+            if st.pending_calls.len() >= st.opts.limits.max_pending_calls {
+                return INTERNAL_FAILURE;
+            }
+            // Tokens wrap in a long-lived VM; 0 is never handed out.
+            let token = st.next_token.max(1);
             if !write_u32(&mut c, ret, token) {
                 return INVALID_MEMORY;
             }
             let st = c.data_mut();
-            st.next_token += 1;
+            st.next_token = token.wrapping_add(1);
             let record = HttpCallRecord {
                 token,
                 context_id: st.effective,
@@ -769,8 +799,8 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 trailers,
                 timeout: Duration::from_millis(timeout as u32 as u64),
             };
-            st.calls.push(record.clone());
-            let deadline_nanos = st.clock_nanos + (timeout as u32 as u64) * 1_000_000;
+            let deadline_nanos =
+                st.opts.clock.monotonic_nanos() + (timeout as u32 as u64) * 1_000_000;
             st.pending_calls.insert(
                 token,
                 PendingCall {
@@ -873,7 +903,11 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
             let Some(name) = read_str(&mut c, np, ns) else {
                 return Ok(INVALID_MEMORY);
             };
-            c.data_mut().foreign_calls.push(name.clone());
+            let seen = &mut c.data_mut().foreign_calls;
+            if seen.len() >= 64 {
+                seen.pop_front();
+            }
+            seen.push_back(name.clone());
             match name.as_str() {
                 // Envoy 1.40 registers this one; routing is re-evaluated anyway in this host.
                 "clear_route_cache" => copy_out(&mut c, &[], rp, rs),
@@ -894,18 +928,25 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
             let Some(name) = read_str(&mut c, np, ns) else {
                 return INVALID_MEMORY;
             };
-            let metrics = &mut c.data_mut().metrics;
+            let st = c.data_mut();
+            let max = st.opts.limits.max_metrics;
+            let metrics = &mut st.metrics;
             let idx = match metrics
                 .iter()
                 .position(|m| m.name == name && m.kind == kind)
             {
                 Some(i) => i,
                 None => {
+                    if metrics.len() >= max {
+                        return INTERNAL_FAILURE;
+                    }
                     metrics.push(crate::Metric {
                         name,
                         kind,
                         value: 0,
                         samples: vec![],
+                        count: 0,
+                        sum: 0,
                     });
                     metrics.len() - 1
                 }
@@ -925,8 +966,8 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 return NOT_FOUND;
             };
             match m.kind {
-                MetricKind::Counter if offset > 0 => m.value += offset,
-                MetricKind::Gauge => m.value += offset,
+                MetricKind::Counter if offset > 0 => m.value = m.value.saturating_add(offset),
+                MetricKind::Gauge => m.value = m.value.saturating_add(offset),
                 _ => return BAD_ARGUMENT,
             }
             OK
@@ -936,13 +977,14 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_record_metric",
         |mut c: C<'_>, id: i32, value: i64| -> i32 {
+            let keep = c.data().opts.limits.histogram_samples;
             let Some(m) = metric_mut(c.data_mut(), id) else {
                 return NOT_FOUND;
             };
             match m.kind {
-                MetricKind::Counter => m.value += value,
+                MetricKind::Counter => m.value = m.value.saturating_add(value),
                 MetricKind::Gauge => m.value = value,
-                MetricKind::Histogram => m.samples.push(value as u64),
+                MetricKind::Histogram => m.record(value as u64, keep),
             }
             OK
         },

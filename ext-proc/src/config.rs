@@ -1,0 +1,213 @@
+//! The server's configuration file (YAML or JSON): which filter module, pinned by sha256, with
+//! the plugin config the Envoy target embeds, and the server's bounds.
+
+use anyhow::{anyhow, bail, Context as _};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    module: ModuleRef,
+    root_id: String,
+    #[serde(default)]
+    vm_id: String,
+    /// The plugin configuration: a JSON object, or the JSON text itself.
+    plugin_config: serde_json::Value,
+    #[serde(default)]
+    instances: Option<usize>,
+    #[serde(default)]
+    max_streams: Option<usize>,
+    #[serde(default)]
+    log_level: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModuleRef {
+    /// Relative paths are taken from the config file's directory.
+    path: PathBuf,
+    sha256: String,
+}
+
+/// A checked configuration, with the module's bytes already read and verified.
+#[derive(Debug)]
+pub struct Config {
+    pub module_path: PathBuf,
+    pub wasm: Vec<u8>,
+    pub root_id: String,
+    pub vm_id: String,
+    pub plugin_config: Vec<u8>,
+    /// The filter's own body limit (`max_body_bytes` of the plugin config): per-stream memory.
+    pub max_body_bytes: usize,
+    pub instances: usize,
+    pub max_streams: usize,
+    pub log_level: llmkube_wasm_runtime::LogLevel,
+}
+
+/// What the Envoy target's plugin config says when it says nothing (8 MiB).
+const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+
+/// The per-attempt module runs once per upstream attempt, after the gateway chose the backend.
+/// ext_proc sees the downstream request once, before routing, so the module's model rewrite and
+/// credential guard would run for the first choice only, not for a fallback: refuse it rather
+/// than serve that weaker guarantee.
+const PER_ATTEMPT_ROOT_ID: &str = "upstream";
+
+pub fn load(path: &Path) -> anyhow::Result<Config> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config {}", path.display()))?;
+    let file: File = serde_norway::from_str(&text)
+        .with_context(|| format!("config {}: not the expected YAML/JSON", path.display()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let module_path = base.join(&file.module.path);
+    let wasm = std::fs::read(&module_path)
+        .with_context(|| format!("module.path: reading {}", module_path.display()))?;
+    let actual = hex(&Sha256::digest(&wasm));
+    let expected = file.module.sha256.trim().to_ascii_lowercase();
+    if actual != expected {
+        bail!(
+            "module.sha256: {} has sha256 {actual}, the config pins {expected}",
+            module_path.display()
+        );
+    }
+    if file.root_id == PER_ATTEMPT_ROOT_ID {
+        bail!(
+            "root_id: the per-attempt module (root_id {PER_ATTEMPT_ROOT_ID}) cannot run behind ext_proc: \
+             ext_proc sees a request once, before routing, not once per upstream attempt, so a \
+             fallback attempt would get neither its model rewrite nor its credential guard; run it \
+             in the gateway's per-attempt filters instead"
+        );
+    }
+    let plugin_config = match &file.plugin_config {
+        serde_json::Value::String(s) => s.clone().into_bytes(),
+        other => serde_json::to_vec(other)?,
+    };
+    let parsed: serde_json::Value = serde_json::from_slice(&plugin_config)
+        .map_err(|e| anyhow!("plugin_config: not JSON: {e}"))?;
+    let max_body_bytes = match parsed.get("max_body_bytes") {
+        None => DEFAULT_MAX_BODY_BYTES,
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| anyhow!("plugin_config.max_body_bytes: not a byte count"))?,
+    };
+    let instances = file
+        .instances
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().max(2)));
+    if instances == 0 || instances > 256 {
+        bail!("instances: {instances} is not between 1 and 256");
+    }
+    let max_streams = file.max_streams.unwrap_or(1024);
+    if max_streams == 0 {
+        bail!("max_streams: must be at least 1");
+    }
+    let log_level = parse_level(file.log_level.as_deref().unwrap_or("info"))?;
+    Ok(Config {
+        module_path,
+        wasm,
+        root_id: file.root_id,
+        vm_id: file.vm_id,
+        plugin_config,
+        max_body_bytes,
+        instances,
+        max_streams,
+        log_level,
+    })
+}
+
+fn parse_level(s: &str) -> anyhow::Result<llmkube_wasm_runtime::LogLevel> {
+    use llmkube_wasm_runtime::LogLevel::*;
+    Ok(match s {
+        "trace" => Trace,
+        "debug" => Debug,
+        "info" => Info,
+        "warn" | "warning" => Warn,
+        "error" => Error,
+        "critical" => Critical,
+        other => {
+            bail!("log_level: {other:?} is not one of trace, debug, info, warn, error, critical")
+        }
+    })
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn tmp() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "ext-proc-config-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    const WAT: &str = "(module)";
+
+    #[test]
+    fn a_module_whose_digest_differs_is_refused_naming_both() {
+        let d = tmp();
+        write(&d, "m.wat", WAT);
+        let cfg = write(
+            &d,
+            "c.yaml",
+            "module: {path: m.wat, sha256: 00}\nroot_id: model-router\nplugin_config: {}\n",
+        );
+        let err = format!("{:#}", load(&cfg).unwrap_err());
+        assert!(
+            err.contains("module.sha256") && err.contains(&hex(&Sha256::digest(WAT))),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn json_config_loads_with_the_filter_body_limit() {
+        let d = tmp();
+        write(&d, "m.wat", WAT);
+        let sha = hex(&Sha256::digest(WAT));
+        let cfg = write(
+            &d,
+            "c.json",
+            &format!(
+                r#"{{"module": {{"path": "m.wat", "sha256": "{sha}"}}, "root_id": "model-router",
+                    "plugin_config": "{{\"max_body_bytes\": 4096}}", "instances": 2}}"#
+            ),
+        );
+        let c = load(&cfg).unwrap();
+        assert_eq!(
+            (c.max_body_bytes, c.instances, c.max_streams),
+            (4096, 2, 1024)
+        );
+        assert_eq!(c.plugin_config, br#"{"max_body_bytes": 4096}"#);
+    }
+
+    #[test]
+    fn the_per_attempt_module_is_refused_with_the_reason() {
+        let d = tmp();
+        write(&d, "m.wat", WAT);
+        let sha = hex(&Sha256::digest(WAT));
+        let cfg = write(
+            &d,
+            "c.yaml",
+            &format!(
+                "module: {{path: m.wat, sha256: {sha}}}\nroot_id: upstream\nplugin_config: {{}}\n"
+            ),
+        );
+        let err = format!("{:#}", load(&cfg).unwrap_err());
+        assert!(err.contains("per upstream attempt"), "{err}");
+    }
+}

@@ -5,7 +5,11 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::envoy::{parse_host_port, EnvoyOptions, Format};
+use crate::ir::CompileOptions;
+use crate::targets::envoy::{EnvoyOptions, Format};
+use crate::targets::envoy_gateway::{GatewayOptions, WasmSource};
+use crate::targets::Target;
+use crate::url::parse_host_port;
 use crate::{read_sources, validate_sources, Diagnostics, Problem};
 
 pub const USAGE: &str = "\
@@ -16,6 +20,9 @@ usage:
                      [--resolve NAME=HOST:PORT]... [--endpoints NAME=IP:PORT,...]...
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
                      [--ca-file PATH] [--format yaml|json]
+      envoy-gateway options: --wasm-url URL | --wasm-image REF [--wasm-sha256 HEX]
+                     [--wasm-dir DIR] [--gateway-listener NAME] [--resolve ...] [--endpoints ...]
+                     [--router NAME] [--model-header NAME] [--max-body-bytes N]
   -f - reads stdin. Problems are printed to stderr as `<Kind>/<name>: <field.path>: <why>`.";
 
 struct Args {
@@ -37,6 +44,10 @@ const VALUE_FLAGS: &[&str] = &[
     "--max-body-bytes",
     "--ca-file",
     "--format",
+    "--wasm-url",
+    "--wasm-image",
+    "--wasm-sha256",
+    "--gateway-listener",
 ];
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -148,51 +159,68 @@ pub fn run(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write, err: &mut
     }
 }
 
+/// Flags only some targets take; a flag of another target is a usage error.
+const TARGET_FLAGS: &[(Target, &[&str])] = &[
+    (
+        Target::Envoy,
+        &["--listen", "--admin", "--ca-file", "--format"],
+    ),
+    (
+        Target::EnvoyGateway,
+        &[
+            "--wasm-url",
+            "--wasm-image",
+            "--wasm-sha256",
+            "--gateway-listener",
+        ],
+    ),
+];
+
 fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
-    let target = match a.one("--target") {
-        Ok(Some(t)) => t.to_string(),
-        Ok(None) => {
-            let _ = writeln!(err, "error: --target is required\n{USAGE}");
-            return 2;
-        }
-        Err(m) => {
-            let _ = writeln!(err, "error: {m}");
-            return 2;
-        }
+    let usage = |err: &mut dyn Write, m: &str| {
+        let _ = writeln!(err, "error: {m}\n{USAGE}");
+        2
     };
-    match target.as_str() {
-        "envoy" => {}
-        "envoy-gateway" | "agentgateway" => {
+    let target = match a.one("--target") {
+        Ok(Some(t)) => t,
+        Ok(None) => return usage(err, "--target is required"),
+        Err(m) => return usage(err, &m),
+    };
+    let target = match target.parse::<Target>() {
+        Ok(Target::Agentgateway) => {
             let _ = writeln!(
                 err,
-                "options: --target: {target} is not implemented yet (only envoy is)"
+                "options: --target: agentgateway is not implemented yet (envoy and envoy-gateway are)"
             );
             return 1;
         }
-        other => {
-            let _ = writeln!(
-                err,
-                "error: unknown target {other:?} (envoy, envoy-gateway, agentgateway)"
-            );
-            return 2;
+        Ok(t) => t,
+        Err(m) => return usage(err, &m),
+    };
+    for (t, flags) in TARGET_FLAGS {
+        if let Some(f) = flags
+            .iter()
+            .find(|f| *t != target && a.opts.contains_key(**f))
+        {
+            return usage(err, &format!("{f} is not an option of --target {target}"));
         }
     }
     let output = match a.one("-o") {
         Ok(o) => o.map(PathBuf::from),
-        Err(m) => {
-            let _ = writeln!(err, "error: {m}");
-            return 2;
-        }
+        Err(m) => return usage(err, &m),
     };
-    let opts = match envoy_options(a, output.as_deref()) {
-        Ok(o) => o,
-        Err(problems) => {
-            for p in problems {
-                let _ = writeln!(err, "{p}");
-            }
-            return 1;
-        }
+    let mut problems = Vec::new();
+    let common = common_options(a, &mut problems);
+    let compiled = match target {
+        Target::Envoy => envoy_options(a, common, output.as_deref(), &mut problems),
+        _ => gateway_options(a, common, &mut problems),
     };
+    if !problems.is_empty() {
+        for p in problems {
+            let _ = writeln!(err, "{p}");
+        }
+        return 1;
+    }
     let sources = match read_sources(&a.files, stdin) {
         Ok(s) => s,
         Err(p) => {
@@ -201,7 +229,13 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
         }
     };
     let mut diags = Diagnostics::default();
-    let result = crate::envoy::compile_envoy_diag(&sources, &opts, &mut diags);
+    let result = match &compiled {
+        Compile::Envoy(o) => crate::targets::envoy::compile_envoy_diag(&sources, o, &mut diags),
+        Compile::EnvoyGateway(o) => {
+            crate::targets::envoy_gateway::compile_envoy_gateway_diag(&sources, o, &mut diags)
+        }
+        Compile::Invalid => None,
+    };
     print_diags(&diags, err);
     let Some(text) = result.filter(|_| diags.errors.is_empty()) else {
         return 1;
@@ -221,70 +255,40 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
     }
 }
 
-fn envoy_options(a: &Args, output: Option<&Path>) -> Result<EnvoyOptions, Vec<Problem>> {
-    let mut problems = Vec::new();
-    let mut bad = |flag: &str, msg: String| problems.push(Problem::new("options", flag, msg));
-    let mut o = EnvoyOptions::default();
-    let one = |flag: &str| a.one(flag);
-    macro_rules! single {
-        ($flag:expr) => {
-            match one($flag) {
-                Ok(v) => v,
-                Err(m) => {
-                    bad($flag, m);
-                    None
-                }
-            }
-        };
-    }
-    if let Some(d) = single!("--wasm-dir") {
-        o.wasm_dir = PathBuf::from(d);
-    }
-    for (flag, slot) in [("--listen", &mut o.listen), ("--admin", &mut o.admin)] {
-        if let Some(v) = single!(flag) {
-            match v.parse() {
-                Ok(sa) => *slot = sa,
-                Err(_) => bad(
-                    flag,
-                    format!("{v:?} must be IP:PORT (e.g. 127.0.0.1:10000)"),
-                ),
-            }
-        }
-    }
-    if let Some(r) = single!("--router") {
-        o.router = Some(r.to_string());
-    }
-    if let Some(h) = single!("--model-header") {
-        o.model_header = Some(h.to_string());
-    }
-    if let Some(n) = single!("--max-body-bytes") {
+/// A target's options, once parsed.
+enum Compile {
+    Envoy(EnvoyOptions),
+    EnvoyGateway(GatewayOptions),
+    /// Some option was invalid (the problems say which).
+    Invalid,
+}
+
+/// Reads a flag given at most once; a repeated flag is a problem.
+fn single<'a>(a: &'a Args, flag: &str, problems: &mut Vec<Problem>) -> Option<&'a str> {
+    a.one(flag).unwrap_or_else(|m| {
+        problems.push(Problem::new("options", flag, m));
+        None
+    })
+}
+
+/// The options every target takes.
+fn common_options(a: &Args, problems: &mut Vec<Problem>) -> CompileOptions {
+    let mut o = CompileOptions {
+        router: single(a, "--router", problems).map(str::to_string),
+        model_header: single(a, "--model-header", problems).map(str::to_string),
+        ..Default::default()
+    };
+    if let Some(n) = single(a, "--max-body-bytes", problems) {
         match n.parse::<u64>() {
             Ok(v) if v > 0 => o.max_body_bytes = Some(v),
-            _ => bad(
+            _ => problems.push(Problem::new(
+                "options",
                 "--max-body-bytes",
                 format!("{n:?} must be a positive integer"),
-            ),
+            )),
         }
     }
-    if let Some(c) = single!("--ca-file") {
-        o.ca_file = c.to_string();
-    }
-    let format = single!("--format");
-    o.format = match format {
-        Some("json") => Format::Json,
-        Some("yaml") => Format::Yaml,
-        Some(f) => {
-            bad("--format", format!("{f:?} must be yaml or json"));
-            Format::Yaml
-        }
-        None if output
-            .and_then(|p| p.extension())
-            .is_some_and(|e| e == "json") =>
-        {
-            Format::Json
-        }
-        None => Format::Yaml,
-    };
+    let mut bad = |flag: &str, msg: String| problems.push(Problem::new("options", flag, msg));
     for v in a.many("--resolve") {
         match v.split_once('=') {
             Some((name, addr)) if !name.is_empty() => match parse_host_port(addr) {
@@ -317,11 +321,96 @@ fn envoy_options(a: &Args, output: Option<&Path>) -> Result<EnvoyOptions, Vec<Pr
         eps.sort();
         eps.dedup();
     }
-    if problems.is_empty() {
-        Ok(o)
-    } else {
-        Err(problems)
+    o
+}
+
+fn envoy_options(
+    a: &Args,
+    common: CompileOptions,
+    output: Option<&Path>,
+    problems: &mut Vec<Problem>,
+) -> Compile {
+    let mut o = EnvoyOptions {
+        common,
+        ..Default::default()
+    };
+    let before = problems.len();
+    if let Some(d) = single(a, "--wasm-dir", problems) {
+        o.wasm_dir = PathBuf::from(d);
     }
+    for (flag, slot) in [("--listen", &mut o.listen), ("--admin", &mut o.admin)] {
+        if let Some(v) = single(a, flag, problems) {
+            match v.parse() {
+                Ok(sa) => *slot = sa,
+                Err(_) => problems.push(Problem::new(
+                    "options",
+                    flag,
+                    format!("{v:?} must be IP:PORT (e.g. 127.0.0.1:10000)"),
+                )),
+            }
+        }
+    }
+    if let Some(c) = single(a, "--ca-file", problems) {
+        o.ca_file = c.to_string();
+    }
+    o.format = match single(a, "--format", problems) {
+        Some("json") => Format::Json,
+        Some("yaml") => Format::Yaml,
+        Some(f) => {
+            problems.push(Problem::new(
+                "options",
+                "--format",
+                format!("{f:?} must be yaml or json"),
+            ));
+            Format::Yaml
+        }
+        None if output
+            .and_then(|p| p.extension())
+            .is_some_and(|e| e == "json") =>
+        {
+            Format::Json
+        }
+        None => Format::Yaml,
+    };
+    if problems.len() > before {
+        return Compile::Invalid;
+    }
+    Compile::Envoy(o)
+}
+
+fn gateway_options(a: &Args, common: CompileOptions, problems: &mut Vec<Problem>) -> Compile {
+    let url = single(a, "--wasm-url", problems);
+    let image = single(a, "--wasm-image", problems);
+    let wasm = match (url, image) {
+        (Some(u), None) => WasmSource::Http(u.to_string()),
+        (None, Some(i)) => WasmSource::Image(i.to_string()),
+        (Some(_), Some(_)) => {
+            problems.push(Problem::new(
+                "options",
+                "--wasm-url",
+                "give --wasm-url or --wasm-image, not both",
+            ));
+            return Compile::Invalid;
+        }
+        (None, None) => {
+            problems.push(Problem::new(
+                "options",
+                "--wasm-url",
+                "the envoy-gateway target needs --wasm-url URL or --wasm-image REF (where Envoy Gateway fetches the model-router module)",
+            ));
+            return Compile::Invalid;
+        }
+    };
+    let mut o = GatewayOptions::new(wasm);
+    o.common = common;
+    o.wasm_sha256 = single(a, "--wasm-sha256", problems).map(str::to_string);
+    if let Some(d) = single(a, "--wasm-dir", problems) {
+        o.wasm_dir = PathBuf::from(d);
+    }
+    if let Some(l) = single(a, "--gateway-listener", problems) {
+        o.listener = l.to_string();
+    }
+    Compile::EnvoyGateway(o)
 }
 
 /// Writes `bytes` to a temporary file next to `path` (mode 0600: the bootstrap can hold provider

@@ -88,6 +88,27 @@ pub fn envoy_duration(d: Duration) -> String {
     }
 }
 
+/// Renders a duration for Gateway API / Envoy Gateway fields (`^([0-9]{1,5}(h|m|s|ms)){1,4}$`):
+/// whole hours, minutes, seconds and milliseconds, largest units first (`0s` for zero).
+pub fn gateway_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    for (unit, size) in [("h", 3_600_000u128), ("m", 60_000), ("s", 1_000), ("ms", 1)] {
+        let n = if unit == "h" {
+            ms / size
+        } else {
+            ms % (size * if unit == "ms" { 1000 } else { 60 }) / size
+        };
+        if n > 0 {
+            out.push_str(&format!("{n}{unit}"));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +155,16 @@ mod tests {
             parse_duration("15").unwrap_err(),
             "invalid duration \"15\": missing unit (Go syntax, e.g. \"15s\", \"2m\", \"1h30m\", \"500ms\")"
         );
+    }
+
+    #[test]
+    fn gateway_rendering() {
+        assert_eq!(gateway_duration(Duration::from_secs(300)), "5m");
+        assert_eq!(gateway_duration(Duration::from_secs(15)), "15s");
+        assert_eq!(gateway_duration(Duration::from_millis(1500)), "1s500ms");
+        assert_eq!(gateway_duration(Duration::from_secs(5400)), "1h30m");
+        assert_eq!(gateway_duration(Duration::ZERO), "0s");
+        assert_eq!(gateway_duration(Duration::from_secs(3601)), "1h1s");
     }
 
     #[test]

@@ -1,27 +1,37 @@
 //! `llmkube-gen`: LLMKube ModelRouter manifests → gateway configuration that loads the filters.
 //!
+//! Input → validated IR → one emitter per target:
 //! - [`model`]: typed ModelRouter spec (kube `CustomResource`), [`inputs`]: multi-document YAML
 //!   loading (ModelRouter, InferenceService, Secret, EndpointSlice).
 //! - [`validate`]: every rule of the CRD reference, as [`Problem`] lines
 //!   `<Kind>/<name>: <field.path>: <why>`.
 //! - [`plugin`]: ModelRouter → `router_core::config::PluginConfig`.
-//! - [`envoy`]: `compile --target envoy` (standalone bootstrap).
+//! - [`ir`]: the validated router every target renders (plugin config, the core `Router`,
+//!   resolved backends, route plans, durations, credentials as Secret references).
+//! - [`targets`]: one module per `--target` with its own refusals ([`targets::envoy`]: a
+//!   standalone bootstrap).
+//! - [`url`], [`duration`]: the value syntaxes of the spec; [`render`]: YAML/JSON output.
 //! - [`cli`]: the command line (`validate`, `compile`).
 
 pub mod cli;
 pub mod duration;
-pub mod envoy;
 pub mod inputs;
+pub mod ir;
 pub mod model;
 pub mod plugin;
+pub mod render;
+pub mod targets;
+pub mod url;
 pub mod validate;
 
 use std::fmt;
 
-pub use envoy::{compile_envoy, compile_envoy_diag, EnvoyOptions, Format};
 pub use inputs::{load, Inputs, Source};
+pub use ir::CompileOptions;
 pub use model::{ModelRouter, ModelRouterSpec};
 pub use plugin::{plugin_config, PluginContext};
+pub use targets::envoy::{compile_envoy, compile_envoy_diag, EnvoyOptions, Format};
+pub use targets::Target;
 
 /// One problem: `<object>: <field.path>: <why>` (the path part is left out when empty).
 #[derive(Debug, Clone, PartialEq, Eq)]

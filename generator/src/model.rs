@@ -13,6 +13,10 @@ use std::time::Duration;
 use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
+/// Enums whose wire names the spec and the plugin config share: one definition, the core's.
+pub use router_core::config::{DefaultRouteStrategy, Strategy, TaskComplexity, Tier};
+pub use router_core::provider::Provider;
+
 pub const API_VERSION: &str = "inference.llmkube.dev/v1alpha1";
 pub const DEFAULT_RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -62,13 +66,6 @@ pub enum DataPlane {
     Proxy,
     Gateway,
     AgentGateway,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum DefaultRouteStrategy {
-    #[default]
-    Static,
-    BackendNameMatch,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -149,13 +146,6 @@ impl RouterBackend {
     pub fn model_id(&self) -> &str {
         self.display_name.as_deref().unwrap_or(&self.name)
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    Local,
-    Cloud,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -240,46 +230,6 @@ pub struct ExternalBackend {
     pub provider: Provider,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Provider {
-    Anthropic,
-    Openai,
-    Bedrock,
-    VertexAi,
-    Litellm,
-}
-
-impl Provider {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Provider::Anthropic => "anthropic",
-            Provider::Openai => "openai",
-            Provider::Bedrock => "bedrock",
-            Provider::VertexAi => "vertex_ai",
-            Provider::Litellm => "litellm",
-        }
-    }
-    /// The conventional Secret key holding this provider's credential.
-    pub fn secret_key(self) -> &'static str {
-        match self {
-            Provider::Anthropic => "ANTHROPIC_API_KEY",
-            Provider::Openai => "OPENAI_API_KEY",
-            Provider::Litellm => "LITELLM_MASTER_KEY",
-            Provider::Bedrock => "AWS_SECRET_ACCESS_KEY",
-            Provider::VertexAi => "GOOGLE_APPLICATION_CREDENTIALS",
-        }
-    }
-    /// Published default base URL for first-party providers the envoy target supports.
-    pub fn default_url(self) -> Option<&'static str> {
-        match self {
-            Provider::Anthropic => Some("https://api.anthropic.com"),
-            Provider::Openai => Some("https://api.openai.com"),
-            _ => None,
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -583,14 +533,6 @@ impl RuleMatch {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TaskComplexity {
-    Simple,
-    Moderate,
-    Complex,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RuleRoute {
@@ -605,15 +547,6 @@ pub struct RuleRoute {
 pub enum PoolActivation {
     Wait,
     IfIdle,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Strategy {
-    #[default]
-    PrimaryFallback,
-    Weighted,
-    Shadow,
 }
 
 impl ModelRouterSpec {
@@ -636,13 +569,27 @@ impl ModelRouterSpec {
                 .collect(),
         }
     }
+    /// A `spec.proxy` duration; `None` when unset or unparsable (validation reports those).
+    fn proxy_duration(&self, field: impl Fn(&ProxySpec) -> Option<&String>) -> Option<Duration> {
+        let s = self.proxy.as_ref().and_then(field)?;
+        crate::duration::parse_duration(s).ok()
+    }
     /// `proxy.quarantineDuration`, default 15s (validation refuses 0 and unparsable values).
     pub fn quarantine(&self) -> Duration {
-        self.proxy
-            .as_ref()
-            .and_then(|p| p.quarantine_duration.as_deref())
-            .and_then(|s| crate::duration::parse_duration(s).ok())
+        self.proxy_duration(|p| p.quarantine_duration.as_ref())
             .filter(|d| !d.is_zero())
             .unwrap_or(DEFAULT_QUARANTINE)
+    }
+    /// The response-header timeout cap (`proxy.responseHeaderTimeout`, default 120s): the
+    /// timeout of an attempt without its own, and the bound of every rule or backend timeout.
+    pub fn response_header_cap(&self) -> Duration {
+        self.proxy_duration(|p| p.response_header_timeout.as_ref())
+            .filter(|d| !d.is_zero())
+            .unwrap_or(DEFAULT_RESPONSE_HEADER_TIMEOUT)
+    }
+    /// `proxy.streamIdleTimeout`, default 300s; zero turns the idle timeout off.
+    pub fn stream_idle_timeout(&self) -> Duration {
+        self.proxy_duration(|p| p.stream_idle_timeout.as_ref())
+            .unwrap_or(DEFAULT_STREAM_IDLE_TIMEOUT)
     }
 }

@@ -11,7 +11,6 @@ use router_core::config::{
 use crate::duration::parse_duration;
 use crate::inputs::{namespace_of, router_key, Inputs};
 use crate::model::*;
-use crate::validate::response_header_cap;
 
 /// What the mapping needs besides the router itself.
 #[derive(Debug, Clone, Copy)]
@@ -46,7 +45,7 @@ fn resolve_timeout(s: Option<&str>, cap: Duration) -> Option<u64> {
 pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig {
     let spec = &router.spec;
     let namespace = namespace_of(&router.metadata);
-    let cap = response_header_cap(spec);
+    let cap = spec.response_header_cap();
     let model_header = ctx
         .model_header
         .unwrap_or(DEFAULT_MODEL_HEADER)
@@ -74,10 +73,7 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
             BackendConfig {
                 name: b.name.clone(),
                 display_name: b.display_name.clone(),
-                tier: match b.effective_tier() {
-                    Tier::Local => rc::Tier::Local,
-                    Tier::Cloud => rc::Tier::Cloud,
-                },
+                tier: b.effective_tier(),
                 capabilities: b.capabilities.clone(),
                 weight: b.effective_weight().clamp(0, u32::MAX as i64) as u32,
                 model_info,
@@ -104,11 +100,7 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
                         value: v.clone(),
                     })
                     .collect(),
-                task_complexity: m.task_complexity.map(|t| match t {
-                    TaskComplexity::Simple => rc::TaskComplexity::Simple,
-                    TaskComplexity::Moderate => rc::TaskComplexity::Moderate,
-                    TaskComplexity::Complex => rc::TaskComplexity::Complex,
-                }),
+                task_complexity: m.task_complexity,
                 data_classification: m
                     .data_classification
                     .iter()
@@ -116,11 +108,7 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
                     .collect(),
                 required_capabilities: m.required_capabilities.clone(),
                 fail_closed: r.fail_closed.unwrap_or(false),
-                strategy: match r.route.strategy.unwrap_or_default() {
-                    Strategy::PrimaryFallback => rc::Strategy::PrimaryFallback,
-                    Strategy::Weighted => rc::Strategy::Weighted,
-                    Strategy::Shadow => rc::Strategy::Shadow,
-                },
+                strategy: r.route.strategy.unwrap_or_default(),
                 backends: r.route.backends.clone(),
                 timeout_ms: resolve_timeout(r.timeout.as_deref(), cap),
             }
@@ -140,10 +128,7 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
         classification_header,
         complexity_header: DEFAULT_COMPLEXITY_HEADER.to_string(),
         sensitive_classifications: spec.sensitive_classifications(),
-        default_route_strategy: match spec.default_route_strategy.unwrap_or_default() {
-            DefaultRouteStrategy::Static => rc::DefaultRouteStrategy::Static,
-            DefaultRouteStrategy::BackendNameMatch => rc::DefaultRouteStrategy::BackendNameMatch,
-        },
+        default_route_strategy: spec.default_route_strategy.unwrap_or_default(),
         default_route: spec.default_route.clone(),
         backends,
         rules,

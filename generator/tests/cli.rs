@@ -4,7 +4,7 @@ mod common;
 use common::*;
 use serde_json::json;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_llmkube-gen");
@@ -107,21 +107,26 @@ fn compile_from_stdin_to_stdout() {
     );
 }
 
+/// `compile --target envoy -f <example> -o <out> <extra>...`, which must succeed silently.
+fn compile_example_to(out: &Path, extra: &[&str]) {
+    let example = example();
+    let mut args = vec!["compile", "--target", "envoy", "-f", &example];
+    args.extend(["-o", out.to_str().unwrap()]);
+    args.extend(extra);
+    let o = run(&args, None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(o.stdout.is_empty());
+}
+
 #[test]
 fn compile_writes_output_deterministically() {
     let d = tmpdir("out");
     let out1 = d.join("a.yaml");
     let out2 = d.join("b.yaml");
     for out in [&out1, &out2] {
-        let o = run(
+        compile_example_to(
+            out,
             &[
-                "compile",
-                "--target",
-                "envoy",
-                "-f",
-                &example(),
-                "-o",
-                out.to_str().unwrap(),
                 "--listen",
                 "127.0.0.1:18000",
                 "--admin",
@@ -129,10 +134,7 @@ fn compile_writes_output_deterministically() {
                 "--wasm-dir",
                 "/opt/w",
             ],
-            None,
         );
-        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        assert!(o.stdout.is_empty());
     }
     let a = std::fs::read(&out1).unwrap();
     assert_eq!(a, std::fs::read(&out2).unwrap());
@@ -154,19 +156,7 @@ fn compile_writes_output_deterministically() {
 fn json_output_by_extension() {
     let d = tmpdir("json");
     let out = d.join("envoy.json");
-    let o = run(
-        &[
-            "compile",
-            "--target",
-            "envoy",
-            "-f",
-            &example(),
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        None,
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    compile_example_to(&out, &[]);
     let _: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
 }
 
@@ -174,21 +164,25 @@ fn json_output_by_extension() {
 fn invalid_input_writes_no_file() {
     let d = tmpdir("invalid");
     let out = d.join("envoy.yaml");
-    let mut r = router();
-    r["spec"]["defaultRoute"] = json!("nope");
-    let o = run(
-        &[
-            "compile",
-            "--target",
-            "envoy",
-            "-f",
-            "-",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        Some(&full(r)),
-    );
-    assert_eq!(o.status.code(), Some(1));
+    let compile_invalid = || {
+        let mut r = router();
+        r["spec"]["defaultRoute"] = json!("nope");
+        let o = run(
+            &[
+                "compile",
+                "--target",
+                "envoy",
+                "-f",
+                "-",
+                "-o",
+                out.to_str().unwrap(),
+            ],
+            Some(&full(r)),
+        );
+        assert_eq!(o.status.code(), Some(1));
+        o
+    };
+    let o = compile_invalid();
     assert_eq!(
         stderr(&o).lines().last().unwrap(),
         "ModelRouter/demo: spec.defaultRoute: backend \"nope\" is not declared in spec.backends"
@@ -197,48 +191,93 @@ fn invalid_input_writes_no_file() {
     assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
     // An existing file is left untouched.
     std::fs::write(&out, "old").unwrap();
-    let mut r = router();
-    r["spec"]["defaultRoute"] = json!("nope");
+    compile_invalid();
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "old");
+}
+
+#[test]
+fn agentgateway_target_is_not_implemented() {
+    let o = run(
+        &["compile", "--target", "agentgateway", "-f", &example()],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        "options: --target: agentgateway is not implemented yet (envoy and envoy-gateway are)\n"
+    );
+    assert!(o.stdout.is_empty());
+}
+
+#[test]
+fn envoy_gateway_target_from_the_command_line() {
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../envoy-examples/envoy-gateway/router.yaml"
+    );
+    let sha = "ab".repeat(32);
+    let d = tmpdir("eg");
+    let out = d.join("eg.yaml");
+    let args = [
+        "compile",
+        "--target",
+        "envoy-gateway",
+        "-f",
+        example,
+        "--wasm-image",
+        "oci://ghcr.io/example/llmkube-model-router:1",
+        "--wasm-sha256",
+        &sha,
+        "--gateway-listener",
+        "web",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    let o = run(&args, None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.starts_with("---\napiVersion: "));
+    assert!(text.contains("type: Image") && text.contains(&sha));
+    assert!(text.contains("name: envoy-gateway-system/ai-gateway/web"));
+    // The module source is required; flags of the envoy target are refused.
+    let o = run(
+        &["compile", "--target", "envoy-gateway", "-f", example],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).starts_with("options: --wasm-url: the envoy-gateway target needs --wasm-url URL or --wasm-image REF"), "{}", stderr(&o));
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy-gateway",
+            "-f",
+            example,
+            "--listen",
+            "127.0.0.1:1",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).starts_with("error: --listen is not an option of --target envoy-gateway"));
     let o = run(
         &[
             "compile",
             "--target",
             "envoy",
             "-f",
-            "-",
-            "-o",
-            out.to_str().unwrap(),
+            example,
+            "--wasm-url",
+            "http://x/y.wasm",
         ],
-        Some(&full(r)),
+        None,
     );
-    assert_eq!(o.status.code(), Some(1));
-    assert_eq!(std::fs::read_to_string(&out).unwrap(), "old");
-}
-
-#[test]
-fn stub_targets_are_not_implemented() {
-    for t in ["envoy-gateway", "agentgateway"] {
-        let o = run(&["compile", "--target", t, "-f", &example()], None);
-        assert_eq!(o.status.code(), Some(1));
-        assert_eq!(
-            stderr(&o),
-            format!("options: --target: {t} is not implemented yet (only envoy is)\n")
-        );
-        assert!(o.stdout.is_empty());
-    }
+    assert_eq!(o.status.code(), Some(2));
 }
 
 #[test]
 fn router_selection() {
-    let mut r2 = router();
-    r2["metadata"]["name"] = json!("second");
-    let text = docs(&[
-        router(),
-        r2,
-        isvc("isvc-a", None),
-        isvc("isvc-b", None),
-        secret(),
-    ]);
+    let text = two_routers();
     let o = run(
         &[
             "compile",
@@ -272,53 +311,31 @@ fn router_selection() {
 
 #[test]
 fn bad_options() {
-    let o = run(
-        &[
-            "compile",
-            "--target",
-            "envoy",
-            "-f",
-            &example(),
-            "--listen",
-            "localhost",
-        ],
-        None,
-    );
-    assert_eq!(o.status.code(), Some(1));
+    let compile_example_with = |flag: &str, value: &str| {
+        let o = run(
+            &[
+                "compile",
+                "--target",
+                "envoy",
+                "-f",
+                &example(),
+                flag,
+                value,
+            ],
+            None,
+        );
+        assert_eq!(o.status.code(), Some(1), "{flag} {value}");
+        stderr(&o)
+    };
     assert_eq!(
-        stderr(&o),
+        compile_example_with("--listen", "localhost"),
         "options: --listen: \"localhost\" must be IP:PORT (e.g. 127.0.0.1:10000)\n"
     );
-    let o = run(
-        &[
-            "compile",
-            "--target",
-            "envoy",
-            "-f",
-            &example(),
-            "--resolve",
-            "qwen3-8b",
-        ],
-        None,
-    );
-    assert_eq!(o.status.code(), Some(1));
     assert_eq!(
-        stderr(&o),
+        compile_example_with("--resolve", "qwen3-8b"),
         "options: --resolve: \"qwen3-8b\" must be NAME=HOST:PORT\n"
     );
-    let o = run(
-        &[
-            "compile",
-            "--target",
-            "envoy",
-            "-f",
-            &example(),
-            "--max-body-bytes",
-            "0",
-        ],
-        None,
-    );
-    assert_eq!(o.status.code(), Some(1));
+    compile_example_with("--max-body-bytes", "0");
     // Usage errors: 2.
     assert_eq!(
         run(&["compile", "-f", &example()], None).status.code(),

@@ -1,8 +1,9 @@
 //! Library-level tests of the envoy target: plugin config mapping and bootstrap structure.
 
 mod common;
+use common::envoy::*;
 use common::*;
-use llmkube_gen::envoy::{compile_envoy, EnvoyOptions, Format};
+use llmkube_gen::{compile_envoy, CompileOptions, EnvoyOptions, Format};
 use llmkube_gen::{load, plugin_config, Diagnostics, PluginContext, Source};
 use router_core::config::PluginConfig;
 use serde_json::{json, Value};
@@ -12,14 +13,6 @@ fn src(text: String) -> Vec<Source> {
         name: "test.yaml".into(),
         text,
     }]
-}
-
-fn opts() -> EnvoyOptions {
-    EnvoyOptions {
-        wasm_dir: "/opt/wasm".into(),
-        format: Format::Json,
-        ..Default::default()
-    }
 }
 
 fn compile(text: String, o: &EnvoyOptions) -> Value {
@@ -34,39 +27,6 @@ fn compile_err(text: String, o: &EnvoyOptions) -> Vec<String> {
         .iter()
         .map(|p| p.to_string())
         .collect()
-}
-
-fn plugin_of(bootstrap: &Value) -> PluginConfig {
-    let hcm = &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        ["typed_config"];
-    let wasm = &hcm["http_filters"][0];
-    assert_eq!(wasm["name"], "envoy.filters.http.wasm");
-    let s = wasm["typed_config"]["config"]["configuration"]["value"]
-        .as_str()
-        .unwrap();
-    serde_json::from_str(s).unwrap()
-}
-
-fn hcm(b: &Value) -> &Value {
-    &b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-}
-
-fn cluster<'a>(b: &'a Value, name: &str) -> &'a Value {
-    b["static_resources"]["clusters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("no cluster {name}"))
-}
-
-fn route<'a>(b: &'a Value, name: &str) -> &'a Value {
-    hcm(b)["route_config"]["virtual_hosts"][0]["routes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == name)
-        .unwrap()
 }
 
 #[test]
@@ -135,7 +95,10 @@ fn bootstrap_layout() {
     let b = compile(
         full(router()),
         &EnvoyOptions {
-            max_body_bytes: Some(1000),
+            common: CompileOptions {
+                max_body_bytes: Some(1000),
+                ..Default::default()
+            },
             ..opts()
         },
     );
@@ -314,11 +277,14 @@ fn external_url_forms() {
 #[test]
 fn resolve_overrides_cluster_dns() {
     let o = EnvoyOptions {
-        resolve: [
-            ("isvc-a".to_string(), ("127.0.0.1".to_string(), 9001)),
-            ("isvc-b".to_string(), ("localhost".to_string(), 9002)),
-        ]
-        .into(),
+        common: CompileOptions {
+            resolve: [
+                ("isvc-a".to_string(), ("127.0.0.1".to_string(), 9001)),
+                ("isvc-b".to_string(), ("localhost".to_string(), 9002)),
+            ]
+            .into(),
+            ..Default::default()
+        },
         ..opts()
     };
     // The InferenceServices are not needed when --resolve gives their address.
@@ -384,7 +350,10 @@ fn endpoint_resolution_from_endpoint_slices() {
 
     // --endpoints wins; without either it is an error.
     let o = EnvoyOptions {
-        endpoints: [("isvc-a".to_string(), vec![("10.5.5.5".to_string(), 7000)])].into(),
+        common: CompileOptions {
+            endpoints: [("isvc-a".to_string(), vec![("10.5.5.5".to_string(), 7000)])].into(),
+            ..Default::default()
+        },
         ..opts()
     };
     let b = compile(full(r.clone()), &o);
@@ -465,15 +434,7 @@ fn unsupported_providers_and_auth_are_refused() {
 
 #[test]
 fn one_router_per_compile() {
-    let mut r2 = router();
-    r2["metadata"]["name"] = json!("second");
-    let text = docs(&[
-        router(),
-        r2,
-        isvc("isvc-a", None),
-        isvc("isvc-b", None),
-        secret(),
-    ]);
+    let text = two_routers();
     assert_eq!(
         compile_err(text.clone(), &opts()),
         ["input: the envoy target compiles exactly one ModelRouter; found 2 (llm/demo, llm/second): pick one with --router NAME"]
@@ -481,7 +442,10 @@ fn one_router_per_compile() {
     let b = compile(
         text.clone(),
         &EnvoyOptions {
-            router: Some("second".into()),
+            common: CompileOptions {
+                router: Some("second".into()),
+                ..Default::default()
+            },
             ..opts()
         },
     );
@@ -490,7 +454,10 @@ fn one_router_per_compile() {
         compile_err(
             text,
             &EnvoyOptions {
-                router: Some("nope".into()),
+                common: CompileOptions {
+                    router: Some("nope".into()),
+                    ..Default::default()
+                },
                 ..opts()
             }
         ),
@@ -543,7 +510,10 @@ fn yaml_and_json_outputs_agree() {
 #[test]
 fn endpoints_flag_does_not_resolve_a_service_backend() {
     let o = EnvoyOptions {
-        endpoints: [("isvc-b".to_string(), vec![("10.0.0.1".to_string(), 80)])].into(),
+        common: CompileOptions {
+            endpoints: [("isvc-b".to_string(), vec![("10.0.0.1".to_string(), 80)])].into(),
+            ..Default::default()
+        },
         ..opts()
     };
     assert_eq!(

@@ -7,8 +7,9 @@
 
 mod common;
 use common::*;
-use llmkube_gen::envoy::{compile_envoy, EnvoyOptions, Format, UPSTREAM_WASM_FILE, WASM_FILE};
+use llmkube_gen::targets::envoy::{UPSTREAM_WASM_FILE, WASM_FILE};
 use llmkube_gen::Source;
+use llmkube_gen::{compile_envoy, CompileOptions, EnvoyOptions, Format};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -202,13 +203,16 @@ fn example_router_local_run_json() {
     let opts = EnvoyOptions {
         listen: "127.0.0.1:18080".parse().unwrap(),
         admin: "127.0.0.1:18081".parse().unwrap(),
-        resolve: [
-            ("qwen3-8b".into(), ("127.0.0.1".into(), 8001)),
-            ("llama-3-70b".into(), ("localhost".into(), 8002)),
-        ]
-        .into(),
-        max_body_bytes: Some(2 * 1024 * 1024),
-        model_header: Some("X-Gateway-Base-Model-Name".into()),
+        common: CompileOptions {
+            resolve: [
+                ("qwen3-8b".into(), ("127.0.0.1".into(), 8001)),
+                ("llama-3-70b".into(), ("localhost".into(), 8002)),
+            ]
+            .into(),
+            max_body_bytes: Some(2 * 1024 * 1024),
+            model_header: Some("X-Gateway-Base-Model-Name".into()),
+            ..Default::default()
+        },
         format: Format::Json,
         ..Default::default()
     };
@@ -242,11 +246,14 @@ fn endpoints_tls_providers_and_no_idle_timeout() {
     });
     let anth = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "anth", "namespace": "llm"}, "stringData": {"ANTHROPIC_API_KEY": "sk-ant"}});
     let opts = EnvoyOptions {
-        endpoints: [(
-            "isvc-b".into(),
-            vec![("10.0.1.1".into(), 8000), ("fd00::2".into(), 8000)],
-        )]
-        .into(),
+        common: CompileOptions {
+            endpoints: [(
+                "isvc-b".into(),
+                vec![("10.0.1.1".into(), 8000), ("fd00::2".into(), 8000)],
+            )]
+            .into(),
+            ..Default::default()
+        },
         ..Default::default()
     };
     validate(

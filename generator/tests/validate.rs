@@ -390,6 +390,26 @@ fn header_names_are_tokens() {
     one(with("/spec/policy/auditLog/callerHeader", json!("x/caller")), "ModelRouter/demo: spec.policy.auditLog.callerHeader: \"x/caller\" is not a valid HTTP header name (RFC 7230 token)");
 }
 
+/// Every header-name field uses the one token syntax of the core (RFC 7230 `tchar`, which
+/// includes the backtick), and every credential header of the core's list is refused as caller.
+#[test]
+fn header_names_follow_the_core_token_syntax() {
+    for h in ["x-`caller", "X_Caller.1"] {
+        assert!(router_core::headers::is_token(h));
+        assert!(
+            errors(with("/spec/policy/auditLog/callerHeader", json!(h))).is_empty(),
+            "{h}"
+        );
+        assert!(
+            errors(with("/spec/policy/classification/headerKey", json!(h))).is_empty(),
+            "{h}"
+        );
+    }
+    for h in router_core::headers::CREDENTIAL_HEADERS {
+        one(with("/spec/policy/auditLog/callerHeader", json!(h)), &format!("ModelRouter/demo: spec.policy.auditLog.callerHeader: {h:?} carries a credential and cannot be logged as caller"));
+    }
+}
+
 #[test]
 fn header_names_case_insensitive_duplicates() {
     one(with("/spec/rules/0/match/headers", json!({"X-Team": "a", "x-team": "b"})), "ModelRouter/demo: spec.rules[0].match.headers.x-team: duplicates header \"X-Team\" (names are case-insensitive)");
@@ -594,8 +614,26 @@ fn model_info_limits() {
 fn glob_syntax() {
     one(
         with("/spec/rules/0/match/models", json!(["qwen3-[ab"])),
-        "ModelRouter/demo: spec.rules[0].match.models[0]: unclosed '[' in glob \"qwen3-[ab\"",
+        "ModelRouter/demo: spec.rules[0].match.models[0]: pattern \"qwen3-[ab\" has an unclosed '['",
     );
+}
+
+/// `validate` parses model globs with the filter's own compiler: a pattern the filter would
+/// refuse at config load (an inverted range) fails validation, not only compile.
+#[test]
+fn glob_refused_by_the_filter_is_refused_by_validate() {
+    let r = with("/spec/rules/0/match/models", json!(["qwen3-[z-a]"]));
+    let errs = errors(r.clone());
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].starts_with("ModelRouter/demo: spec.rules[0].match.models[0]: ")
+            && errs[0].contains("[z-a]"),
+        "{errs:?}"
+    );
+    let core = router_core::glob::Glob::new("qwen3-[z-a]").unwrap_err();
+    assert!(errs[0].ends_with(&core.to_string()), "{errs:?} vs {core}");
+    // A well-formed class still passes.
+    assert!(errors(with("/spec/rules/0/match/models", json!(["qwen3-[a-z]*"]))).is_empty());
 }
 
 #[test]

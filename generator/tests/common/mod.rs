@@ -1,6 +1,10 @@
 #![allow(dead_code)]
 //! Shared fixtures: a valid router (as JSON, which is valid YAML) that tests mutate.
 
+pub mod crds;
+pub mod envoy;
+pub mod golden;
+
 use serde_json::{json, Value};
 
 pub fn router() -> Value {
@@ -48,6 +52,19 @@ pub fn docs(values: &[Value]) -> String {
         .join("\n---\n")
 }
 
+/// Two valid routers (`llm/demo`, `llm/second`) and their references in one input.
+pub fn two_routers() -> String {
+    let mut r2 = router();
+    r2["metadata"]["name"] = json!("second");
+    docs(&[
+        router(),
+        r2,
+        isvc("isvc-a", None),
+        isvc("isvc-b", None),
+        secret(),
+    ])
+}
+
 pub fn full(router: Value) -> String {
     docs(&[
         router,
@@ -76,7 +93,7 @@ pub fn set(v: &mut Value, pointer: &str, value: Value) {
 pub const OPENAI_KEY: &str = "sk-openai-SECRET-1234";
 pub const ANTHROPIC_KEY: &str = "sk-ant-SECRET-5678";
 
-/// The issue-3 data plane in one router: weighted rules over 3 and 5 local backends, a shadow rule
+/// The data plane in one router: weighted rules over 3 and 5 local backends, a shadow rule
 /// with a cloud target, a mixed-tier non-fail-closed rule, an aggregate holding an openai and an
 /// anthropic backend, a fail-closed rule; plus the objects it references.
 pub fn dataplane_router() -> Value {
@@ -119,4 +136,26 @@ pub fn dataplane_docs(router: Value) -> String {
     v.push(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "anth", "namespace": "llm"},
                   "stringData": {"ANTHROPIC_API_KEY": ANTHROPIC_KEY}}));
     docs(&v)
+}
+
+/// The field reference's timeout example: primary-fallback [local (timeout 10s), anthropic
+/// (timeout 60s)], with or without a rule timeout.
+pub fn reference_example(rule_timeout: Option<&str>) -> Value {
+    let mut rule = json!({"name": "pf", "match": {"models": ["*"]}, "route": {"backends": ["local", "anthropic"]}});
+    if let Some(t) = rule_timeout {
+        rule["timeout"] = json!(t);
+    }
+    json!({
+        "apiVersion": "inference.llmkube.dev/v1alpha1",
+        "kind": "ModelRouter",
+        "metadata": {"name": "seed", "namespace": "llm"},
+        "spec": {
+            "backends": [
+                {"name": "local", "tier": "local", "inferenceServiceRef": {"name": "isvc-a"}, "timeout": "10s"},
+                {"name": "anthropic", "timeout": "60s", "external": {"provider": "anthropic", "model": "claude-opus-4", "credentialsSecretRef": {"name": "anth"}}}
+            ],
+            "rules": [rule],
+            "proxy": {"streamIdleTimeout": "45s"}
+        }
+    })
 }

@@ -1,0 +1,226 @@
+//! `compile --target envoy`: a standalone Envoy v3 bootstrap that loads the model-router filter.
+//!
+//! Layout (the contract is docs/architecture.md, "Failover, weighted picks, shadow, quarantine"):
+//! one listener, one http_connection_manager with `[envoy.filters.http.wasm,
+//! envoy.filters.http.router]`. The filter stamps `x-llmkube-route: <key>`; the route table has
+//! exactly one route per key the filter can stamp (enumerated from `router_core::router::Router`
+//! built from the same plugin config: `rule_orders` per rule, then `unruled_targets`), each
+//! matching the header exactly, and a final catch-all `direct_response` 404 (OpenAI-shaped JSON)
+//! so a request the filter did not decide never reaches a backend.
+//!
+//! A one-backend order goes to `backend-<name>`; a longer one to the aggregate
+//! `order.<b1>.<b2>...` over those backend clusters, failing over with a retry policy
+//! (`previous_priorities`). Backend clusters carry the quarantine (outlier detection + TCP health
+//! check, no panic mode); shadow rules mirror to `shadow-<name>` clusters. Clusters that can send
+//! to an external backend run the upstream chain (upstream wasm, per-backend credential injector
+//! reading `static_resources.secrets` `cred-<name>`, marker removal, codec).
+//!
+//! Route `timeout: 0s`: Envoy's route timeout spans until the whole response has been received,
+//! which would cut long streams; `per_try_timeout` bounds the time to response headers per attempt
+//! and `idle_timeout` (`spec.proxy.streamIdleTimeout`) a silent stream. `per_try_timeout` is one
+//! value per route, so an order whose attempts need different timeouts (no rule timeout, backends
+//! with different ones) goes to the aggregate `attempts.<b1>.<b2>...` over `via-<b>` clusters
+//! instead: each attempt passes through the internal listener `attempt-<b>`, whose route to
+//! `backend-<b>` carries b's own timeout (and where `backend-<b>`'s own upstream chain runs).
+
+mod bootstrap;
+mod clusters;
+mod filters;
+pub mod names;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use crate::inputs::Source;
+use crate::ir::{label_of, CompileOptions, Ir};
+use crate::model::*;
+use crate::targets::{checks, front_end, Target, TargetChecks};
+use crate::{Diagnostics, Problem};
+
+pub use names::*;
+
+pub const WASM_FILE: &str = "llmkube_model_router.wasm";
+/// The upstream filter (per attempt: fail-closed guard, model rewrite, attempt marker).
+pub const UPSTREAM_WASM_FILE: &str = "llmkube_upstream.wasm";
+pub const RETRY_ON: &str = "5xx,reset,connect-failure,refused-stream";
+/// Shadow copies in flight per target; the rest are dropped (`upstream_rq_active_overflow`).
+pub const SHADOW_MAX_REQUESTS: u32 = 4;
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 10000);
+pub const DEFAULT_ADMIN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9901);
+pub const DEFAULT_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Output syntax of the bootstrap. Both are accepted by `envoy -c` (JSON is valid YAML).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    #[default]
+    Yaml,
+    Json,
+}
+
+/// Options of `compile --target envoy`.
+#[derive(Debug, Clone)]
+pub struct EnvoyOptions {
+    /// What every target takes (router selection, addresses, filter limits).
+    pub common: CompileOptions,
+    /// Directory holding `llmkube_model_router.wasm`; made absolute in the output.
+    pub wasm_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    /// CA bundle for verifying https upstreams.
+    pub ca_file: String,
+    pub format: Format,
+}
+
+impl Default for EnvoyOptions {
+    fn default() -> Self {
+        EnvoyOptions {
+            common: CompileOptions::default(),
+            wasm_dir: default_wasm_dir(),
+            listen: DEFAULT_LISTEN,
+            admin: DEFAULT_ADMIN,
+            ca_file: DEFAULT_CA_FILE.to_string(),
+            format: Format::Yaml,
+        }
+    }
+}
+
+/// The workspace's release build output for wasm32-wasip1 (`$CARGO_TARGET_DIR` when the generator
+/// was built with one set).
+pub fn default_wasm_dir() -> PathBuf {
+    let target = match option_env!("CARGO_TARGET_DIR") {
+        Some(t) => PathBuf::from(t),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("target"),
+    };
+    target.join("wasm32-wasip1").join("release")
+}
+
+/// Compiles the inputs to an Envoy bootstrap; the `Err` holds every problem. Warnings are dropped:
+/// use [`compile_envoy_diag`] to see them.
+pub fn compile_envoy(sources: &[Source], opts: &EnvoyOptions) -> Result<String, Vec<Problem>> {
+    let mut diags = Diagnostics::default();
+    match compile_envoy_diag(sources, opts, &mut diags) {
+        Some(out) if diags.errors.is_empty() => Ok(out),
+        _ => Err(diags.errors),
+    }
+}
+
+/// Compiles the inputs, reporting errors and warnings into `diags`. `None` when there is any error.
+pub fn compile_envoy_diag(
+    sources: &[Source],
+    opts: &EnvoyOptions,
+    diags: &mut Diagnostics,
+) -> Option<String> {
+    let ir = front_end(sources, &opts.common, opts, diags)?;
+    let bootstrap = bootstrap::bootstrap(&ir, opts);
+    crate::render::render(&bootstrap, opts.format, diags)
+}
+
+impl TargetChecks for EnvoyOptions {
+    fn target(&self) -> Target {
+        Target::Envoy
+    }
+    fn needs_secret_values(&self) -> bool {
+        true
+    }
+    fn check_router(&self, router: &ModelRouter, diags: &mut Diagnostics) {
+        check_router(router, self, diags)
+    }
+    fn check_ir(&self, ir: &Ir, diags: &mut Diagnostics) {
+        check_credential_values(ir, diags);
+        check_path_rewrites(ir, diags)
+    }
+}
+
+/// What the envoy target refuses or warns about beyond the spec's own rules.
+fn check_router(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Diagnostics) {
+    let label = label_of(router);
+    let spec = &router.spec;
+    for (i, b) in spec.backends.iter().enumerate() {
+        if let Some(e) = &b.external {
+            if matches!(e.provider, Provider::Bedrock | Provider::VertexAi) {
+                diags.error(Problem::new(
+                    &label,
+                    format!("spec.backends[{i}].external.provider"),
+                    format!("provider {} is not supported by the envoy target yet (it needs request signing); use litellm in front of it", e.provider.as_str()),
+                ));
+            }
+        }
+    }
+    checks::unenforced_features(router, Target::Envoy, diags);
+    checks::plugin_options(&opts.common, diags);
+    let wasm = wasm_path(opts);
+    if !wasm.is_file() {
+        diags.warn(Problem::new(
+            "options",
+            "--wasm-dir",
+            format!("{} does not exist yet (build it: cargo build --release --target wasm32-wasip1 -p llmkube-model-router)", wasm.display()),
+        ));
+    }
+    let upstream_wasm = upstream_wasm_path(opts);
+    if spec.backends.iter().any(|b| b.external.is_some()) && !upstream_wasm.is_file() {
+        diags.warn(Problem::new(
+            "options",
+            "--wasm-dir",
+            format!("{} does not exist yet (external backends need the upstream filter: build filters/upstream for wasm32-wasip1)", upstream_wasm.display()),
+        ));
+    }
+}
+
+/// The bootstrap inlines each credential in its secret store: the Secret must hold the
+/// provider's key.
+fn check_credential_values(ir: &Ir, diags: &mut Diagnostics) {
+    for (i, b) in ir.backends.iter().enumerate() {
+        let Some(e) = b.external() else { continue };
+        let Some(c) = e.credential.as_ref().filter(|c| c.value.is_none()) else {
+            continue;
+        };
+        diags.error(Problem::new(
+            &ir.label,
+            format!("spec.backends[{i}].external.credentialsSecretRef.name"),
+            format!(
+                "Secret {}/{} has no key {} (the {} credential)",
+                c.secret.namespace, c.secret.name, c.secret.key, e.provider
+            ),
+        ));
+    }
+}
+
+/// Path prefixes are route-level in Envoy: only a route to that backend alone can apply one.
+fn check_path_rewrites(ir: &Ir, diags: &mut Diagnostics) {
+    for (i, b) in ir.backends.iter().enumerate() {
+        if !b.rewrites_path() {
+            continue;
+        }
+        let shared = ir
+            .routes
+            .iter()
+            .find(|p| (p.order.len() > 1 && p.order.contains(&i)) || p.mirrors.contains(&i));
+        if let Some(p) = shared {
+            diags.error(Problem::new(
+                &ir.label,
+                format!("spec.backends[{i}].external.url"),
+                format!("the path {:?} can only be applied on a route to {} alone, but route {:?} {} (Envoy rewrites paths per route, not per attempt); use a URL without a path, or one ending in /v1", b.path_prefix(), b.name, p.key, if p.mirrors.contains(&i) { "mirrors to it" } else { "fails over across it and other backends" }),
+            ));
+        }
+    }
+}
+
+pub fn wasm_path(opts: &EnvoyOptions) -> PathBuf {
+    absolute(opts.wasm_dir.join(WASM_FILE))
+}
+
+pub fn upstream_wasm_path(opts: &EnvoyOptions) -> PathBuf {
+    absolute(opts.wasm_dir.join(UPSTREAM_WASM_FILE))
+}
+
+fn absolute(p: PathBuf) -> PathBuf {
+    if p.is_absolute() {
+        p
+    } else {
+        std::env::current_dir().map(|d| d.join(&p)).unwrap_or(p)
+    }
+}

@@ -1,0 +1,213 @@
+//! `compile --target envoy-gateway`: Kubernetes manifests for Envoy Gateway + Envoy AI Gateway
+//! that load the model-router filter into the ModelRouter's `spec.gatewayRef` Gateway and route
+//! on the decisions it stamps.
+//!
+//! - [`extension`]: the EnvoyExtensionPolicy loading the module (pinned by sha256, the same
+//!   plugin config as the envoy target), the EnvoyPatchPolicy for what Envoy Gateway cannot
+//!   express, the ClientTrafficPolicy raising the connection buffer to the body limit;
+//! - [`routing`]: AIGatewayRoutes with one rule per route key (`x-llmkube-route` exact, backends
+//!   by priority in attempt order), BackendTrafficPolicies for retries, per-attempt timeouts,
+//!   passive and active health checks (the quarantine);
+//! - [`backends`]: AIServiceBackend + Backend per backend, BackendSecurityPolicy per external
+//!   credential (a Secret reference: no credential value is ever written).
+
+mod backends;
+mod extension;
+pub mod names;
+mod routing;
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use crate::inputs::Source;
+use crate::ir::{label_of, CompileOptions, Ir};
+use crate::model::*;
+use crate::targets::{checks, front_end, Target, TargetChecks};
+use crate::{Diagnostics, Problem};
+
+/// The Gateway listener the policies patch when `--gateway-listener` is not given.
+pub const DEFAULT_LISTENER: &str = "http";
+
+/// Where Envoy Gateway fetches the model-router module from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WasmSource {
+    /// `--wasm-url`: served over HTTP(S).
+    Http(String),
+    /// `--wasm-image`: an OCI image.
+    Image(String),
+}
+
+/// Options of `compile --target envoy-gateway`.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    pub common: CompileOptions,
+    pub wasm: WasmSource,
+    /// `--wasm-sha256`; otherwise computed from `<wasm_dir>/llmkube_model_router.wasm`.
+    pub wasm_sha256: Option<String>,
+    pub wasm_dir: PathBuf,
+    /// `--gateway-listener`: the Gateway listener (sectionName) serving the router.
+    pub listener: String,
+}
+
+impl GatewayOptions {
+    pub fn new(wasm: WasmSource) -> Self {
+        GatewayOptions {
+            common: CompileOptions::default(),
+            wasm,
+            wasm_sha256: None,
+            wasm_dir: super::envoy::default_wasm_dir(),
+            listener: DEFAULT_LISTENER.to_string(),
+        }
+    }
+}
+
+/// Compiles the inputs to a multi-document YAML stream; the `Err` holds every problem.
+pub fn compile_envoy_gateway(
+    sources: &[Source],
+    opts: &GatewayOptions,
+) -> Result<String, Vec<Problem>> {
+    let mut diags = Diagnostics::default();
+    match compile_envoy_gateway_diag(sources, opts, &mut diags) {
+        Some(out) if diags.errors.is_empty() => Ok(out),
+        _ => Err(diags.errors),
+    }
+}
+
+/// Compiles the inputs, reporting errors and warnings into `diags`. `None` when there is any error.
+pub fn compile_envoy_gateway_diag(
+    sources: &[Source],
+    opts: &GatewayOptions,
+    diags: &mut Diagnostics,
+) -> Option<String> {
+    let sha256 = module_sha256(opts, diags);
+    let ir = front_end(sources, &opts.common, opts, diags)?;
+    let sha256 = sha256?;
+    let docs = documents(&ir, opts, &sha256);
+    crate::render::render_documents(&docs, diags)
+}
+
+/// Every document, in apply order: backends first, then routes, then the policies on them.
+pub fn documents(ir: &Ir, opts: &GatewayOptions, sha256: &str) -> Vec<Value> {
+    let gw = gateway(ir);
+    let mut docs = backends::documents(ir);
+    let routes = routing::routes(ir, &gw);
+    let route_names: Vec<String> = routes
+        .iter()
+        .filter_map(|r| r["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    docs.extend(routes);
+    docs.extend(routing::traffic_policies(ir, &route_names));
+    docs.extend(extension::documents(ir, opts, &gw, &route_names, sha256));
+    docs
+}
+
+/// The Gateway the router is served by.
+pub struct GatewayRef {
+    pub name: String,
+    pub namespace: String,
+}
+
+fn gateway(ir: &Ir) -> GatewayRef {
+    let g = ir.router.spec.gateway_ref.as_ref();
+    GatewayRef {
+        name: g.map(|g| g.name.clone()).unwrap_or_default(),
+        namespace: g
+            .and_then(|g| g.namespace.clone())
+            .unwrap_or_else(|| ir.namespace.clone()),
+    }
+}
+
+/// `metadata` of a generated object.
+fn metadata(name: &str, namespace: &str, ir: &Ir) -> Value {
+    json!({
+        "name": name,
+        "namespace": namespace,
+        "labels": {"app.kubernetes.io/managed-by": names::MANAGED_BY},
+        "annotations": {"llmkube.dev/model-router": ir.key},
+    })
+}
+
+fn object(api_version: &str, kind: &str, metadata: Value, spec: Value) -> Value {
+    json!({"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec})
+}
+
+/// The module's sha256: `--wasm-sha256` (64 lowercase hex digits), else that of the built file.
+fn module_sha256(opts: &GatewayOptions, diags: &mut Diagnostics) -> Option<String> {
+    if let Some(s) = &opts.wasm_sha256 {
+        let ok = s.len() == 64 && s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+        if !ok {
+            diags.error(Problem::new(
+                "options",
+                "--wasm-sha256",
+                format!("{s:?} must be 64 lowercase hex digits"),
+            ));
+            return None;
+        }
+        return Some(s.clone());
+    }
+    let path = opts.wasm_dir.join(super::envoy::WASM_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => Some(sha256_hex(&bytes)),
+        Err(e) => {
+            diags.error(Problem::new(
+                "options",
+                "--wasm-sha256",
+                format!("cannot read {} to pin its sha256 ({e}): build it (cargo build --release --target wasm32-wasip1 -p llmkube-model-router), point --wasm-dir at it, or pass --wasm-sha256", path.display()),
+            ));
+            None
+        }
+    }
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl TargetChecks for GatewayOptions {
+    fn target(&self) -> Target {
+        Target::EnvoyGateway
+    }
+    fn needs_secret_values(&self) -> bool {
+        false
+    }
+    fn check_router(&self, router: &ModelRouter, diags: &mut Diagnostics) {
+        let label = label_of(router);
+        if router.spec.gateway_ref.is_none() {
+            diags.error(Problem::new(
+                &label,
+                "spec.gatewayRef",
+                "is required for the envoy-gateway target: it names the Gateway the policies and routes attach to",
+            ));
+        }
+        checks::unenforced_features(router, Target::EnvoyGateway, diags);
+        checks::plugin_options(&self.common, diags);
+        if !crate::validate::is_dns_subdomain(&self.listener) {
+            diags.error(Problem::new(
+                "options",
+                "--gateway-listener",
+                format!("{:?} is not a valid Gateway listener name", self.listener),
+            ));
+        }
+        let source = match &self.wasm {
+            WasmSource::Http(u) => crate::url::parse_url(u).err(),
+            WasmSource::Image(i) => (i.is_empty() || i.contains(char::is_whitespace))
+                .then(|| format!("{i:?} is not an image reference")),
+        };
+        if let Some(why) = source {
+            let flag = match self.wasm {
+                WasmSource::Http(_) => "--wasm-url",
+                WasmSource::Image(_) => "--wasm-image",
+            };
+            diags.error(Problem::new("options", flag, why));
+        }
+    }
+    fn check_ir(&self, ir: &Ir, diags: &mut Diagnostics) {
+        routing::check(ir, diags);
+        backends::check(ir, diags);
+    }
+}

@@ -1,0 +1,61 @@
+//! Names of the generated objects, and the xDS names Envoy Gateway gives what they turn into
+//! (read from its translator, envoyproxy/gateway at the commit the CRDs in shared/crds come from,
+//! with the default xDS name scheme, `XDSNameSchemeV2` off):
+//! - an HTTP listener is named `<gateway namespace>/<gateway name>/<listener name>`
+//!   (`internal/gatewayapi/helpers.go` `irListenerName`; `internal/xds/translator/listener.go`
+//!   `xdsListenerName`), and its route configuration has the same name (`routeConfigName`);
+//! - the `i`-th `spec.wasm[]` entry of EnvoyExtensionPolicy `<ns>/<name>` becomes the HTTP filter
+//!   `envoy.filters.http.wasm/envoyextensionpolicy/<ns>/<name>/wasm/<i>`
+//!   (`irConfigNameForWasm`, `wasm.go` `wasmFilterName`), added to the listener's HCM disabled
+//!   and enabled per route;
+//! - Envoy AI Gateway turns an AIGatewayRoute into an HTTPRoute of the same name and namespace
+//!   (`internal/controller/ai_gateway_route.go`), its rules in order plus a final
+//!   `route-not-found` rule matching every path.
+
+use crate::ir::Ir;
+
+pub const MANAGED_BY: &str = "llmkube-gen";
+/// Envoy AI Gateway's limit of rules per AIGatewayRoute (CRD `maxItems`).
+pub const MAX_RULES_PER_ROUTE: usize = 15;
+/// Envoy Gateway's limit of targetRefs per policy (CRD `maxItems`).
+pub const MAX_TARGET_REFS: usize = 16;
+
+fn router_name(ir: &Ir) -> &str {
+    ir.router.metadata.name.as_deref().unwrap_or("")
+}
+
+/// The EnvoyExtensionPolicy, EnvoyPatchPolicy and ClientTrafficPolicy of the router.
+pub fn policy(ir: &Ir) -> String {
+    format!("llmkube-{}", router_name(ir))
+}
+
+/// The `i`-th AIGatewayRoute (and the HTTPRoute Envoy AI Gateway makes of it).
+pub fn route(ir: &Ir, i: usize) -> String {
+    format!("llmkube-{}-{i}", router_name(ir))
+}
+
+/// The `i`-th BackendTrafficPolicy (rules with the same retry and timeout settings share one).
+pub fn traffic_policy(ir: &Ir, i: usize) -> String {
+    format!("llmkube-{}-traffic-{i}", router_name(ir))
+}
+
+/// The AIServiceBackend, Backend and BackendSecurityPolicy of a backend.
+pub fn backend(ir: &Ir, backend: &str) -> String {
+    format!("llmkube-{}-{backend}", router_name(ir))
+}
+
+/// The name of the AIGatewayRoute rule of route plan `index`: route keys (`rule/b1,b2`, `~/b`)
+/// are not valid rule names, so rules are numbered; the key is in the rule's header match.
+pub fn rule(index: usize, rule: Option<&str>) -> String {
+    format!("r{index}-{}", rule.unwrap_or("default"))
+}
+
+/// The xDS listener (and route configuration) of the Gateway listener `section`.
+pub fn xds_listener(gateway_namespace: &str, gateway: &str, section: &str) -> String {
+    format!("{gateway_namespace}/{gateway}/{section}")
+}
+
+/// The HTTP filter Envoy Gateway makes of `spec.wasm[index]` of EnvoyExtensionPolicy `ns/name`.
+pub fn wasm_filter(namespace: &str, policy: &str, index: usize) -> String {
+    format!("envoy.filters.http.wasm/envoyextensionpolicy/{namespace}/{policy}/wasm/{index}")
+}

@@ -1,0 +1,176 @@
+//! Routing on the filter's decision: one AIGatewayRoute rule per route key, matching
+//! `x-llmkube-route` exactly, with the order's backends by priority (attempt order); retries,
+//! per-attempt timeouts and the quarantine as BackendTrafficPolicies on those rules.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use router_core::headers::ROUTE_HEADER;
+use serde_json::{json, Value};
+
+use super::names::{self, MAX_RULES_PER_ROUTE, MAX_TARGET_REFS};
+use super::{metadata, object, GatewayRef};
+use crate::duration::gateway_duration;
+use crate::ir::{Ir, RoutePlan};
+use crate::{Diagnostics, Problem};
+
+const AIG_API: &str = "aigateway.envoyproxy.io/v1beta1";
+const EG_API: &str = "gateway.envoyproxy.io/v1alpha1";
+/// Same triggers as the envoy target's `retry_on`.
+const RETRY_TRIGGERS: [&str; 4] = ["5xx", "reset", "connect-failure", "refused-stream"];
+
+/// What this target cannot express the way the envoy target does, as warnings: a shadow rule
+/// serves its primary order without the copies, and an order whose attempts need different
+/// response-header timeouts gets the largest of them for every attempt (Envoy Gateway sets one
+/// per-try timeout per route rule).
+pub(super) fn check(ir: &Ir, diags: &mut Diagnostics) {
+    for (i, r) in ir.router.spec.rules.iter().enumerate() {
+        let plans: Vec<&RoutePlan> = ir
+            .routes
+            .iter()
+            .filter(|p| p.rule.as_deref() == Some(r.name.as_str()))
+            .collect();
+        if plans.iter().any(|p| !p.mirrors.is_empty()) {
+            diags.warn(Problem::new(
+                &ir.label,
+                format!("spec.rules[{i}].route.strategy"),
+                "shadow copies are not sent by the envoy-gateway target yet; requests are served by the primary order only",
+            ));
+        }
+        if let Some(p) = plans.iter().find(|p| p.per_backend_timeouts()) {
+            diags.warn(Problem::new(
+                &ir.label,
+                format!("spec.rules[{i}]"),
+                format!("route {:?} has attempts with different response-header timeouts ({:?} ms); Envoy Gateway applies one per-try timeout per rule, so every attempt gets the largest; set a rule timeout to choose one", p.key, p.attempt_timeouts_ms),
+            ));
+        }
+    }
+}
+
+/// The per-try timeout of a route: its uniform one, else the largest of its attempts (never
+/// cutting an attempt before its own timeout).
+fn per_try_ms(p: &RoutePlan) -> u64 {
+    p.uniform_timeout_ms()
+        .unwrap_or_else(|| p.attempt_timeouts_ms.iter().copied().max().unwrap_or(0))
+}
+
+/// The AIGatewayRoutes: route plans in table order, at most 15 rules each.
+pub(super) fn routes(ir: &Ir, gw: &GatewayRef) -> Vec<Value> {
+    let rules: Vec<Value> = ir
+        .routes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| rule(ir, i, p))
+        .collect();
+    rules
+        .chunks(MAX_RULES_PER_ROUTE)
+        .enumerate()
+        .map(|(i, chunk)| {
+            object(
+                AIG_API,
+                "AIGatewayRoute",
+                metadata(&names::route(ir, i), &ir.namespace, ir),
+                json!({
+                    "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gw.name, "namespace": gw.namespace}],
+                    "rules": chunk,
+                }),
+            )
+        })
+        .collect()
+}
+
+/// One route key: its backends by priority in attempt order (Envoy Gateway moves to the next
+/// priority on each retry); an external backend gets its provider's model name. The request
+/// timeout is off (`0s`) as in the envoy target, so long streams are bounded by the idle timeout
+/// only; Envoy AI Gateway's default of 60s would cut them.
+fn rule(ir: &Ir, index: usize, p: &RoutePlan) -> Value {
+    let refs: Vec<Value> = p
+        .order
+        .iter()
+        .enumerate()
+        .map(|(priority, &b)| {
+            let backend = &ir.backends[b];
+            let mut r = json!({"name": names::backend(ir, &backend.name), "priority": priority});
+            if let Some(e) = backend.external() {
+                r["modelNameOverride"] = json!(e.model);
+            }
+            r
+        })
+        .collect();
+    json!({
+        "name": names::rule(index, p.rule.as_deref()),
+        "matches": [{"headers": [{"name": ROUTE_HEADER, "type": "Exact", "value": p.key}]}],
+        "backendRefs": refs,
+        "timeouts": {"request": "0s"},
+    })
+}
+
+/// BackendTrafficPolicies on the rules (`sectionName` = rule name): rules with the same settings
+/// share one, up to 16 targets each.
+pub(super) fn traffic_policies(ir: &Ir, route_names: &[String]) -> Vec<Value> {
+    let mut groups: BTreeMap<String, (Value, Vec<Value>)> = BTreeMap::new();
+    for (i, p) in ir.routes.iter().enumerate() {
+        let spec = traffic_spec(ir, p);
+        let target = json!({
+            "group": "gateway.networking.k8s.io",
+            "kind": "HTTPRoute",
+            "name": route_names[i / MAX_RULES_PER_ROUTE],
+            "sectionName": names::rule(i, p.rule.as_deref()),
+        });
+        groups
+            .entry(spec.to_string())
+            .or_insert_with(|| (spec, Vec::new()))
+            .1
+            .push(target);
+    }
+    let mut docs = Vec::new();
+    for (spec, targets) in groups.into_values() {
+        for chunk in targets.chunks(MAX_TARGET_REFS) {
+            let mut spec = spec.clone();
+            spec["targetRefs"] = json!(chunk);
+            let name = names::traffic_policy(ir, docs.len());
+            docs.push(object(
+                EG_API,
+                "BackendTrafficPolicy",
+                metadata(&name, &ir.namespace, ir),
+                spec,
+            ));
+        }
+    }
+    docs
+}
+
+/// Retries across the order, the attempt timeout, the stream idle timeout, and the quarantine:
+/// one 5xx ejects a backend for `proxy.quarantineDuration`, a refused connection fails the TCP
+/// health check, and no panic mode (an all-ejected order answers 503 rather than sending to a
+/// quarantined backend).
+fn traffic_spec(ir: &Ir, p: &RoutePlan) -> Value {
+    let quarantine = gateway_duration(ir.timeouts.quarantine);
+    json!({
+        "retry": {
+            "numRetries": p.order.len() - 1,
+            "numAttemptsPerPriority": 1,
+            "retryOn": {"triggers": RETRY_TRIGGERS},
+            "perRetry": {"timeout": gateway_duration(Duration::from_millis(per_try_ms(p)))},
+        },
+        "timeout": {"http": {"streamIdleTimeout": gateway_duration(ir.timeouts.stream_idle)}},
+        "healthCheck": {
+            "passive": {
+                "consecutive5XxErrors": 1,
+                "interval": "1s",
+                "baseEjectionTime": quarantine,
+                "maxEjectionPercent": 100,
+                "splitExternalLocalOriginErrors": true,
+            },
+            "active": {
+                "type": "TCP",
+                "tcp": {},
+                "timeout": "1s",
+                "interval": "1s",
+                "unhealthyThreshold": 1,
+                "healthyThreshold": 1,
+            },
+            "panicThreshold": 0,
+        },
+    })
+}

@@ -1,0 +1,131 @@
+//! Static validation of a ModelRouter: everything the CRD reference states (patterns, limits,
+//! cross-field rules), plus checks of the objects it references.
+//!
+//! Errors and warnings are [`Problem`]s: `<Kind>/<name>: <field.path>: <why>`.
+
+mod backends;
+mod policy;
+mod proxy;
+mod references;
+mod rules;
+mod syntax;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+pub use syntax::{
+    check_glob, is_cidr_or_addr, is_decimal, is_dns_label, is_dns_subdomain, is_name,
+};
+
+use router_core::headers::is_token as is_header_token;
+
+use crate::duration::parse_duration;
+use crate::inputs::{namespace_of, Inputs};
+use crate::model::*;
+use crate::{Diagnostics, Problem};
+
+/// How references to other objects (InferenceServices, Secrets) that are not in the input are
+/// treated. `validate` checks a manifest on its own (the objects may exist in the cluster): a
+/// warning. `compile` needs them (port, namespace, credentials): an error, unless the command line
+/// supplies the address (`--resolve` / `--endpoints`).
+#[derive(Debug, Clone, Default)]
+pub struct RefPolicy {
+    pub missing_is_error: bool,
+    /// Secrets must be in the input too (a target that inlines credentials); otherwise a missing
+    /// Secret is only a warning (it is referenced, and may exist in the cluster).
+    pub secrets_required: bool,
+    /// InferenceService names whose address is given on the command line.
+    pub resolved_names: BTreeSet<String>,
+}
+
+pub(crate) struct Ctx<'a> {
+    label: String,
+    diags: &'a mut Diagnostics,
+}
+
+impl Ctx<'_> {
+    pub(crate) fn err(&mut self, path: impl Into<String>, msg: impl Into<String>) {
+        self.diags.error(Problem::new(&self.label, path, msg));
+    }
+    pub(crate) fn warn(&mut self, path: impl Into<String>, msg: impl Into<String>) {
+        self.diags.warn(Problem::new(&self.label, path, msg));
+    }
+    pub(crate) fn duration(&mut self, path: &str, s: &str) -> Option<Duration> {
+        match parse_duration(s) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                self.err(path, e);
+                None
+            }
+        }
+    }
+    pub(crate) fn range(&mut self, path: &str, v: i64, min: i64, max: i64) -> bool {
+        if v < min || v > max {
+            self.err(path, format!("must be between {min} and {max}, got {v}"));
+            false
+        } else {
+            true
+        }
+    }
+    pub(crate) fn header(&mut self, path: &str, name: &str) {
+        if !is_header_token(name) {
+            self.err(
+                path,
+                format!("{name:?} is not a valid HTTP header name (RFC 7230 token)"),
+            );
+        }
+    }
+}
+
+/// Validates one ModelRouter. `inputs` supplies the referenced objects; `refs` says how missing
+/// ones are reported.
+pub fn validate_router(
+    router: &ModelRouter,
+    inputs: &Inputs,
+    refs: &RefPolicy,
+    diags: &mut Diagnostics,
+) {
+    let name = router.metadata.name.clone().unwrap_or_default();
+    let mut cx = Ctx {
+        label: format!("ModelRouter/{name}"),
+        diags,
+    };
+    let cx = &mut cx;
+    if !is_dns_subdomain(&name) {
+        cx.err(
+            "metadata.name",
+            format!("{name:?} is not a valid Kubernetes name (RFC 1123 subdomain)"),
+        );
+    }
+    let namespace = namespace_of(&router.metadata).to_string();
+    if !is_dns_label(&namespace) {
+        cx.err(
+            "metadata.namespace",
+            format!("{namespace:?} is not a valid namespace name (RFC 1123 label)"),
+        );
+    }
+    let spec = &router.spec;
+    let data_plane = spec.data_plane.unwrap_or_default();
+
+    let cap = proxy::validate_proxy(cx, spec);
+    backends::validate_backends(cx, spec, cap, data_plane);
+    rules::validate_rules(cx, spec, cap);
+    if let Some(d) = &spec.default_route {
+        if spec.backend(d).is_none() {
+            cx.err(
+                "spec.defaultRoute",
+                format!("backend {d:?} is not declared in spec.backends"),
+            );
+        }
+    }
+    policy::validate_policy(cx, spec);
+    references::validate_data_plane_refs(cx, spec, data_plane);
+    references::validate_endpoint(cx, spec);
+    if spec.mcp_server.as_ref().and_then(|m| m.enabled) == Some(true) {
+        cx.warn(
+            "spec.mcpServer.enabled",
+            "MCP exposure is reserved and not implemented; ignored",
+        );
+    }
+    references::validate_references(cx, spec, &namespace, inputs, refs);
+}

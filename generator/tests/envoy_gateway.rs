@@ -1,0 +1,581 @@
+//! `compile --target envoy-gateway`: every document checked against its upstream CRD (schema,
+//! unknown fields, CEL rules), the extension policy's config equal to the envoy target's plugin
+//! config, the module pinned by its sha256, deterministic output, Secrets referenced and never
+//! inlined, and the target's own refusals.
+
+mod common;
+use common::crds::{documents, Crds, Report};
+use common::*;
+use llmkube_gen::targets::envoy_gateway::{
+    compile_envoy_gateway, compile_envoy_gateway_diag, GatewayOptions, WasmSource,
+};
+use llmkube_gen::{compile_envoy, CompileOptions, Diagnostics, EnvoyOptions, Source};
+use router_core::config::PluginConfig;
+use serde_json::{json, Value};
+
+const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+const URL: &str = "https://wasm.example.internal/llmkube_model_router.wasm";
+
+fn opts() -> GatewayOptions {
+    GatewayOptions {
+        wasm_sha256: Some(SHA.into()),
+        ..GatewayOptions::new(WasmSource::Http(URL.into()))
+    }
+}
+
+fn src(text: &str) -> Vec<Source> {
+    vec![Source {
+        name: "eg.yaml".into(),
+        text: text.to_string(),
+    }]
+}
+
+fn with_gateway(mut r: Value) -> Value {
+    r["spec"]["gatewayRef"] = json!({"name": "ai-gateway", "namespace": "envoy-gateway-system"});
+    r
+}
+
+fn example() -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../envoy-examples/envoy-gateway/router.yaml"
+    ))
+    .unwrap()
+}
+
+fn compile_docs(text: &str, o: &GatewayOptions) -> Vec<Value> {
+    let out = compile_envoy_gateway(&src(text), o)
+        .unwrap_or_else(|e| panic!("{:#?}", e.iter().map(|p| p.to_string()).collect::<Vec<_>>()));
+    documents(&out)
+}
+
+fn compile_err(text: &str, o: &GatewayOptions) -> Vec<String> {
+    compile_envoy_gateway(&src(text), o)
+        .expect_err("should fail")
+        .iter()
+        .map(|p| p.to_string())
+        .collect()
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+/// The inputs every structural test runs on: the walkthrough example and the whole data plane
+/// (every strategy, more route keys than one AIGatewayRoute holds).
+fn corpus() -> Vec<(&'static str, String)> {
+    vec![
+        ("example", example()),
+        (
+            "dataplane",
+            dataplane_docs(with_gateway(dataplane_router())),
+        ),
+        (
+            "per-backend-timeouts",
+            dataplane_docs(with_gateway(reference_example(None))),
+        ),
+    ]
+}
+
+#[test]
+fn every_document_matches_its_crd_schema_and_cel_rules() {
+    let crds = Crds::load();
+    let mut report = Report::default();
+    for (name, text) in corpus() {
+        for o in [
+            opts(),
+            GatewayOptions {
+                wasm: WasmSource::Image("oci://ghcr.io/example/llmkube-model-router:1".into()),
+                ..opts()
+            },
+        ] {
+            for d in compile_docs(&text, &o) {
+                let before = report.errors.len();
+                crds.check(&d, &mut report);
+                for e in &mut report.errors[before..] {
+                    *e = format!("{name}: {e}");
+                }
+            }
+        }
+    }
+    eprintln!("{}", report.summary());
+    assert!(report.errors.is_empty(), "{:#?}", report.errors);
+    // The CEL check is not vacuous: rules of these CRDs were actually evaluated, and every rule
+    // met was compiled and evaluated by cel-interpreter.
+    assert!(report.cel_evaluated > 50, "{}", report.summary());
+    assert!(
+        report.cel_unparsable.is_empty() && report.cel_failed.is_empty(),
+        "{}",
+        report.summary()
+    );
+}
+
+#[test]
+fn crd_checks_catch_unknown_fields_bad_values_and_cel_violations() {
+    let crds = Crds::load();
+    let docs = compile_docs(&example(), &opts());
+    let check = |d: &Value| {
+        let mut r = Report::default();
+        crds.check(d, &mut r);
+        r.errors
+    };
+    let eep = of_kind(&docs, "EnvoyExtensionPolicy")[0].clone();
+    assert!(check(&eep).is_empty());
+    let mut typo = eep.clone();
+    typo["spec"]["wasm"][0]["failopen"] = json!(false);
+    assert!(
+        check(&typo)
+            .iter()
+            .any(|e| e.contains(".spec.wasm[0].failopen: unknown field")),
+        "{:?}",
+        check(&typo)
+    );
+    let mut bad_enum = eep.clone();
+    bad_enum["spec"]["wasm"][0]["code"]["type"] = json!("ConfigMap");
+    assert!(!check(&bad_enum).is_empty());
+    // Below x-kubernetes-preserve-unknown-fields anything goes (the plugin config).
+    let mut free = eep.clone();
+    free["spec"]["wasm"][0]["config"]["anything"] = json!({"x": 1});
+    assert!(check(&free).is_empty(), "{:?}", check(&free));
+    // AIServiceBackend: the CEL rule requires an Envoy Gateway Backend.
+    let mut svc = of_kind(&docs, "AIServiceBackend")[0].clone();
+    svc["spec"]["backendRef"] = json!({"name": "x", "kind": "Service", "group": ""});
+    assert!(
+        check(&svc).iter().any(|e| e.contains("CEL rule")),
+        "{:?}",
+        check(&svc)
+    );
+}
+
+#[test]
+fn extension_policy_config_is_the_envoy_targets_plugin_config() {
+    for (name, text) in corpus() {
+        let docs = compile_docs(&text, &opts());
+        // The envoy target inlines credentials under the ModelRouter's key names; the plugin
+        // config does not depend on them.
+        let envoy_text = text
+            .replace("  apiKey: sk-openai", "  OPENAI_API_KEY: sk-openai")
+            .replace("  apiKey: sk-ant", "  ANTHROPIC_API_KEY: sk-ant");
+        let envoy = compile_envoy(
+            &src(&envoy_text),
+            &EnvoyOptions {
+                wasm_dir: "/opt/wasm".into(),
+                format: llmkube_gen::Format::Json,
+                ..Default::default()
+            },
+        );
+        // Envoy-target refusals (signing providers) do not apply to these inputs.
+        let envoy: Value = serde_json::from_str(&envoy.unwrap()).unwrap();
+        let envoy_json = envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
+            [0]["typed_config"]["http_filters"][0]["typed_config"]["config"]["configuration"]
+            ["value"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        for eep in of_kind(&docs, "EnvoyExtensionPolicy") {
+            let config = &eep["spec"]["wasm"][0]["config"];
+            let pc: PluginConfig = serde_json::from_value(config.clone()).unwrap();
+            assert_eq!(serde_json::to_string(&pc).unwrap(), envoy_json, "{name}");
+            let envoy_value: Value = serde_json::from_str(&envoy_json).unwrap();
+            assert_eq!(*config, envoy_value, "{name}");
+            let wasm = &eep["spec"]["wasm"][0];
+            assert_eq!(wasm["failOpen"], false);
+            assert_eq!(wasm["rootID"], "model-router");
+            assert_eq!(wasm["code"]["http"]["sha256"], SHA);
+        }
+    }
+}
+
+#[test]
+fn sha256_is_that_of_the_built_module_unless_given() {
+    let dir = std::env::temp_dir().join(format!("llmkube-gen-eg-sha-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let module = dir.join("llmkube_model_router.wasm");
+    std::fs::write(&module, b"\0asm\x01\0\0\0 not really a module").unwrap();
+    let expected = {
+        let out = std::process::Command::new("sha256sum")
+            .arg(&module)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()[..64].to_string()
+    };
+    let o = GatewayOptions {
+        wasm_sha256: None,
+        wasm_dir: dir.clone(),
+        ..opts()
+    };
+    let docs = compile_docs(&example(), &o);
+    let eep = of_kind(&docs, "EnvoyExtensionPolicy")[0];
+    assert_eq!(eep["spec"]["wasm"][0]["code"]["http"]["sha256"], expected);
+    // Missing module and no --wasm-sha256: an error naming both ways out.
+    let missing = GatewayOptions {
+        wasm_dir: dir.join("nope"),
+        ..o.clone()
+    };
+    let e = compile_err(&example(), &missing);
+    assert!(
+        e.iter()
+            .any(|e| e.starts_with("options: --wasm-sha256: cannot read ")
+                && e.contains("pass --wasm-sha256")),
+        "{e:?}"
+    );
+    let bad = GatewayOptions {
+        wasm_sha256: Some("ABC".into()),
+        ..opts()
+    };
+    assert_eq!(
+        compile_err(&example(), &bad),
+        ["options: --wasm-sha256: \"ABC\" must be 64 lowercase hex digits"]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn deterministic_output() {
+    for (_, text) in corpus() {
+        let a = compile_envoy_gateway(&src(&text), &opts()).unwrap();
+        for _ in 0..3 {
+            assert_eq!(a, compile_envoy_gateway(&src(&text), &opts()).unwrap());
+        }
+    }
+}
+
+#[test]
+fn secrets_are_referenced_never_inlined() {
+    let text = dataplane_docs(with_gateway(dataplane_router()));
+    let out = compile_envoy_gateway(&src(&text), &opts()).unwrap();
+    for secret in [OPENAI_KEY, ANTHROPIC_KEY] {
+        assert!(text.contains(secret));
+        assert!(!out.contains(secret), "{secret} leaked into the output");
+    }
+    let example_out = compile_envoy_gateway(&src(&example()), &opts()).unwrap();
+    for secret in [
+        "sk-openai-example-not-a-real-key",
+        "sk-ant-example-not-a-real-key",
+    ] {
+        assert!(!example_out.contains(secret));
+    }
+    let docs = documents(&out);
+    assert!(of_kind(&docs, "Secret").is_empty());
+    let policies = of_kind(&docs, "BackendSecurityPolicy");
+    let by_type: Vec<(String, Value)> = policies
+        .iter()
+        .map(|p| {
+            let t = p["spec"]["type"].as_str().unwrap().to_string();
+            let field = if t == "APIKey" {
+                "apiKey"
+            } else {
+                "anthropicAPIKey"
+            };
+            (t, p["spec"][field]["secretRef"].clone())
+        })
+        .collect();
+    assert_eq!(
+        by_type,
+        [
+            (
+                "APIKey".to_string(),
+                json!({"name": "openai", "namespace": "llm"})
+            ),
+            (
+                "AnthropicAPIKey".to_string(),
+                json!({"name": "anth", "namespace": "llm"})
+            ),
+        ]
+    );
+}
+
+/// Every route key the filter can stamp is matched by exactly one rule, whose backends are the
+/// order's, by priority in attempt order; at most 15 rules per AIGatewayRoute.
+#[test]
+fn one_rule_per_route_key_in_attempt_order() {
+    let text = dataplane_docs(with_gateway(dataplane_router()));
+    let docs = compile_docs(&text, &opts());
+    let routes = of_kind(&docs, "AIGatewayRoute");
+    assert!(routes.len() > 1, "the data plane needs more than one route");
+    let mut keys = Vec::new();
+    for r in &routes {
+        let rules = r["spec"]["rules"].as_array().unwrap();
+        assert!(rules.len() <= 15);
+        assert_eq!(r["spec"]["parentRefs"][0]["name"], "ai-gateway");
+        for rule in rules {
+            let m = &rule["matches"][0]["headers"][0];
+            assert_eq!(
+                (m["name"].as_str(), m["type"].as_str()),
+                (Some("x-llmkube-route"), Some("Exact"))
+            );
+            let key = m["value"].as_str().unwrap().to_string();
+            let order: Vec<String> = key
+                .split_once('/')
+                .unwrap()
+                .1
+                .split(',')
+                .map(|b| format!("llmkube-dp-{b}"))
+                .collect();
+            let refs: Vec<(String, u64)> = rule["backendRefs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| {
+                    (
+                        b["name"].as_str().unwrap().to_string(),
+                        b["priority"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            let expected: Vec<(String, u64)> = order.into_iter().zip(0..).collect();
+            assert_eq!(refs, expected, "{key}");
+            assert_eq!(rule["timeouts"]["request"], "0s");
+            keys.push(key);
+        }
+    }
+    // Exactly the filter's keys (the envoy target's route names).
+    let envoy: Value = serde_json::from_str(
+        &compile_envoy(
+            &src(&text),
+            &EnvoyOptions {
+                wasm_dir: "/opt/wasm".into(),
+                format: llmkube_gen::Format::Json,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let envoy_keys: Vec<String> = common::envoy::keys(&envoy);
+    assert_eq!(keys, envoy_keys);
+    // External backends get their provider model name.
+    let cloud_rule = routes
+        .iter()
+        .flat_map(|r| r["spec"]["rules"].as_array().unwrap())
+        .find(|r| r["matches"][0]["headers"][0]["value"] == "ext/cloud,claude")
+        .unwrap();
+    assert_eq!(cloud_rule["backendRefs"][0]["modelNameOverride"], "gpt-5");
+    assert_eq!(
+        cloud_rule["backendRefs"][1]["modelNameOverride"],
+        "claude-opus-4"
+    );
+}
+
+#[test]
+fn retries_timeouts_and_quarantine_per_rule() {
+    let text = dataplane_docs(with_gateway(dataplane_router()));
+    let docs = compile_docs(&text, &opts());
+    let rules: Vec<(String, String)> = of_kind(&docs, "AIGatewayRoute")
+        .iter()
+        .flat_map(|r| {
+            let route = r["metadata"]["name"].as_str().unwrap().to_string();
+            r["spec"]["rules"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |x| (route.clone(), x["name"].as_str().unwrap().to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mut targeted = Vec::new();
+    for p in of_kind(&docs, "BackendTrafficPolicy") {
+        let s = &p["spec"];
+        assert_eq!(s["healthCheck"]["passive"]["consecutive5XxErrors"], 1);
+        assert_eq!(s["healthCheck"]["passive"]["baseEjectionTime"], "20s");
+        assert_eq!(s["healthCheck"]["panicThreshold"], 0);
+        assert_eq!(s["timeout"]["http"]["streamIdleTimeout"], "45s");
+        for t in s["targetRefs"].as_array().unwrap() {
+            targeted.push((
+                t["name"].as_str().unwrap().to_string(),
+                t["sectionName"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    targeted.sort();
+    let mut expected = rules.clone();
+    expected.sort();
+    assert_eq!(
+        targeted, expected,
+        "every rule has exactly one traffic policy"
+    );
+    // The mixed rule's timeout (7s) is the per-try timeout of its routes.
+    let mixed = of_kind(&docs, "BackendTrafficPolicy")
+        .into_iter()
+        .find(|p| {
+            p["spec"]["targetRefs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["sectionName"].as_str().unwrap().ends_with("-mixed"))
+        })
+        .unwrap();
+    assert_eq!(mixed["spec"]["retry"]["perRetry"]["timeout"], "7s");
+}
+
+#[test]
+fn patches_name_what_envoy_gateway_generates() {
+    let docs = compile_docs(
+        &example(),
+        &GatewayOptions {
+            listener: "https".into(),
+            ..opts()
+        },
+    );
+    let epp = of_kind(&docs, "EnvoyPatchPolicy")[0];
+    assert_eq!(epp["metadata"]["namespace"], "envoy-gateway-system");
+    let patches = epp["spec"]["jsonPatches"].as_array().unwrap();
+    assert_eq!(patches[0]["name"], "envoy-gateway-system/ai-gateway/https");
+    assert_eq!(
+        patches[0]["operation"]["jsonPath"],
+        "..http_filters[?(@.name=='envoy.filters.http.wasm/envoyextensionpolicy/llm/llmkube-llm-router/wasm/0')].typed_config.config"
+    );
+    assert_eq!(
+        patches[0]["operation"]["path"],
+        "/allow_on_headers_stop_iteration"
+    );
+    let ctp = of_kind(&docs, "ClientTrafficPolicy")[0];
+    assert_eq!(
+        ctp["spec"]["connection"]["bufferLimit"],
+        8 * 1024 * 1024 + 1024 * 1024
+    );
+    assert_eq!(ctp["spec"]["targetRefs"][0]["sectionName"], "https");
+    // The extension policy targets the HTTPRoutes Envoy AI Gateway makes of the AIGatewayRoutes.
+    let eep = of_kind(&docs, "EnvoyExtensionPolicy")[0];
+    let targets: Vec<&str> = eep["spec"]["targetRefs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    let routes: Vec<&str> = of_kind(&docs, "AIGatewayRoute")
+        .iter()
+        .map(|r| r["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(targets, routes);
+}
+
+#[test]
+fn refusals_and_warnings() {
+    // No gatewayRef.
+    let text = full(router());
+    let e = compile_err(&text, &opts());
+    assert!(e.contains(&"ModelRouter/demo: spec.gatewayRef: is required for the envoy-gateway target: it names the Gateway the policies and routes attach to".to_string()), "{e:?}");
+    // Auth is refused as by the envoy target.
+    let mut r = with_gateway(router());
+    r["spec"]["policy"] = json!({"auth": {"jwt": {"issuer": "i", "jwksURI": "https://x/jwks", "provider": "p", "teamClaim": "team"}}});
+    assert_eq!(compile_err(&full(r), &opts()), ["ModelRouter/demo: spec.policy.auth: is not enforced by the envoy-gateway target yet; refusing rather than serving unauthenticated"]);
+    // Secrets need not be in the input; the key Envoy AI Gateway reads is warned about.
+    let text = docs(&[
+        with_gateway(router()),
+        isvc("isvc-a", Some(8000)),
+        isvc("isvc-b", None),
+    ]);
+    let mut diags = Diagnostics::default();
+    assert!(compile_envoy_gateway_diag(&src(&text), &opts(), &mut diags).is_some());
+    assert!(diags.errors.is_empty(), "{:?}", diags.errors);
+    assert!(
+        diags.warnings.iter().any(|w| w
+            .to_string()
+            .contains("reads the credential from key \"apiKey\" of Secret llm/openai")),
+        "{:?}",
+        diags.warnings
+    );
+    // Shadow rules are served without copies, with a warning.
+    let mut diags = Diagnostics::default();
+    compile_envoy_gateway_diag(
+        &src(&dataplane_docs(with_gateway(dataplane_router()))),
+        &opts(),
+        &mut diags,
+    )
+    .unwrap();
+    assert!(
+        diags.warnings.iter().any(|w| w
+            .to_string()
+            .contains("spec.rules[3].route.strategy: shadow copies are not sent")),
+        "{:?}",
+        diags.warnings
+    );
+}
+
+#[test]
+fn signing_providers_are_served_by_the_ai_gateway() {
+    let mut r = with_gateway(router());
+    r["spec"]["backends"][2]["external"] = json!({"provider": "bedrock", "model": "anthropic.claude-v2", "url": "https://bedrock-runtime.eu-west-1.amazonaws.com", "credentialsSecretRef": {"name": "aws"}});
+    r["spec"]["backends"].as_array_mut().unwrap().push(json!({"name": "vertex", "external": {"provider": "vertex_ai", "model": "gemini-2.5-pro", "url": "https://europe-west4-aiplatform.googleapis.com/v1/projects/acme/locations/europe-west4", "credentialsSecretRef": {"name": "gcp"}}}));
+    let text = docs(&[r.clone(), isvc("isvc-a", Some(8000)), isvc("isvc-b", None)]);
+    let docs_out = compile_docs(&text, &opts());
+    let crds = Crds::load();
+    let mut report = Report::default();
+    for d in &docs_out {
+        crds.check(d, &mut report);
+    }
+    assert!(report.errors.is_empty(), "{:#?}", report.errors);
+    let bsp = of_kind(&docs_out, "BackendSecurityPolicy");
+    assert_eq!(bsp[0]["spec"]["type"], "AWSCredentials");
+    assert_eq!(bsp[0]["spec"]["awsCredentials"]["region"], "eu-west-1");
+    assert_eq!(bsp[1]["spec"]["type"], "GCPCredentials");
+    assert_eq!(bsp[1]["spec"]["gcpCredentials"]["projectName"], "acme");
+    let schemas: Vec<&Value> = of_kind(&docs_out, "AIServiceBackend")
+        .iter()
+        .map(|b| &b["spec"]["schema"]["name"])
+        .collect();
+    assert_eq!(
+        schemas,
+        [
+            &json!("OpenAI"),
+            &json!("OpenAI"),
+            &json!("AWSBedrock"),
+            &json!("GCPVertexAI")
+        ]
+    );
+    // A URL the region cannot be read from is refused with the form to use.
+    r["spec"]["backends"][2]["external"]["url"] = json!("https://bedrock.example.com");
+    let e = compile_err(
+        &docs(&[r, isvc("isvc-a", Some(8000)), isvc("isvc-b", None)]),
+        &opts(),
+    );
+    assert_eq!(e, ["ModelRouter/demo: spec.backends[2].external.url: the AWS region is read from the URL: use https://bedrock-runtime.<region>.amazonaws.com, not \"bedrock.example.com\""]);
+}
+
+#[test]
+fn common_options_apply_to_this_target() {
+    let o = GatewayOptions {
+        common: CompileOptions {
+            resolve: [("isvc-a".into(), ("10.1.2.3".into(), 9000))].into(),
+            max_body_bytes: Some(1024),
+            ..Default::default()
+        },
+        ..opts()
+    };
+    let docs = compile_docs(
+        &docs(&[
+            with_gateway(router()),
+            isvc("isvc-a", Some(8000)),
+            isvc("isvc-b", None),
+            secret(),
+        ]),
+        &o,
+    );
+    let backend = of_kind(&docs, "Backend")
+        .into_iter()
+        .find(|b| b["metadata"]["name"] == "llmkube-demo-local-a")
+        .unwrap();
+    assert_eq!(
+        backend["spec"]["endpoints"],
+        json!([{"ip": {"address": "10.1.2.3", "port": 9000}}])
+    );
+    let b = of_kind(&docs, "Backend")
+        .into_iter()
+        .find(|b| b["metadata"]["name"] == "llmkube-demo-local-b")
+        .unwrap();
+    assert_eq!(
+        b["spec"]["endpoints"],
+        json!([{"fqdn": {"hostname": "isvc-b.llm.svc.cluster.local", "port": 8080}}])
+    );
+    let ctp = of_kind(&docs, "ClientTrafficPolicy")[0];
+    assert_eq!(ctp["spec"]["connection"]["bufferLimit"], 1024 + 1024 * 1024);
+    let cloud = of_kind(&docs, "Backend")
+        .into_iter()
+        .find(|b| b["metadata"]["name"] == "llmkube-demo-cloud")
+        .unwrap();
+    assert_eq!(
+        cloud["spec"]["tls"],
+        json!({"sni": "api.openai.com", "wellKnownCACertificates": "System"})
+    );
+}

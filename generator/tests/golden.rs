@@ -1,0 +1,133 @@
+//! Every golden case compiled for every implemented target and compared byte for byte with
+//! `tests/golden/<case>/<target>.yaml` (`UPDATE_GOLDEN=1` rewrites them). The case's input is kept
+//! next to it as `input.yaml` (the `example` case compiles envoy-examples/router.yaml), so
+//! `llmkube-gen compile -f tests/golden/<case>/input.yaml ...` reproduces the output.
+
+mod common;
+use common::*;
+use llmkube_gen::targets::envoy_gateway::{compile_envoy_gateway, GatewayOptions, WasmSource};
+use llmkube_gen::{compile_envoy, CompileOptions, EnvoyOptions, Source};
+use serde_json::json;
+
+struct Case {
+    name: &'static str,
+    input: String,
+    /// Whether `input.yaml` is kept next to the outputs (not for inputs that live elsewhere in
+    /// the repository).
+    keep_input: bool,
+    common: CompileOptions,
+}
+
+fn cases() -> Vec<Case> {
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../envoy-examples/router.yaml"
+    ))
+    .unwrap();
+    vec![
+        Case {
+            name: "example",
+            input: example,
+            keep_input: false,
+            common: CompileOptions {
+                resolve: [
+                    ("qwen3-8b".into(), ("127.0.0.1".into(), 8001)),
+                    ("llama-3-70b".into(), ("127.0.0.1".into(), 8002)),
+                ]
+                .into(),
+                ..Default::default()
+            },
+        },
+        Case {
+            name: "dataplane",
+            input: dataplane_docs(dataplane_router()),
+            keep_input: true,
+            common: CompileOptions::default(),
+        },
+        Case {
+            name: "per-backend-timeouts",
+            input: dataplane_docs(reference_example(None)),
+            keep_input: true,
+            common: CompileOptions::default(),
+        },
+    ]
+}
+
+fn envoy_options(common: CompileOptions) -> EnvoyOptions {
+    EnvoyOptions {
+        common,
+        wasm_dir: "/opt/llmkube/wasm".into(),
+        ..Default::default()
+    }
+}
+
+fn sources(c: &Case) -> Vec<Source> {
+    vec![Source {
+        name: format!("{}/input.yaml", c.name),
+        text: c.input.clone(),
+    }]
+}
+
+/// The cases with a Gateway to attach to, for the envoy-gateway target.
+fn gateway_cases() -> Vec<Case> {
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../envoy-examples/envoy-gateway/router.yaml"
+    ))
+    .unwrap();
+    let mut out = vec![Case {
+        name: "envoy-gateway-example",
+        input: example,
+        keep_input: false,
+        common: CompileOptions::default(),
+    }];
+    for c in cases().into_iter().filter(|c| c.keep_input) {
+        // The same router, attached to a Gateway.
+        let input = c.input.replacen(
+            "\"spec\":{",
+            &format!(
+                "\"spec\":{{\"gatewayRef\":{},",
+                json!({"name": "ai-gateway", "namespace": "envoy-gateway-system"})
+            ),
+            1,
+        );
+        out.push(Case { input, ..c });
+    }
+    out
+}
+
+#[test]
+fn envoy_gateway_target_matches_its_golden_files() {
+    let mut failures = Vec::new();
+    for c in gateway_cases() {
+        let o = GatewayOptions {
+            common: c.common.clone(),
+            wasm_sha256: Some("0".repeat(64)),
+            ..GatewayOptions::new(WasmSource::Http(
+                "https://wasm.example.internal/llmkube_model_router.wasm".into(),
+            ))
+        };
+        let out =
+            compile_envoy_gateway(&sources(&c), &o).unwrap_or_else(|e| panic!("{}: {e:?}", c.name));
+        if let Err(e) = golden::check(c.name, "envoy-gateway.yaml", &out) {
+            failures.push(e);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn envoy_target_matches_its_golden_files() {
+    let mut failures = Vec::new();
+    for c in cases() {
+        let out = compile_envoy(&sources(&c), &envoy_options(c.common.clone()))
+            .unwrap_or_else(|e| panic!("{}: {e:?}", c.name));
+        let input = c.keep_input.then_some(("input.yaml", c.input.as_str()));
+        for (file, text) in input.into_iter().chain([("envoy.yaml", out.as_str())]) {
+            if let Err(e) = golden::check(c.name, file, text) {
+                failures.push(e);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -15,6 +15,7 @@ pub mod audit;
 pub mod body;
 pub mod config;
 pub mod errors;
+pub mod explain;
 mod fast;
 pub mod glob;
 pub mod headers;

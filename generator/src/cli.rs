@@ -363,7 +363,10 @@ fn explain(
         }
     };
     match crate::explain::explain_sources(&sources, &opts, &request) {
-        Ok(ex) => {
+        Ok((ex, warnings)) => {
+            for w in &warnings {
+                let _ = writeln!(err, "warning: {w}");
+            }
             let text = if json {
                 serde_json::to_string_pretty(&ex).unwrap_or_default() + "\n"
             } else {

@@ -127,12 +127,13 @@ pub struct EndpointInputs {
 }
 
 /// Validates `sources` and explains `request` against the one ModelRouter in them (or the one
-/// `opts.router` names). `Err`: the problems `validate` would print, or why no router applies.
+/// `opts.router` names), with the warnings `validate` would print. `Err`: the problems
+/// `validate` would print, or why no router applies.
 pub fn explain_sources(
     sources: &[Source],
     opts: &CompileOptions,
     request: &Request,
-) -> Result<Explanation, Diagnostics> {
+) -> Result<(Explanation, Vec<Problem>), Diagnostics> {
     let mut diags = validate_sources(sources);
     if !diags.errors.is_empty() {
         return Err(diags);
@@ -175,7 +176,10 @@ pub fn explain_sources(
     if !diags.errors.is_empty() {
         return Err(diags);
     }
-    Ok(explain(router, &core, request, &quarantined))
+    Ok((
+        explain(router, &core, request, &quarantined),
+        diags.warnings,
+    ))
 }
 
 /// Runs `request` through the filter's request plan for `core` (built from `manifest`).
@@ -549,15 +553,16 @@ pub fn render_text(ex: &Explanation) -> String {
         line(format!("stamps {n}: {v}"));
     }
     for b in &ex.budgets {
-        let limit = |x: Option<String>| x.unwrap_or_else(|| "-".into());
+        let mut limits = Vec::new();
+        limits.extend(b.max_tokens.map(|t| format!("maxTokens {t}")));
+        limits.extend(b.max_usd.as_ref().map(|u| format!("maxUSD {u}")));
+        limits.extend(b.window_seconds.map(|w| format!("window {w}s")));
         line(format!(
-            "budget {} ({} scope, key {}): maxTokens {}, maxUSD {}, window {}s",
+            "budget {} ({} scope, key {}): {}",
             b.name,
             b.scope,
             b.key,
-            limit(b.max_tokens.map(|t| t.to_string())),
-            limit(b.max_usd.clone()),
-            limit(b.window_seconds.map(|w| w.to_string())),
+            limits.join(", ")
         ));
     }
     for e in &ex.endpoint_picking {

@@ -457,10 +457,7 @@ fn envoy_options(
     output: Option<&Path>,
     problems: &mut Vec<Problem>,
 ) -> Compile {
-    let mut o = EnvoyOptions {
-        common,
-        ..Default::default()
-    };
+    let mut o = EnvoyOptions::with_common(common);
     let before = problems.len();
     if let Some(d) = single(a, "--wasm-dir", problems) {
         o.wasm_dir = PathBuf::from(d);

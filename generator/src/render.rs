@@ -2,8 +2,16 @@
 
 use serde_json::Value;
 
-use crate::targets::envoy::Format;
 use crate::{Diagnostics, Problem};
+
+/// Output syntax of a single document (the envoy target's bootstrap: `envoy -c` reads both; JSON
+/// is valid YAML).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    #[default]
+    Yaml,
+    Json,
+}
 
 /// One document in `format` (JSON pretty-printed with a final newline).
 pub fn render(doc: &Value, format: Format, diags: &mut Diagnostics) -> Option<String> {

@@ -3,7 +3,7 @@
 mod common;
 use common::envoy::*;
 use common::*;
-use llmkube_gen::{compile_envoy, CompileOptions, EnvoyOptions, Format};
+use llmkube_gen::{compile_envoy, EnvoyOptions, Format};
 use llmkube_gen::{load, plugin_config, Diagnostics, PluginContext, Source};
 use router_core::config::PluginConfig;
 use serde_json::{json, Value};
@@ -95,10 +95,7 @@ fn bootstrap_layout() {
     let b = compile(
         full(router()),
         &EnvoyOptions {
-            common: CompileOptions {
-                max_body_bytes: Some(1000),
-                ..Default::default()
-            },
+            max_body_bytes: Some(1000),
             ..opts()
         },
     );
@@ -277,14 +274,11 @@ fn external_url_forms() {
 #[test]
 fn resolve_overrides_cluster_dns() {
     let o = EnvoyOptions {
-        common: CompileOptions {
-            resolve: [
-                ("isvc-a".to_string(), ("127.0.0.1".to_string(), 9001)),
-                ("isvc-b".to_string(), ("localhost".to_string(), 9002)),
-            ]
-            .into(),
-            ..Default::default()
-        },
+        resolve: [
+            ("isvc-a".to_string(), ("127.0.0.1".to_string(), 9001)),
+            ("isvc-b".to_string(), ("localhost".to_string(), 9002)),
+        ]
+        .into(),
         ..opts()
     };
     // The InferenceServices are not needed when --resolve gives their address.
@@ -350,10 +344,7 @@ fn endpoint_resolution_from_endpoint_slices() {
 
     // --endpoints wins; without either it is an error.
     let o = EnvoyOptions {
-        common: CompileOptions {
-            endpoints: [("isvc-a".to_string(), vec![("10.5.5.5".to_string(), 7000)])].into(),
-            ..Default::default()
-        },
+        endpoints: [("isvc-a".to_string(), vec![("10.5.5.5".to_string(), 7000)])].into(),
         ..opts()
     };
     let b = compile(full(r.clone()), &o);
@@ -442,10 +433,7 @@ fn one_router_per_compile() {
     let b = compile(
         text.clone(),
         &EnvoyOptions {
-            common: CompileOptions {
-                router: Some("second".into()),
-                ..Default::default()
-            },
+            router: Some("second".into()),
             ..opts()
         },
     );
@@ -454,10 +442,7 @@ fn one_router_per_compile() {
         compile_err(
             text,
             &EnvoyOptions {
-                common: CompileOptions {
-                    router: Some("nope".into()),
-                    ..Default::default()
-                },
+                router: Some("nope".into()),
                 ..opts()
             }
         ),
@@ -510,10 +495,7 @@ fn yaml_and_json_outputs_agree() {
 #[test]
 fn endpoints_flag_does_not_resolve_a_service_backend() {
     let o = EnvoyOptions {
-        common: CompileOptions {
-            endpoints: [("isvc-b".to_string(), vec![("10.0.0.1".to_string(), 80)])].into(),
-            ..Default::default()
-        },
+        endpoints: [("isvc-b".to_string(), vec![("10.0.0.1".to_string(), 80)])].into(),
         ..opts()
     };
     assert_eq!(

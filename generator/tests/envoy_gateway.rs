@@ -476,6 +476,14 @@ fn refusals_and_warnings() {
         "{:?}",
         diags.warnings
     );
+    // Generated names stay within Kubernetes' 253 characters.
+    let mut r = with_gateway(router());
+    r["metadata"]["name"] = json!(vec!["a".repeat(60); 4].join("."));
+    let e = compile_err(&full(r), &opts());
+    assert!(
+        e.len() == 1 && e[0].contains("would be longer than 253 characters"),
+        "{e:?}"
+    );
     // Shadow rules are served without copies, with a warning.
     let mut diags = Diagnostics::default();
     compile_envoy_gateway_diag(

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use llmkube_gen::targets::envoy::{UPSTREAM_WASM_FILE, WASM_FILE};
 use llmkube_gen::Source;
-use llmkube_gen::{compile_envoy, CompileOptions, EnvoyOptions, Format};
+use llmkube_gen::{compile_envoy, EnvoyOptions, Format};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -203,16 +203,13 @@ fn example_router_local_run_json() {
     let opts = EnvoyOptions {
         listen: "127.0.0.1:18080".parse().unwrap(),
         admin: "127.0.0.1:18081".parse().unwrap(),
-        common: CompileOptions {
-            resolve: [
-                ("qwen3-8b".into(), ("127.0.0.1".into(), 8001)),
-                ("llama-3-70b".into(), ("localhost".into(), 8002)),
-            ]
-            .into(),
-            max_body_bytes: Some(2 * 1024 * 1024),
-            model_header: Some("X-Gateway-Base-Model-Name".into()),
-            ..Default::default()
-        },
+        resolve: [
+            ("qwen3-8b".into(), ("127.0.0.1".into(), 8001)),
+            ("llama-3-70b".into(), ("localhost".into(), 8002)),
+        ]
+        .into(),
+        max_body_bytes: Some(2 * 1024 * 1024),
+        model_header: Some("X-Gateway-Base-Model-Name".into()),
         format: Format::Json,
         ..Default::default()
     };
@@ -246,14 +243,11 @@ fn endpoints_tls_providers_and_no_idle_timeout() {
     });
     let anth = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "anth", "namespace": "llm"}, "stringData": {"ANTHROPIC_API_KEY": "sk-ant"}});
     let opts = EnvoyOptions {
-        common: CompileOptions {
-            endpoints: [(
-                "isvc-b".into(),
-                vec![("10.0.1.1".into(), 8000), ("fd00::2".into(), 8000)],
-            )]
-            .into(),
-            ..Default::default()
-        },
+        endpoints: [(
+            "isvc-b".into(),
+            vec![("10.0.1.1".into(), 8000), ("fd00::2".into(), 8000)],
+        )]
+        .into(),
         ..Default::default()
     };
     validate(

@@ -1,7 +1,10 @@
 //! Every golden case compiled for every implemented target and compared byte for byte with
 //! `tests/golden/<case>/<target>.yaml` (`UPDATE_GOLDEN=1` rewrites them). The case's input is kept
-//! next to it as `input.yaml` (the `example` case compiles envoy-examples/router.yaml), so
-//! `llmkube-gen compile -f tests/golden/<case>/input.yaml ...` reproduces the output.
+//! next to it as `input.yaml` (the `example` cases compile envoy-examples/router.yaml and
+//! envoy-examples/envoy-gateway/router.yaml), so `llmkube-gen compile -f
+//! tests/golden/<case>/input.yaml ...` reproduces the output; for `envoy-gateway.yaml` the router
+//! also gets `gatewayRef: {name: ai-gateway, namespace: envoy-gateway-system}`, and the module is
+//! pinned with a placeholder `--wasm-sha256`.
 
 mod common;
 use common::*;
@@ -55,9 +58,8 @@ fn cases() -> Vec<Case> {
 
 fn envoy_options(common: CompileOptions) -> EnvoyOptions {
     EnvoyOptions {
-        common,
         wasm_dir: "/opt/llmkube/wasm".into(),
-        ..Default::default()
+        ..EnvoyOptions::with_common(common)
     }
 }
 

@@ -28,6 +28,7 @@ mod clusters;
 mod filters;
 pub mod names;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -37,6 +38,7 @@ use crate::model::*;
 use crate::targets::{checks, front_end, Target, TargetChecks};
 use crate::{Diagnostics, Problem};
 
+pub use crate::render::Format;
 pub use names::*;
 
 pub const WASM_FILE: &str = "llmkube_model_router.wasm";
@@ -51,19 +53,18 @@ pub const DEFAULT_ADMIN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9901);
 pub const DEFAULT_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
-/// Output syntax of the bootstrap. Both are accepted by `envoy -c` (JSON is valid YAML).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Format {
-    #[default]
-    Yaml,
-    Json,
-}
-
 /// Options of `compile --target envoy`.
 #[derive(Debug, Clone)]
 pub struct EnvoyOptions {
-    /// What every target takes (router selection, addresses, filter limits).
-    pub common: CompileOptions,
+    /// `--resolve NAME=HOST:PORT`: InferenceService name → address used instead of cluster DNS.
+    pub resolve: BTreeMap<String, (String, u16)>,
+    /// `--endpoints NAME=IP:PORT,...`: pods of `resolution: endpoint` backends on that
+    /// InferenceService (instead of EndpointSlices).
+    pub endpoints: BTreeMap<String, Vec<(String, u16)>>,
+    /// `--router NAME`: which ModelRouter to compile when the input holds several.
+    pub router: Option<String>,
+    pub model_header: Option<String>,
+    pub max_body_bytes: Option<u64>,
     /// Directory holding `llmkube_model_router.wasm`; made absolute in the output.
     pub wasm_dir: PathBuf,
     pub listen: SocketAddr,
@@ -76,7 +77,11 @@ pub struct EnvoyOptions {
 impl Default for EnvoyOptions {
     fn default() -> Self {
         EnvoyOptions {
-            common: CompileOptions::default(),
+            resolve: BTreeMap::new(),
+            endpoints: BTreeMap::new(),
+            router: None,
+            model_header: None,
+            max_body_bytes: None,
             wasm_dir: default_wasm_dir(),
             listen: DEFAULT_LISTEN,
             admin: DEFAULT_ADMIN,
@@ -114,9 +119,34 @@ pub fn compile_envoy_diag(
     opts: &EnvoyOptions,
     diags: &mut Diagnostics,
 ) -> Option<String> {
-    let ir = front_end(sources, &opts.common, opts, diags)?;
+    let ir = front_end(sources, &opts.common(), opts, diags)?;
     let bootstrap = bootstrap::bootstrap(&ir, opts);
     crate::render::render(&bootstrap, opts.format, diags)
+}
+
+impl EnvoyOptions {
+    /// With a set of options every target takes.
+    pub fn with_common(common: CompileOptions) -> Self {
+        EnvoyOptions {
+            resolve: common.resolve,
+            endpoints: common.endpoints,
+            router: common.router,
+            model_header: common.model_header,
+            max_body_bytes: common.max_body_bytes,
+            ..Default::default()
+        }
+    }
+
+    /// The options every target takes.
+    pub fn common(&self) -> CompileOptions {
+        CompileOptions {
+            router: self.router.clone(),
+            resolve: self.resolve.clone(),
+            endpoints: self.endpoints.clone(),
+            model_header: self.model_header.clone(),
+            max_body_bytes: self.max_body_bytes,
+        }
+    }
 }
 
 impl TargetChecks for EnvoyOptions {
@@ -151,7 +181,7 @@ fn check_router(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Diagnosti
         }
     }
     checks::unenforced_features(router, Target::Envoy, diags);
-    checks::plugin_options(&opts.common, diags);
+    checks::plugin_options(&opts.common(), diags);
     let wasm = wasm_path(opts);
     if !wasm.is_file() {
         diags.warn(Problem::new(

@@ -207,7 +207,27 @@ impl TargetChecks for GatewayOptions {
         }
     }
     fn check_ir(&self, ir: &Ir, diags: &mut Diagnostics) {
+        check_name_lengths(ir, diags);
         routing::check(ir, diags);
         backends::check(ir, diags);
+    }
+}
+
+/// Kubernetes object names are at most 253 characters; ours add a prefix and the backend name to
+/// the router's.
+fn check_name_lengths(ir: &Ir, diags: &mut Diagnostics) {
+    let longest = ir
+        .backends
+        .iter()
+        .map(|b| names::backend(ir, &b.name))
+        .chain([names::traffic_policy(ir, ir.routes.len())])
+        .max_by_key(String::len)
+        .unwrap_or_default();
+    if longest.len() > 253 {
+        diags.error(Problem::new(
+            &ir.label,
+            "metadata.name",
+            format!("the generated object name {longest:?} would be longer than 253 characters; use a shorter router name"),
+        ));
     }
 }

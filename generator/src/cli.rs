@@ -235,18 +235,8 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
         Target::Envoy => envoy_options(a, common, output.as_deref(), &mut problems),
         _ => gateway_options(a, common, &mut problems),
     };
-    if !problems.is_empty() {
-        for p in problems {
-            let _ = writeln!(err, "{p}");
-        }
+    let Some(sources) = sources_unless(problems, &a.files, stdin, err) else {
         return 1;
-    }
-    let sources = match read_sources(&a.files, stdin) {
-        Ok(s) => s,
-        Err(p) => {
-            let _ = writeln!(err, "{p}");
-            return 1;
-        }
     };
     let mut diags = Diagnostics::default();
     let result = match &compiled {
@@ -336,18 +326,8 @@ fn explain(
             "stdin (-) can be read only once",
         ));
     }
-    if !problems.is_empty() {
-        for p in problems {
-            let _ = writeln!(err, "{p}");
-        }
+    let Some(sources) = sources_unless(problems, &a.files, stdin, err) else {
         return 1;
-    }
-    let sources = match read_sources(&a.files, stdin) {
-        Ok(s) => s,
-        Err(p) => {
-            let _ = writeln!(err, "{p}");
-            return 1;
-        }
     };
     let read = if body_from == "-" {
         let mut b = Vec::new();
@@ -380,6 +360,27 @@ fn explain(
             1
         }
     }
+}
+
+/// Prints the option problems, if any (the command then exits 1), else reads the `-f` sources
+/// (printing why one cannot be read).
+fn sources_unless(
+    problems: Vec<Problem>,
+    files: &[String],
+    stdin: &mut dyn Read,
+    err: &mut dyn Write,
+) -> Option<Vec<crate::Source>> {
+    if !problems.is_empty() {
+        for p in problems {
+            let _ = writeln!(err, "{p}");
+        }
+        return None;
+    }
+    read_sources(files, stdin)
+        .map_err(|p| {
+            let _ = writeln!(err, "{p}");
+        })
+        .ok()
 }
 
 /// A target's options, once parsed.

@@ -10,13 +10,15 @@ import assert from "node:assert/strict";
 const [url, shots] = process.argv.slice(2);
 const example = readFileSync(new URL("../web/example.yaml", import.meta.url), "utf8");
 const profile = mkdtempSync(join(tmpdir(), "playground-chromium-"));
-const browser = await chromium.launch({
+// A persistent context is how playwright takes a fresh --user-data-dir.
+const browser = await chromium.launchPersistentContext(profile, {
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  viewport: { width: 1400, height: 1100 },
   args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    `--user-data-dir=${profile}`],
+    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
 });
-const page = await browser.newPage({ viewport: { width: 1400, height: 1100 } });
+const page = await browser.newPage();
 const outside = [];
 page.on("request", (r) => { if (!r.url().startsWith(url.replace(/\/$/, ""))) outside.push(r.url()); });
 page.on("pageerror", (e) => { throw e; });

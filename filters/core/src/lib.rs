@@ -16,6 +16,7 @@ pub mod body;
 pub mod budget;
 pub mod config;
 pub mod errors;
+pub mod explain;
 mod fast;
 pub mod glob;
 pub mod headers;

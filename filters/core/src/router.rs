@@ -8,6 +8,7 @@
 
 use crate::config::{PluginConfig, Strategy, TaskComplexity, Tier};
 use crate::errors::ApiError;
+use crate::explain::{Miss, Signals};
 use crate::glob::Glob;
 use crate::orders;
 use crate::provider::Provider;
@@ -280,16 +281,18 @@ impl Router {
         healthy: &dyn Fn(usize) -> bool,
         random: &mut dyn FnMut() -> u64,
     ) -> Result<Decision, ApiError> {
-        let classes: Vec<String> = headers.items(&self.classification_header).collect();
-        let sensitive = classes.iter().any(|c| self.sensitive.contains(c));
-        let complexity = headers
-            .all(&self.complexity_header)
-            .next()
-            .map(|v| v.trim().to_ascii_lowercase());
+        let Signals {
+            classes,
+            sensitive,
+            complexity,
+        } = self.signals(headers);
 
         let mut matched_unhealthy = false;
         for (ri, rule) in self.rules.iter().enumerate() {
-            if !self.rule_matches(rule, model, headers, &classes, complexity.as_deref()) {
+            if self
+                .check_rule(rule, model, headers, &classes, complexity.as_deref())
+                .is_err()
+            {
                 continue;
             }
             let order = orders::pick_order(&self.order_input(rule), sensitive, healthy, random);
@@ -376,32 +379,55 @@ impl Router {
         orders::route_key(rule, &names)
     }
 
-    fn rule_matches(
+    /// What the request headers say about routing: its classifications (lower-cased), whether
+    /// one is sensitive, and its task complexity.
+    pub(crate) fn signals(&self, headers: &RequestHeaders) -> Signals {
+        let classes: Vec<String> = headers.items(&self.classification_header).collect();
+        let sensitive = classes.iter().any(|c| self.sensitive.contains(c));
+        let complexity = headers
+            .all(&self.complexity_header)
+            .next()
+            .map(|v| v.trim().to_ascii_lowercase());
+        Signals {
+            classes,
+            sensitive,
+            complexity,
+        }
+    }
+
+    /// Whether `rule` matches, or the first of its conditions that fails. The decision and
+    /// `explain` both ask this, so an explanation cannot disagree with the gateway.
+    pub(crate) fn check_rule(
         &self,
         rule: &Rule,
         model: &str,
         headers: &RequestHeaders,
         classes: &[String],
         complexity: Option<&str>,
-    ) -> bool {
+    ) -> Result<(), Miss> {
         // A rule whose backends lack the required capabilities can never serve: it never matches.
         if rule.candidates.is_empty() {
-            return false;
+            return Err(Miss::NoCapableBackend);
         }
         if !rule.globs.is_empty() && !rule.globs.iter().any(|g| g.matches(model)) {
-            return false;
+            return Err(Miss::Model);
         }
         if let Some(want) = rule.complexity {
             if complexity != Some(want.as_str()) {
-                return false;
+                return Err(Miss::TaskComplexity);
             }
         }
         if !rule.classes.is_empty() && !classes.iter().any(|c| rule.classes.contains(c)) {
-            return false;
+            return Err(Miss::Classification);
         }
-        rule.headers
+        match rule
+            .headers
             .iter()
-            .all(|(name, value)| headers.all(name).any(|v| v == value))
+            .position(|(name, value)| !headers.all(name).any(|v| v == value))
+        {
+            Some(i) => Err(Miss::Header(i)),
+            None => Ok(()),
+        }
     }
 
     fn unruled(

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds the playground and tests it in headless Chromium (Debian's /usr/bin/chromium, driven by
+# playwright-core); the screenshot lands in target/playground/screenshot.png.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash playground/build.sh
+(cd playground/browser-test && npm ci --no-audit --no-fund --silent)
+PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+python3 -m http.server --bind 127.0.0.1 --directory target/playground/site "$PORT" >/dev/null 2>&1 &
+SERVER=$!
+trap 'kill "$SERVER" 2>/dev/null || true' EXIT
+for _ in $(seq 50); do
+    curl -fs "http://127.0.0.1:$PORT/" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+node playground/browser-test/test.mjs "http://127.0.0.1:$PORT/" "$ROOT/target/playground"

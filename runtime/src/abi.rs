@@ -234,6 +234,22 @@ fn map_get(st: &HostState, map_type: i32) -> Result<Vec<(String, String)>, i32> 
     })
 }
 
+/// The shared front of the hostcalls that set or add a header: both strings read from guest
+/// memory, the name lowercased (maps hold lowercase names), then `f` edits the map.
+fn edit_header(
+    c: &mut C<'_>,
+    map_type: i32,
+    (kp, ks): (i32, i32),
+    (vp, vs): (i32, i32),
+    f: impl FnOnce(&mut Vec<(String, String)>, String, String),
+) -> i32 {
+    let (Some(key), Some(val)) = (read_str(c, kp, ks), read_str(c, vp, vs)) else {
+        return INVALID_MEMORY;
+    };
+    let key = key.to_ascii_lowercase();
+    map_modify(c.data_mut(), map_type, |m| f(m, key, val))
+}
+
 /// Applies `f` to a writable map. Envoy 1.40 refuses (BadArgument) header writes once that
 /// direction's headers continued: the map already went to the next hop.
 fn map_modify(
@@ -501,12 +517,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_replace_header_map_value",
         |mut c: C<'_>, ty: i32, kp: i32, ks: i32, vp: i32, vs: i32| -> i32 {
-            let (Some(key), Some(val)) = (read_str(&mut c, kp, ks), read_str(&mut c, vp, vs))
-            else {
-                return INVALID_MEMORY;
-            };
-            let key = key.to_ascii_lowercase();
-            map_modify(c.data_mut(), ty, |m| {
+            edit_header(&mut c, ty, (kp, ks), (vp, vs), |m, key, val| {
                 match m.iter().position(|(k, _)| *k == key) {
                     Some(first) => {
                         m[first].1 = val;
@@ -536,12 +547,9 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_add_header_map_value",
         |mut c: C<'_>, ty: i32, kp: i32, ks: i32, vp: i32, vs: i32| -> i32 {
-            let (Some(key), Some(val)) = (read_str(&mut c, kp, ks), read_str(&mut c, vp, vs))
-            else {
-                return INVALID_MEMORY;
-            };
-            let key = key.to_ascii_lowercase();
-            map_modify(c.data_mut(), ty, |m| m.push((key, val)))
+            edit_header(&mut c, ty, (kp, ks), (vp, vs), |m, key, val| {
+                m.push((key, val))
+            })
         },
     )?;
     l.func_wrap(

@@ -100,6 +100,15 @@ pub(crate) fn write_u64(caller: &mut C<'_>, ptr: i32, v: u64) -> bool {
     write(caller, ptr, &v.to_le_bytes())
 }
 
+/// The status of a hostcall whose last step writes its result into guest memory.
+fn written(ok: bool) -> i32 {
+    if ok {
+        OK
+    } else {
+        INVALID_MEMORY
+    }
+}
+
 /// Hands bytes to the guest the ABI way: allocate with `proxy_on_memory_allocate`, copy, write
 /// pointer and size through the return pointers. Empty data is (null, 0), as Envoy does, which
 /// the Rust SDK turns into `None`.
@@ -379,11 +388,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "proxy_get_log_level",
         |mut c: C<'_>, ret: i32| -> i32 {
             let level = c.data().opts.log_level as u32;
-            if write_u32(&mut c, ret, level) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            written(write_u32(&mut c, ret, level))
         },
     )?;
     l.func_wrap(
@@ -391,11 +396,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "proxy_get_current_time_nanoseconds",
         |mut c: C<'_>, ret: i32| -> i32 {
             let now = c.data().opts.clock.realtime_nanos();
-            if write_u64(&mut c, ret, now) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            written(write_u64(&mut c, ret, now))
         },
     )?;
     l.func_wrap(
@@ -631,11 +632,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 Ok(id) => id,
                 Err(s) => return s as i32,
             };
-            if write_u32(&mut c, ret, id) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            written(write_u32(&mut c, ret, id))
         },
     )?;
     l.func_wrap(
@@ -647,13 +644,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 return INVALID_MEMORY;
             };
             match c.data().opts.shared.resolve_queue(&vm_id, &name) {
-                Some(id) => {
-                    if write_u32(&mut c, ret, id) {
-                        OK
-                    } else {
-                        INVALID_MEMORY
-                    }
-                }
+                Some(id) => written(write_u32(&mut c, ret, id)),
                 None => NOT_FOUND,
             }
         },
@@ -959,11 +950,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                     metrics.len() - 1
                 }
             };
-            if write_u32(&mut c, ret, idx as u32 + 1) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            written(write_u32(&mut c, ret, idx as u32 + 1))
         },
     )?;
     l.func_wrap(
@@ -1008,11 +995,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 return BAD_ARGUMENT;
             }
             let v = m.value as u64;
-            if write_u64(&mut c, ret, v) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            written(write_u64(&mut c, ret, v))
         },
     )?;
     Ok(())

@@ -86,6 +86,18 @@ impl Diagnostics {
             self.warnings.push(p);
         }
     }
+
+    /// Runs a `*_diag` compile and keeps only its verdict: the output when it reported no error,
+    /// else every error (warnings are dropped).
+    pub fn collect<T>(
+        compile: impl FnOnce(&mut Diagnostics) -> Option<T>,
+    ) -> Result<T, Vec<Problem>> {
+        let mut diags = Diagnostics::default();
+        match compile(&mut diags) {
+            Some(out) if diags.errors.is_empty() => Ok(out),
+            _ => Err(diags.errors),
+        }
+    }
 }
 
 /// `validate`: loads the sources and checks every ModelRouter in them. References to objects that

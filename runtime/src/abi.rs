@@ -100,6 +100,15 @@ pub(crate) fn write_u64(caller: &mut C<'_>, ptr: i32, v: u64) -> bool {
     write(caller, ptr, &v.to_le_bytes())
 }
 
+/// The status of a hostcall whose last step writes its result into guest memory.
+fn written(ok: bool) -> i32 {
+    if ok {
+        OK
+    } else {
+        INVALID_MEMORY
+    }
+}
+
 /// Hands bytes to the guest the ABI way: allocate with `proxy_on_memory_allocate`, copy, write
 /// pointer and size through the return pointers. Empty data is (null, 0), as Envoy does, which
 /// the Rust SDK turns into `None`.
@@ -234,6 +243,22 @@ fn map_get(st: &HostState, map_type: i32) -> Result<Vec<(String, String)>, i32> 
     })
 }
 
+/// The shared front of the hostcalls that set or add a header: both strings read from guest
+/// memory, the name lowercased (maps hold lowercase names), then `f` edits the map.
+fn edit_header(
+    c: &mut C<'_>,
+    map_type: i32,
+    (kp, ks): (i32, i32),
+    (vp, vs): (i32, i32),
+    f: impl FnOnce(&mut Vec<(String, String)>, String, String),
+) -> i32 {
+    let (Some(key), Some(val)) = (read_str(c, kp, ks), read_str(c, vp, vs)) else {
+        return INVALID_MEMORY;
+    };
+    let key = key.to_ascii_lowercase();
+    map_modify(c.data_mut(), map_type, |m| f(m, key, val))
+}
+
 /// Applies `f` to a writable map. Envoy 1.40 refuses (BadArgument) header writes once that
 /// direction's headers continued: the map already went to the next hop.
 fn map_modify(
@@ -363,11 +388,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "proxy_get_log_level",
         |mut c: C<'_>, ret: i32| -> i32 {
             let level = c.data().opts.log_level as u32;
-            if write_u32(&mut c, ret, level) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            written(write_u32(&mut c, ret, level))
         },
     )?;
     l.func_wrap(
@@ -375,11 +396,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "proxy_get_current_time_nanoseconds",
         |mut c: C<'_>, ret: i32| -> i32 {
             let now = c.data().opts.clock.realtime_nanos();
-            if write_u64(&mut c, ret, now) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            written(write_u64(&mut c, ret, now))
         },
     )?;
     l.func_wrap(
@@ -501,12 +518,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_replace_header_map_value",
         |mut c: C<'_>, ty: i32, kp: i32, ks: i32, vp: i32, vs: i32| -> i32 {
-            let (Some(key), Some(val)) = (read_str(&mut c, kp, ks), read_str(&mut c, vp, vs))
-            else {
-                return INVALID_MEMORY;
-            };
-            let key = key.to_ascii_lowercase();
-            map_modify(c.data_mut(), ty, |m| {
+            edit_header(&mut c, ty, (kp, ks), (vp, vs), |m, key, val| {
                 match m.iter().position(|(k, _)| *k == key) {
                     Some(first) => {
                         m[first].1 = val;
@@ -536,12 +548,9 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_add_header_map_value",
         |mut c: C<'_>, ty: i32, kp: i32, ks: i32, vp: i32, vs: i32| -> i32 {
-            let (Some(key), Some(val)) = (read_str(&mut c, kp, ks), read_str(&mut c, vp, vs))
-            else {
-                return INVALID_MEMORY;
-            };
-            let key = key.to_ascii_lowercase();
-            map_modify(c.data_mut(), ty, |m| m.push((key, val)))
+            edit_header(&mut c, ty, (kp, ks), (vp, vs), |m, key, val| {
+                m.push((key, val))
+            })
         },
     )?;
     l.func_wrap(
@@ -623,11 +632,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 Ok(id) => id,
                 Err(s) => return s as i32,
             };
-            if write_u32(&mut c, ret, id) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            written(write_u32(&mut c, ret, id))
         },
     )?;
     l.func_wrap(
@@ -639,13 +644,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 return INVALID_MEMORY;
             };
             match c.data().opts.shared.resolve_queue(&vm_id, &name) {
-                Some(id) => {
-                    if write_u32(&mut c, ret, id) {
-                        OK
-                    } else {
-                        INVALID_MEMORY
-                    }
-                }
+                Some(id) => written(write_u32(&mut c, ret, id)),
                 None => NOT_FOUND,
             }
         },
@@ -951,11 +950,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                     metrics.len() - 1
                 }
             };
-            if write_u32(&mut c, ret, idx as u32 + 1) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            written(write_u32(&mut c, ret, idx as u32 + 1))
         },
     )?;
     l.func_wrap(
@@ -1000,11 +995,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                 return BAD_ARGUMENT;
             }
             let v = m.value as u64;
-            if write_u64(&mut c, ret, v) {
-                OK
-            } else {
-                INVALID_MEMORY
-            }
+            written(write_u64(&mut c, ret, v))
         },
     )?;
     Ok(())

@@ -9,11 +9,12 @@
 //! node --no-warnings --no-liftoff filters/core/examples/wasi_run.mjs target/wasm32-wasip1/release/examples/pick_speed.wasm
 //! ```
 //! The body is scanned once up front (the filter scans it anyway); only the picking is timed.
+mod support;
+
 use router_core::pick::{
     hash_prompt, prompt_parts, Choice, Config, Outcome, Picker, Prompt, Request,
 };
 use router_core::scan::Scanner;
-use std::time::Instant;
 
 fn body(kib: usize, salt: usize) -> Vec<u8> {
     let sentence = "The quick brown fox jumps over the lazy dog; numbers 12345 and text. ";
@@ -27,24 +28,12 @@ fn body(kib: usize, salt: usize) -> Vec<u8> {
     .into_bytes()
 }
 
-fn best<F: FnMut()>(iters: usize, mut f: F) -> f64 {
-    (0..7)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..iters {
-                f();
-            }
-            t.elapsed().as_secs_f64() / iters as f64
-        })
-        .fold(f64::INFINITY, f64::min)
-}
-
 fn main() {
     let b = body(64, 0);
     let f = Scanner::new().scan(&b).expect("valid body");
     let parts = prompt_parts(&b, &f.spans);
     let mut prompt = Prompt::default();
-    let hash = best(2000, || hash_prompt(&parts, 1024, 0, &mut prompt));
+    let hash = support::best(2000, || hash_prompt(&parts, 1024, 0, &mut prompt));
     let pods: Vec<String> = (0..8).map(|i| format!("10.0.0.{i}:8000")).collect();
     let mut picker = Picker::new(Config::default(), &pods);
     // Warm every table with other prompts, and one pod with this one.
@@ -63,7 +52,7 @@ fn main() {
         }
     }
     let mut now = 0u64;
-    let pick = best(2000, || {
+    let pick = support::best(2000, || {
         hash_prompt(&parts, 1024, 0, &mut prompt);
         let r = Request {
             prompt: &prompt,

@@ -11,8 +11,9 @@
 //! as they are; without arguments a synthetic body of each size is used. Besides the whole scan it
 //! times `std::str::from_utf8` over the same bytes, the reference the scanner's UTF-8 check is
 //! measured against.
+mod support;
+
 use router_core::scan::Scanner;
-use std::time::Instant;
 
 fn body(kib: usize) -> Vec<u8> {
     let sentence = "The quick brown fox jumps over the lazy dog; \\\"quoted\\\" text, numbers 12345 and unicode é. ";
@@ -26,22 +27,14 @@ fn body(kib: usize) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Best of several rounds: the gateway's benchmark machine is shared and noisy, and the
-/// minimum is the figure that moves with the code rather than with the neighbours.
+/// Seconds per scan of a `bytes`-long body: a warm-up, then the best of several rounds sized so
+/// each round reads about 64 MiB.
 fn time<F: FnMut()>(bytes: usize, mut f: F) -> f64 {
     let iters = (64 * 1024 * 1024 / bytes).clamp(10, 50_000);
     for _ in 0..iters.min(50) {
         f();
     }
-    (0..7)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..iters {
-                f();
-            }
-            t.elapsed().as_secs_f64() / iters as f64
-        })
-        .fold(f64::INFINITY, f64::min)
+    support::best(iters, f)
 }
 
 fn main() {

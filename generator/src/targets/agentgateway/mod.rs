@@ -89,11 +89,7 @@ pub fn compile_agentgateway(
     sources: &[Source],
     opts: &AgentgatewayOptions,
 ) -> Result<Output, Vec<Problem>> {
-    let mut diags = Diagnostics::default();
-    match compile_agentgateway_diag(sources, opts, &mut diags) {
-        Some(out) if diags.errors.is_empty() => Ok(out),
-        _ => Err(diags.errors),
-    }
+    Diagnostics::collect(|diags| compile_agentgateway_diag(sources, opts, diags))
 }
 
 /// Compiles the inputs, reporting errors and warnings into `diags`. `None` when there is any error.

@@ -106,11 +106,7 @@ pub fn default_wasm_dir() -> PathBuf {
 /// Compiles the inputs to an Envoy bootstrap; the `Err` holds every problem. Warnings are dropped:
 /// use [`compile_envoy_diag`] to see them.
 pub fn compile_envoy(sources: &[Source], opts: &EnvoyOptions) -> Result<String, Vec<Problem>> {
-    let mut diags = Diagnostics::default();
-    match compile_envoy_diag(sources, opts, &mut diags) {
-        Some(out) if diags.errors.is_empty() => Ok(out),
-        _ => Err(diags.errors),
-    }
+    Diagnostics::collect(|diags| compile_envoy_diag(sources, opts, diags))
 }
 
 /// Compiles the inputs, reporting errors and warnings into `diags`. `None` when there is any error.

@@ -67,11 +67,7 @@ pub fn compile_envoy_gateway(
     sources: &[Source],
     opts: &GatewayOptions,
 ) -> Result<String, Vec<Problem>> {
-    let mut diags = Diagnostics::default();
-    match compile_envoy_gateway_diag(sources, opts, &mut diags) {
-        Some(out) if diags.errors.is_empty() => Ok(out),
-        _ => Err(diags.errors),
-    }
+    Diagnostics::collect(|diags| compile_envoy_gateway_diag(sources, opts, diags))
 }
 
 /// Compiles the inputs, reporting errors and warnings into `diags`. `None` when there is any error.

@@ -499,10 +499,13 @@ def verify(env: Envoy, ls: list[Listener], bodies: dict):
 # Load
 # ---------------------------------------------------------------------------------------------
 def wrk(wrk_bin: str, port: int, body: Path, seconds: int, conns: int, threads: int,
-        pids: dict) -> dict:
+        pids: dict, header: str = "", reconnect: int = 0) -> dict:
+    """One wrk run. `header` "name=value" adds a request header; `reconnect` N > 0 closes the
+    connection after every Nth request (post.lua)."""
     with tempfile.NamedTemporaryFile(prefix="wrk-", suffix=".json", dir=OUT, delete=False) as t:
         res_path = Path(t.name)
-    env = dict(os.environ, BENCH_BODY=str(body), BENCH_OUT=str(res_path))
+    env = dict(os.environ, BENCH_BODY=str(body), BENCH_OUT=str(res_path), BENCH_HEADER=header,
+               BENCH_RECONNECT=str(reconnect))
     cpu0 = {k: proc_cpu_s(p) for k, p in pids.items()}
     t0 = time.monotonic()
     p = subprocess.Popen([wrk_bin, "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s",
@@ -644,15 +647,31 @@ def main():
     ap.add_argument("--no-memory", action="store_true",
                     help="skip the RSS probe (four extra Envoys); for quick A/B runs")
     ap.add_argument("--threads", type=int, default=1, help="wrk threads (default 1)")
-    ap.add_argument("--envoy", default=str(ROOT / ".venv" / "bin" / "envoy"))
+    ap.add_argument("--envoy", default=os.environ.get("ENVOY_BIN")
+                    or str(ROOT / ".venv" / "bin" / "envoy"))
     ap.add_argument("--wrk", default=shutil.which("wrk") or "wrk")
     ap.add_argument("--no-doc", action="store_true", help="do not rewrite docs/benchmarks.md")
+    ap.add_argument("--outside", action="store_true",
+                    help="measure inside the generated bootstrap (bench/outside.py): L0 buffer, "
+                         "L1 + json_to_metadata, L2 the generated chain, one route table; "
+                         "1 connection, fresh connections for large bodies, Envoy CPU per request")
+    ap.add_argument("--ab", action="store_true",
+                    help="with --outside: also the A/B arms (no route header, retry buffering forced)")
+    ap.add_argument("--perf", action="store_true",
+                    help="with --outside: perf record -g on Envoy while L0, L1, L2 serve the "
+                         "largest body (model last) instead of the timed run; writes "
+                         "bench/results/outside-perf.json")
     ap.add_argument("--list-crates", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--render", choices=["quick", "full"],
+    ap.add_argument("--render", choices=["quick", "full", "outside"],
                     help="only re-render bench/results/MODE.json into the doc, no run")
     a = ap.parse_args()
     if a.render:
-        md = render(json.loads((RESULTS / f"{a.render}.json").read_text()))
+        res = json.loads((RESULTS / f"{a.render}.json").read_text())
+        if a.render == "outside":
+            import outside
+            md = outside.render(res)
+        else:
+            md = render(res)
         print(md)
         if not a.no_doc:
             write_doc(a.render, md)
@@ -671,7 +690,7 @@ def main():
         COMPARE_WASM = a.compare_wasm.resolve()
         if not COMPARE_WASM.exists():
             raise SystemExit(f"--compare-wasm: {COMPARE_WASM} does not exist")
-    partial = bool(a.sizes or a.compare_wasm or a.no_memory)
+    partial = bool(a.sizes or a.compare_wasm or a.no_memory) and not a.outside
     if partial and not a.no_doc:
         print("== partial run (--sizes/--compare-wasm/--no-memory): not rewriting the doc")
         a.no_doc = True
@@ -685,6 +704,10 @@ def main():
                    .splitlines() or [""])[0]
     commit = sh("git", "rev-parse", "--short", "HEAD")
     dirty = bool(sh("git", "status", "--porcelain", "--", "filters", "Cargo.toml", "Cargo.lock"))
+    if a.outside:
+        import outside
+        outside.run(a, started, mach, envoy_version, commit)
+        return
     wasm_sizes = {Path(f.wasm).name: (WASM_DIR / f.wasm).stat().st_size
                   for f in FULL_CHAIN + FULL_CHAIN_UPSTREAM}
 

@@ -22,8 +22,19 @@ fn retry_timeouts_and_idle() {
         assert_eq!(r["request_headers_to_remove"], json!(["authorization"]));
         assert!(r.get("request_headers_to_add").is_none());
         let p = &a["retry_policy"];
-        assert_eq!(p["retry_on"], "5xx,reset,connect-failure,refused-stream");
         assert_eq!(p["num_retries"], n - 1, "{key}");
+        if n == 1 {
+            // Nothing to fail over to: no retry condition, so Envoy's router keeps no copy of
+            // the body for a retry (the per-try timeout below still applies).
+            let keys: Vec<&String> = p.as_object().unwrap().keys().collect();
+            assert!(
+                keys.iter()
+                    .all(|k| *k == "num_retries" || *k == "per_try_timeout"),
+                "{key}: {p}"
+            );
+            continue;
+        }
+        assert_eq!(p["retry_on"], "5xx,reset,connect-failure,refused-stream");
         assert_eq!(
             p["retry_priority"],
             json!({"name": "envoy.retry_priorities.previous_priorities", "typed_config": {

@@ -70,16 +70,7 @@ impl Table {
 fn route(ir: &Ir, p: &RoutePlan, cluster: String, stream_idle: &str) -> Value {
     let external = p.order.iter().any(|&b| ir.backends[b].external().is_some());
     let per_try = p.uniform_timeout_ms();
-    let mut retry = json!({
-        "retry_on": RETRY_ON,
-        "num_retries": p.order.len() - 1,
-        "retry_priority": {"name": "envoy.retry_priorities.previous_priorities",
-            "typed_config": typed("envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig")},
-        "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
-            "typed_config": typed("envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate")}],
-        "host_selection_retry_max_attempts": p.order.len().max(3),
-    });
-    retry["retry_priority"]["typed_config"]["update_frequency"] = json!(1);
+    let mut retry = failover_retry(p.order.len());
     // Without it (attempts with different timeouts), each attempt's own timeout is applied
     // by the internal listener `attempt-<b>` it goes through.
     if let Some(ms) = per_try {
@@ -117,6 +108,27 @@ fn route(ir: &Ir, p: &RoutePlan, cluster: String, stream_idle: &str) -> Value {
         "route": action,
         "request_headers_to_remove": ["authorization"],
     })
+}
+
+/// The retry policy of a route over `attempts` backends. A one-backend route never retries, and
+/// gets no `retry_on`: with any retry condition Envoy's router keeps a copy of the whole request
+/// body for a retry that cannot happen (a memcpy of the body and the body held until the request
+/// ends). Its `per_try_timeout` (set by the caller) applies all the same.
+fn failover_retry(attempts: usize) -> Value {
+    if attempts < 2 {
+        return json!({"num_retries": 0});
+    }
+    let mut retry = json!({
+        "retry_on": RETRY_ON,
+        "num_retries": attempts - 1,
+        "retry_priority": {"name": "envoy.retry_priorities.previous_priorities",
+            "typed_config": typed("envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig")},
+        "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": typed("envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate")}],
+        "host_selection_retry_max_attempts": attempts.max(3),
+    });
+    retry["retry_priority"]["typed_config"]["update_frequency"] = json!(1);
+    retry
 }
 
 /// The catch-all: a request the filter did not decide never reaches a backend.

@@ -253,8 +253,8 @@ def run(a, started: dt.datetime, mach: dict, envoy_version: str, commit: str) ->
               + ", ".join(f"{x['key']}=:{x['port']}" for x in arms), flush=True)
         reps, dur = a.reps or 3, a.duration or 3
         if a.perf:
-            prof = profile(env, [x for x in arms if x["key"] in ("L0", "L1", "L2")], bs,
-                           max(sizes), dur, a.wrk)
+            keys = ("L0", "L0-rb", "L0-nr", "L2", "L2-rb", "L2-nr") if a.ab else ("L0", "L1", "L2")
+            prof = profile(env, [x for x in arms if x["key"] in keys], bs, max(sizes), dur, a.wrk)
             (B.RESULTS / "outside-perf.json").write_text(json.dumps(prof, indent=1) + "\n")
             return
         n = reps * len(bs) * len(arms)
@@ -376,6 +376,20 @@ def render(res: dict) -> str:
                      f"{B.slope([x for x, _ in pts], [y for _, y in pts]):.3f} µs/KiB; "
                      "json_to_metadata: "
                      f"{B.slope([s / B.KIB for s in p['sizes'] for _ in p['variants']], [cell('L1', s, v)[what] for s in p['sizes'] for v in p['variants']]):.3f} µs/KiB")
+    if "L0-404" in res["arms"]:
+        L += ["", "Ours over L0-404, the baseline of a run whose L0/L1 requests carry no "
+              "`x-llmkube-route` (they get the catch-all 404 and never send the body upstream; "
+              "L2's requests do):", "",
+              "| body | model | ours over L0-404 p50 / CPU µs | ÷ KiB p50 / CPU | of which "
+              "forwarding the body (L0 − L0-404) p50 / CPU µs |", "|---|---|--:|--:|--:|"]
+        for size in p["sizes"]:
+            for v in p["variants"]:
+                o, z, b0 = cell("L2", size, v), cell("L0-404", size, v), cell("L0", size, v)
+                dp, dc = o["p50_us"] - z["p50_us"], o["cpu_us"] - z["cpu_us"]
+                kib = size / B.KIB
+                L.append(f"| {B.size_label(size)} | {v} | {B.fmt_us(dp)} / {B.fmt_us(dc)} | "
+                         + ("—" if size < 16 * B.KIB else f"{dp / kib:.2f} / {dc / kib:.2f}")
+                         + f" | {B.fmt_us(-z['added_p50_us'])} / {B.fmt_us(-z['added_cpu_us'])} |")
     L += ["", "Every arm (p50 µs / Envoy CPU µs per request; added over L0 in brackets):", "",
           "| body | model | " + " | ".join(f"{k} {t}" for k, t in res["arms"].items()) + " |",
           "|---|---|" + "--:|" * len(res["arms"])]

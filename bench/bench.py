@@ -671,6 +671,10 @@ def main():
             import outside
             md = outside.render(res)
         else:
+            ls = [Listener(k, t, "") for k, t in res["listeners"].items()]
+            res["summary"] = {"by_conns": {str(c): summarize(
+                [r for r in res["runs"] if r["conns"] == c], ls, res["params"]["reps"])
+                for c in res["params"]["conns"]}}
             md = render(res)
         print(md)
         if not a.no_doc:
@@ -835,6 +839,10 @@ def summarize(runs: list, ls: list[Listener], reps: int) -> dict:
                     "cpu_envoy_pct": med([r["cpu_pct"]["envoy"] for r in rs]),
                     "cpu_upstream_pct": med([r["cpu_pct"]["upstream"] for r in rs]),
                     "cpu_wrk_pct": med([r["cpu_pct"]["wrk"] for r in rs]),
+                    # Envoy CPU per request, and paired against L1 like the p50.
+                    "cpu_us": med([cpu_per_request(r) for r in rs]),
+                    "added_cpu_us": med([cpu_per_request(r) - cpu_per_request(b)
+                                         for r, b in zip(rs, base)]),
                     "errors": sum(sum(r["errors"].values()) for r in rs),
                 }
                 na = med(nat_added)
@@ -854,7 +862,9 @@ def summarize(runs: list, ls: list[Listener], reps: int) -> dict:
             pts = [(c["size"] / KIB, c["added_p50_us"]) for c in cells
                    if c["listener"] == l.key and c["variant"] in vs]
             sl[v] = slope([x for x, _ in pts], [y for _, y in pts])
-        per_listener[l.key] = {"us_per_kib": sl}
+        cpu = [(c["size"] / KIB, c["added_cpu_us"]) for c in cells if c["listener"] == l.key]
+        per_listener[l.key] = {"us_per_kib": sl,
+                               "cpu_us_per_kib": slope([x for x, _ in cpu], [y for _, y in cpu])}
     return {"cells": cells, "per_listener": per_listener}
 
 
@@ -880,8 +890,8 @@ def pooled_table(res: dict, s: dict) -> list[str]:
     p = res["params"]
     L = ["| listener | " + " | ".join(size_label(x) for x in p["sizes"])
          + " | µs per KiB (first / last / both) | ÷ L2 added at "
-         + " / ".join(size_label(x) for x in p["sizes"]) + " |",
-         "|---|" + "--:|" * len(p["sizes"]) + "--:|--:|"]
+         + " / ".join(size_label(x) for x in p["sizes"]) + " | Envoy CPU µs/KiB (slope) |",
+         "|---|" + "--:|" * len(p["sizes"]) + "--:|--:|--:|"]
     for lk, info in s["per_listener"].items():
         vals, ratios = [], []
         for size in p["sizes"]:
@@ -894,7 +904,8 @@ def pooled_table(res: dict, s: dict) -> list[str]:
         sl = info["us_per_kib"]
         L.append(f"| {lk} {res['listeners'][lk]} | " + " | ".join(vals) + f" | "
                  f"{sl['first']:.3f} / {sl['last']:.3f} / {sl['both']:.3f} | "
-                 + " / ".join(ratios) + " |")
+                 + " / ".join(ratios) + " | "
+                 + (f"{info['cpu_us_per_kib']:.3f}" if "cpu_us_per_kib" in info else "–") + " |")
     return L
 
 

@@ -629,6 +629,7 @@ def machine() -> dict:
 
 
 def main():
+    global SIZES, COMPARE_WASM
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 repetition, 2 s runs")
     ap.add_argument("--reps", type=int, help="repetitions (default 3; quick 1)")
@@ -671,6 +672,7 @@ def main():
             import outside
             md = outside.render(res)
         else:
+            SIZES = res["params"]["sizes"]
             ls = [Listener(k, t, "") for k, t in res["listeners"].items()]
             res["summary"] = {"by_conns": {str(c): summarize(
                 [r for r in res["runs"] if r["conns"] == c], ls, res["params"]["reps"])
@@ -683,7 +685,6 @@ def main():
     if a.list_crates:
         print("\n".join(sorted({f.crate for f in FULL_CHAIN + FULL_CHAIN_UPSTREAM} | {MODEL_ROUTER.crate})))
         return
-    global SIZES, COMPARE_WASM
     mode = "quick" if a.quick else "full"
     reps = a.reps or (1 if a.quick else 3)
     dur = a.duration or (2 if a.quick else 3)

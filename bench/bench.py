@@ -659,9 +659,9 @@ def main():
     ap.add_argument("--ab", action="store_true",
                     help="with --outside: also the A/B arms (no route header, retry buffering forced)")
     ap.add_argument("--perf", action="store_true",
-                    help="with --outside: perf record -g on Envoy while L0, L1, L2 serve the "
-                         "largest body (model last) instead of the timed run; writes "
-                         "bench/results/outside-perf.json")
+                    help="perf record -g on Envoy while each listener (with --outside: L0, L1, "
+                         "L2; else all but json_to_metadata) serves the largest body (model last) "
+                         "instead of the timed run; writes bench/results/{outside,default}-perf.json")
     ap.add_argument("--list-crates", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--render", choices=["quick", "full", "outside"],
                     help="only re-render bench/results/MODE.json into the doc, no run")
@@ -734,6 +734,12 @@ def main():
         verify(env, ls, bodies)
         print(f"== verified: {len(bodies)} bodies x {len(ls)} listeners -> 200 via the upstream, "
               f"our filter stamped x-llmkube-backend={EXPECTED_BACKEND}", flush=True)
+        if a.perf:
+            import outside
+            arms = [{"key": l.key, "port": l.port, "header": ""} for l in ls if l.key != "L2"]
+            prof = outside.profile(env, arms, bodies, max(SIZES), dur, a.wrk, reconnects=False)
+            (RESULTS / "default-perf.json").write_text(json.dumps(prof, indent=1) + "\n")
+            return
 
         runs = []
         n_cells = reps * len(SIZES) * len(VARIANTS) * len(ls)

@@ -208,7 +208,8 @@ def verify(arms: list[dict], bs: dict) -> None:
                          + "\n  ".join(problems))
 
 
-def profile(env, arms: list[dict], bs: dict, size: int, seconds: int, wrk_bin: str) -> dict:
+def profile(env, arms: list[dict], bs: dict, size: int, seconds: int, wrk_bin: str,
+            reconnects: bool = True) -> dict:
     """`perf record -g` on the Envoy process while each arm serves the `size` model-last body:
     the top symbols by self time. V8's JIT code has no perf map (Envoy passes V8 no flags), so
     the filter's own wasm code shows up as `[unknown]` / anonymous memory."""
@@ -220,7 +221,8 @@ def profile(env, arms: list[dict], bs: dict, size: int, seconds: int, wrk_bin: s
                                 "-o", str(data), "--", "sleep", str(seconds)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         r = B.wrk(wrk_bin, arm["port"], path, seconds, 1, 1, {"envoy": env.pid},
-                  header=arm["header"], reconnect=RECONNECT_EVERY if size >= RECONNECT_FROM else 0)
+                  header=arm["header"],
+                  reconnect=RECONNECT_EVERY if reconnects and size >= RECONNECT_FROM else 0)
         rec.wait()
         def report(sort: str) -> list[str]:
             rep = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--stdio",

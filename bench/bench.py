@@ -657,7 +657,8 @@ def main():
                          "L1 + json_to_metadata, L2 the generated chain, one route table; "
                          "1 connection, fresh connections for large bodies, Envoy CPU per request")
     ap.add_argument("--ab", action="store_true",
-                    help="with --outside: also the A/B arms (no route header, retry buffering forced)")
+                    help="with --outside: also the A/B arms (L0 without the route header, the other "
+                         "retry_on setting for one-backend routes, keep-alive at every size)")
     ap.add_argument("--perf", action="store_true",
                     help="perf record -g on Envoy while each listener (with --outside: L0, L1, "
                          "L2; else all but json_to_metadata) serves the largest body (model last) "

@@ -4,8 +4,8 @@ The default method of bench/run builds its own minimal route table (one plain ro
 listener). This one starts from what `llmkube-gen compile --target envoy` makes of
 envoy-examples/router.yaml, so every request meets the generated route table and clusters:
   - one Envoy, --concurrency 1, every cluster of the generated bootstrap pointed at the bench
-    upstream (addresses only; types, health checks, outlier detection, upstream chains and the
-    internal attempt listeners stay as generated);
+    upstream (addresses, DNS types made STATIC, TLS dropped; health checks, outlier detection,
+    upstream chains and the internal attempt listeners stay as generated);
   - listeners sharing the generated listener's HTTP connection manager, differing only in HTTP
     filters: L0 native buffer, L1 buffer + json_to_metadata (top-level `model`), L2 the generated
     listener's own filter chain;
@@ -17,7 +17,8 @@ envoy-examples/router.yaml, so every request meets the generated route table and
   - A/B arms in the same Envoy (with --ab): L0-404 (no route header), and L0 / L2 on the route table
     with the other retry setting for routes that never retry: without `retry_on` (L0-nr, L2-nr) if
     the generated table has it there, else with it (L0-rb, L2-rb). With any `retry_on` Envoy's
-    router keeps a copy of the body for a retry.
+    router keeps a copy of the body for a retry. L0-ka / L2-ka: keep-alive at every size.
+With --perf: `perf record -g` on Envoy per arm instead of the timed run.
 Results: bench/results/outside.json and the `bench:outside` section of docs/benchmarks.md.
 """
 

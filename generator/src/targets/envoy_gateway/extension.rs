@@ -108,6 +108,7 @@ fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef) -> Value {
             })
         })
         .collect();
+    patches.extend(super::security::local_reply_patch(ir, &listener));
     patches.push(json!({
         "type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
         "name": listener,

@@ -10,6 +10,7 @@
 
 use serde_json::{json, Value};
 
+use super::extension::http_route_refs;
 use super::names::{self, MAX_TARGET_REFS};
 use super::{metadata, object};
 use crate::auth::JwtPolicy;
@@ -17,7 +18,6 @@ use crate::ir::Ir;
 use crate::{Diagnostics, Problem};
 
 const EG_API: &str = "gateway.envoyproxy.io/v1alpha1";
-const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
 /// Envoy Gateway's length limit on `issuer` and `remoteJWKS.uri`.
 const MAX_FIELD: usize = 253;
 
@@ -31,19 +31,11 @@ pub(super) fn documents(ir: &Ir, routes: &[String]) -> Vec<Value> {
         .chunks(MAX_TARGET_REFS)
         .enumerate()
         .map(|(i, chunk)| {
-            let refs: Vec<Value> = chunk
-                .iter()
-                .map(|r| json!({"group": GATEWAY_API_GROUP, "kind": "HTTPRoute", "name": r}))
-                .collect();
-            let name = match i {
-                0 => names::policy(ir),
-                _ => format!("{}-{i}", names::policy(ir)),
-            };
             object(
                 EG_API,
                 "SecurityPolicy",
-                metadata(&name, &ir.namespace, ir),
-                json!({"targetRefs": refs, "jwt": {"providers": [provider.clone()]}}),
+                metadata(&names::policy_part(ir, i), &ir.namespace, ir),
+                json!({"targetRefs": http_route_refs(chunk), "jwt": {"providers": [provider.clone()]}}),
             )
         })
         .collect()

@@ -20,7 +20,7 @@ usage:
       envoy options: [--wasm-dir DIR] [--listen ADDR:PORT] [--admin ADDR:PORT]
                      [--resolve NAME=HOST:PORT]... [--endpoints NAME=IP:PORT,...]...
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
-                     [--ca-file PATH] [--format yaml|json]
+                     [--ca-file PATH] [--jwks-file FILE] [--format yaml|json]
       envoy-gateway options: --wasm-url URL | --wasm-image REF [--wasm-sha256 HEX]
                      [--wasm-dir DIR] [--gateway-listener NAME] [--resolve ...] [--endpoints ...]
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
@@ -49,6 +49,7 @@ const VALUE_FLAGS: &[&str] = &[
     "--model-header",
     "--max-body-bytes",
     "--ca-file",
+    "--jwks-file",
     "--format",
     "--wasm-url",
     "--wasm-image",
@@ -186,7 +187,13 @@ pub fn run(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write, err: &mut
 const TARGET_FLAGS: &[(Target, &[&str])] = &[
     (
         Target::Envoy,
-        &["--listen", "--admin", "--ca-file", "--format"],
+        &[
+            "--listen",
+            "--admin",
+            "--ca-file",
+            "--jwks-file",
+            "--format",
+        ],
     ),
     (
         Target::EnvoyGateway,
@@ -303,6 +310,7 @@ const COMPILE_ONLY: &[&str] = &[
     "--resolve",
     "--endpoints",
     "--ca-file",
+    "--jwks-file",
     "--format",
     "--wasm-url",
     "--wasm-image",
@@ -507,6 +515,9 @@ fn envoy_options(
     }
     if let Some(c) = single(a, "--ca-file", problems) {
         o.ca_file = c.to_string();
+    }
+    if let Some(f) = single(a, "--jwks-file", problems) {
+        o.jwks_file = Some(super::targets::envoy::absolute(PathBuf::from(f)));
     }
     o.format = match single(a, "--format", problems) {
         Some("json") => Format::Json,

@@ -2,7 +2,8 @@
 //!
 //! The manifests are validated as `validate` does, mapped to the plugin config as `compile`
 //! does, and the request is run through the core's request plan in the model-router filter's
-//! order (`plan_head`, the body-size check, the scan, `check_request`, `plan_request`). The
+//! order (`plan_head`, the body-size check, the scan, `check_request`, the allowlists,
+//! `plan_request`). The
 //! per-rule reasons come from `router_core::explain::trace_rules`, which asks the same matcher.
 //! What the filter does not decide yet (budgets, endpoint picking) is reported from the
 //! manifest as the inputs those steps will read.
@@ -247,6 +248,13 @@ pub fn explain(
         Err(r) => return refused(ex, &r),
     };
     ex.model = Some(checked.model.clone());
+    if let Some(allow) = core.allowlists() {
+        // Offline there is no token: the team header given is taken as the verified claim.
+        ex.notes.push(format!("allowlists: the {} header stands for the verified team claim (the gateway sets it from the JWT and removes the client's)", allow.team_header()));
+        if let Err(r) = allow.check(&headers, &checked.model) {
+            return refused(ex, &r);
+        }
+    }
     let (signals, verdicts) = trace_rules(core, &checked.model, &headers);
     ex.classifications = signals.classes;
     ex.sensitive = signals.sensitive;

@@ -14,6 +14,7 @@
 //! - [`explain`]: one request through the filter's own decision code, offline.
 //! - [`cli`]: the command line (`validate`, `compile`, `explain`).
 
+pub mod auth;
 pub mod cli;
 pub mod duration;
 pub mod explain;

@@ -134,6 +134,7 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
         rules,
         audit: audit_config(spec.policy.as_ref().and_then(|p| p.audit_log.as_ref())),
         quarantine_ms: spec.quarantine().as_millis() as u64,
+        auth: crate::auth::allow_config(spec),
     }
 }
 

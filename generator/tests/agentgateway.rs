@@ -548,3 +548,16 @@ fn real_agentgateway_accepts_the_config() {
         );
     }
 }
+
+#[test]
+fn auth_is_refused_with_the_reason() {
+    let mut r = with_gateway(router());
+    r["spec"]["policy"] = json!({"auth": {"jwt": {"issuer": "https://idp/", "jwksURI": "https://idp/certs", "provider": "kc", "teamClaim": "team"}}});
+    let e = errors(&full(r), &opts(None));
+    assert!(
+        e.iter().any(|l| l.starts_with(
+            "ModelRouter/demo: spec.policy.auth: is not enforced by the agentgateway target: "
+        ) && l.contains("extProc")),
+        "{e:?}"
+    );
+}

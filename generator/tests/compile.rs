@@ -407,20 +407,149 @@ fn secret_without_provider_key() {
 }
 
 #[test]
-fn unsupported_providers_and_auth_are_refused() {
+fn unsupported_providers_are_refused() {
     let mut r = router();
     r["spec"]["backends"][2]["external"]["provider"] = json!("bedrock");
     assert_eq!(
         compile_err(full(r), &opts()),
         ["ModelRouter/demo: spec.backends[2].external.provider: provider bedrock is not supported by the envoy target yet (it needs request signing); use litellm in front of it"]
     );
-    let mut r = router();
+}
+
+fn with_auth(mut r: Value) -> Value {
     set(
         &mut r,
-        "/spec/policy/auth/jwt",
-        json!({"issuer": "i", "jwksURI": "https://x/jwks", "provider": "p", "teamClaim": "team"}),
+        "/spec/policy/auth",
+        json!({
+            "jwt": {"issuer": "https://idp.example.com/realms/llm", "jwksURI": "https://idp.example.com:8443/certs", "provider": "kc", "teamClaim": "grp", "headerKey": "X-Team"},
+            "allowlists": [{"team": "research", "models": ["qwen3-*"]}, {"team": "ops"}],
+        }),
     );
-    assert_eq!(compile_err(full(r), &opts()), ["ModelRouter/demo: spec.policy.auth: is not enforced by the envoy target yet; refusing rather than serving unauthenticated"]);
+    r
+}
+
+fn http_filter_names(b: &Value) -> Vec<String> {
+    hcm(b)["http_filters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn auth_compiles_to_jwt_authn_before_the_filter() {
+    let b = compile(full(with_auth(router())), &opts());
+    assert_eq!(
+        http_filter_names(&b),
+        [
+            "llmkube-team-header-strip",
+            "envoy.filters.http.jwt_authn",
+            "envoy.filters.http.wasm",
+            "envoy.filters.http.router"
+        ]
+    );
+    let filters = &hcm(&b)["http_filters"];
+    assert_eq!(
+        filters[0]["typed_config"]["mutations"],
+        json!({"request_mutations": [{"remove": "x-team"}]})
+    );
+    let jwt = &filters[1]["typed_config"];
+    let p = &jwt["providers"]["kc"];
+    assert_eq!(p["issuer"], "https://idp.example.com/realms/llm");
+    assert_eq!(
+        p["forward"], false,
+        "the client's token must not be forwarded"
+    );
+    assert_eq!(
+        p["claim_to_headers"],
+        json!([{"header_name": "x-team", "claim_name": "grp"}])
+    );
+    assert_eq!(
+        p["remote_jwks"]["http_uri"]["uri"],
+        "https://idp.example.com:8443/certs"
+    );
+    assert_eq!(p["remote_jwks"]["http_uri"]["cluster"], "jwks-kc");
+    assert_eq!(
+        jwt["rules"],
+        json!([{"match": {"prefix": "/"}, "requires": {"provider_name": "kc"}}])
+    );
+    let c = cluster(&b, "jwks-kc");
+    assert_eq!(
+        c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["socket_address"],
+        json!({"address": "idp.example.com", "port_value": 8443})
+    );
+    assert_eq!(
+        c["transport_socket"]["typed_config"]["sni"],
+        "idp.example.com"
+    );
+    let mapper = &hcm(&b)["local_reply_config"]["mappers"][0];
+    assert_eq!(
+        mapper["filter"]["status_code_filter"]["comparison"]["value"]["default_value"],
+        401
+    );
+    assert_eq!(
+        mapper["body_format_override"]["json_format"]["error"]["code"],
+        "invalid_token"
+    );
+    assert_eq!(
+        mapper["body_format_override"]["json_format"]["error"]["type"],
+        "authentication_error"
+    );
+    // The filter gets the allowlists and reads the team from the header the JWT step wrote.
+    let auth = plugin_of(&b).auth.expect("allowlists in the plugin config");
+    assert_eq!(auth.team_header, "x-team");
+    assert_eq!(auth.allowlists.len(), 2);
+    assert_eq!(auth.allowlists[0].models, ["qwen3-*"]);
+    for r in backend_routes(&b) {
+        assert_eq!(
+            r["request_headers_to_remove"],
+            json!(["authorization"]),
+            "{r}"
+        );
+    }
+
+    // Authentication only: no allowlists in the plugin config, the JWT chain all the same.
+    let mut r = with_auth(router());
+    r["spec"]["policy"]["auth"]["allowlists"] = json!([]);
+    let b = compile(full(r), &opts());
+    assert!(plugin_of(&b).auth.is_none());
+    assert_eq!(http_filter_names(&b).len(), 4);
+    // No auth: the chain is the filter alone.
+    let b = compile(full(router()), &opts());
+    assert_eq!(
+        http_filter_names(&b),
+        ["envoy.filters.http.wasm", "envoy.filters.http.router"]
+    );
+    assert!(hcm(&b).get("local_reply_config").is_none());
+}
+
+#[test]
+fn jwks_file_replaces_the_remote_keys() {
+    let dir = std::env::temp_dir().join(format!("llmkube-gen-jwks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("jwks.json");
+    std::fs::write(&file, r#"{"keys":[]}"#).unwrap();
+    let o = EnvoyOptions {
+        jwks_file: Some(file.clone()),
+        ..opts()
+    };
+    let b = compile(full(with_auth(router())), &o);
+    let p = &hcm(&b)["http_filters"][1]["typed_config"]["providers"]["kc"];
+    assert_eq!(p["local_jwks"]["filename"], file.to_string_lossy().as_ref());
+    assert!(p.get("remote_jwks").is_none());
+    assert!(!has_cluster(&b, "jwks-kc"));
+    let o = EnvoyOptions {
+        jwks_file: Some(dir.join("missing.json")),
+        ..opts()
+    };
+    let e = compile_err(full(with_auth(router())), &o);
+    assert!(
+        e.iter()
+            .any(|l| l.starts_with("options: --jwks-file: ") && l.contains("missing.json")),
+        "{e:?}"
+    );
 }
 
 #[test]

@@ -74,7 +74,70 @@ fn corpus() -> Vec<(&'static str, String)> {
             "per-backend-timeouts",
             dataplane_docs(with_gateway(reference_example(None))),
         ),
+        (
+            "auth",
+            dataplane_docs(with_auth(with_gateway(dataplane_router()))),
+        ),
     ]
+}
+
+fn with_auth(mut r: Value) -> Value {
+    r["spec"]["policy"] = json!({"auth": {
+        "jwt": {"issuer": "https://idp.example.com/realms/llm", "jwksURI": "https://idp.example.com/certs", "provider": "kc", "teamClaim": "grp"},
+        "allowlists": [{"team": "research", "models": ["qwen3-*"]}],
+    }});
+    r
+}
+
+#[test]
+fn auth_is_a_security_policy_on_every_route() {
+    let docs = compile_docs(
+        &dataplane_docs(with_auth(with_gateway(dataplane_router()))),
+        &opts(),
+    );
+    let routes: Vec<&str> = of_kind(&docs, "AIGatewayRoute")
+        .iter()
+        .map(|r| r["metadata"]["name"].as_str().unwrap())
+        .collect();
+    let policies = of_kind(&docs, "SecurityPolicy");
+    assert!(!policies.is_empty());
+    let mut targeted = Vec::new();
+    for p in &policies {
+        let spec = &p["spec"];
+        assert_eq!(
+            spec["jwt"]["providers"],
+            json!([{
+                "name": "kc", "issuer": "https://idp.example.com/realms/llm",
+                "remoteJWKS": {"uri": "https://idp.example.com/certs"},
+                "claimToHeaders": [{"header": "x-llmkube-team", "claim": "grp"}],
+            }])
+        );
+        for t in spec["targetRefs"].as_array().unwrap() {
+            assert_eq!(t["kind"], "HTTPRoute");
+            targeted.push(t["name"].as_str().unwrap());
+        }
+    }
+    assert_eq!(targeted, routes, "every generated route is authenticated");
+    // The allowlists travel in the filter's config; the 401 gets our shape through the patch.
+    let eep = of_kind(&docs, "EnvoyExtensionPolicy")[0];
+    let cfg: PluginConfig =
+        serde_json::from_value(eep["spec"]["wasm"][0]["config"].clone()).unwrap();
+    assert_eq!(cfg.auth.unwrap().team_header, "x-llmkube-team");
+    let patch = of_kind(&docs, "EnvoyPatchPolicy")[0];
+    let lrc = patch["spec"]["jsonPatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["operation"]["path"] == "/local_reply_config")
+        .expect("a local_reply_config patch");
+    assert_eq!(
+        lrc["operation"]["value"]["mappers"][0]["body_format_override"]["json_format"]["error"]
+            ["code"],
+        "invalid_token"
+    );
+    // Without auth: no SecurityPolicy, no patch.
+    let docs = compile_docs(&dataplane_docs(with_gateway(dataplane_router())), &opts());
+    assert!(of_kind(&docs, "SecurityPolicy").is_empty());
 }
 
 #[test]
@@ -166,12 +229,7 @@ fn extension_policy_config_is_the_envoy_targets_plugin_config() {
         );
         // Envoy-target refusals (signing providers) do not apply to these inputs.
         let envoy: Value = serde_json::from_str(&envoy.unwrap()).unwrap();
-        let envoy_json = envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
-            [0]["typed_config"]["http_filters"][0]["typed_config"]["config"]["configuration"]
-            ["value"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let envoy_json = serde_json::to_string(&envoy::plugin_of(&envoy)).unwrap();
         for eep in of_kind(&docs, "EnvoyExtensionPolicy") {
             let config = &eep["spec"]["wasm"][0]["config"];
             let pc: PluginConfig = serde_json::from_value(config.clone()).unwrap();
@@ -456,10 +514,10 @@ fn refusals_and_warnings() {
     let text = full(router());
     let e = compile_err(&text, &opts());
     assert!(e.contains(&"ModelRouter/demo: spec.gatewayRef: is required for the envoy-gateway target: it names the Gateway the policies and routes attach to".to_string()), "{e:?}");
-    // Auth is refused as by the envoy target.
-    let mut r = with_gateway(router());
-    r["spec"]["policy"] = json!({"auth": {"jwt": {"issuer": "i", "jwksURI": "https://x/jwks", "provider": "p", "teamClaim": "team"}}});
-    assert_eq!(compile_err(&full(r), &opts()), ["ModelRouter/demo: spec.policy.auth: is not enforced by the envoy-gateway target yet; refusing rather than serving unauthenticated"]);
+    // Envoy Gateway fetches a remote JWKS over HTTPS only.
+    let mut r = with_auth(with_gateway(router()));
+    r["spec"]["policy"]["auth"]["jwt"]["jwksURI"] = json!("http://idp.example.com/certs");
+    assert_eq!(compile_err(&full(r), &opts()), ["ModelRouter/demo: spec.policy.auth.jwt.jwksURI: the envoy-gateway target fetches the JWKS over HTTPS only (SecurityPolicy remoteJWKS.uri); use an https:// URL"]);
     // Secrets need not be in the input; the key Envoy AI Gateway reads is warned about.
     let text = docs(&[
         with_gateway(router()),

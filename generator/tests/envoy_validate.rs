@@ -349,3 +349,25 @@ fn per_backend_timeouts_through_internal_listeners() {
     }
     validate("dp-attempts", text, opts);
 }
+
+#[test]
+fn auth_chain_remote_and_file_jwks() {
+    let mut r = router();
+    r["spec"]["policy"] = json!({"auth": {
+        "jwt": {"issuer": "https://idp.example.com/", "jwksURI": "https://idp.example.com/certs", "provider": "kc", "teamClaim": "team"},
+        "allowlists": [{"team": "research", "models": ["qwen3-*"]}, {"team": "ops"}],
+    }});
+    validate("auth-remote", full(r.clone()), EnvoyOptions::default());
+    let dir = std::env::temp_dir().join(format!("llmkube-gen-jwks-v-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("jwks.json");
+    std::fs::write(&file, r#"{"keys":[{"kty":"RSA","alg":"RS256","kid":"k","n":"sXchDaQebHnPiGvyDOAT4saGEUetSyo9MKLOoWFsueri23bOdgWp4Dy1WlUzewbgBHod5pcM9H95GQRV3JDXboIRROSBigeC5yjU1hGzHHyXss8UDprecbAYxknTcQkhslANGRUZmdTOQ5qTRsLAt6BTYuyvVRdhS8exSZEy_c4gs_7svlJJQ4H9_NxsiIoLwAEk7-Q3UXERGYw_75IDrGA84-lA_-Ct4eTlXHBIY2EaV7t7LjJaynVJCpkv4LKjTTAumiGUIuQhrNhZLuF_RJLqHpM2kgWFLU7-VTdL1VbC2tejvcI2BlMkEpk1BzBZI0KQB0GaDWFLN-aEAw3vRw","e":"AQAB"}]}"#).unwrap();
+    validate(
+        "auth-file",
+        full(r),
+        EnvoyOptions {
+            jwks_file: Some(file),
+            ..Default::default()
+        },
+    );
+}

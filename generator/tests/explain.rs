@@ -369,3 +369,36 @@ fn usage_errors() {
     let mut err = Vec::new();
     assert_eq!(run(&args, &mut &b""[..], &mut Vec::new(), &mut err), 2);
 }
+
+#[test]
+fn allowlists_refuse_before_routing() {
+    let manifest = ROUTER.replace(
+        "  policy:\n",
+        "  policy:\n    auth:\n      jwt: {provider: kc, issuer: \"https://idp/\", jwksURI: \"https://idp/certs\", teamClaim: team}\n      allowlists: [{team: research, models: [\"gpt-*\"]}]\n",
+    );
+    let ex = |model: &str, team: &[&str]| {
+        let mut extra = vec!["--json"];
+        let h: Vec<String> = team.iter().map(|t| format!("x-llmkube-team={t}")).collect();
+        for h in &h {
+            extra.extend(["--header", h.as_str()]);
+        }
+        let o = explain_with(&manifest, &format!(r#"{{"model":"{model}"}}"#), &extra);
+        assert_eq!(o.code, 0, "{}", o.err);
+        serde_json::from_str::<Value>(&o.out).unwrap()
+    };
+    let v = ex("gpt-5", &["research"]);
+    assert_eq!(
+        (v["status"].clone(), v["backend"].clone()),
+        (json!(200), json!("gpt"))
+    );
+    for (model, team) in [
+        ("big-model", vec!["research"]),
+        ("gpt-5", vec!["ops"]),
+        ("gpt-5", vec![]),
+    ] {
+        let v = ex(model, &team);
+        assert_eq!(v["status"], 403, "{model} {team:?}: {v}");
+        assert_eq!(v["error"]["error"]["code"], "model_not_allowed", "{v}");
+        assert_eq!(v["backend"], Value::Null);
+    }
+}

@@ -649,3 +649,21 @@ fn passthrough_blobs_are_checked_lightly() {
     ))
     .is_empty());
 }
+
+#[test]
+fn auth_team_header_and_jwks_uri() {
+    let jwt = |header: &str, jwks: &str| {
+        with(
+            "/spec/policy/auth/jwt",
+            json!({"issuer": "https://idp/", "jwksURI": jwks, "provider": "kc", "teamClaim": "team", "headerKey": header}),
+        )
+    };
+    assert!(errors(jwt("X-Team", "https://idp/certs")).is_empty());
+    for h in ["Authorization", "x-llmkube-backend", "x-ai-eg-model"] {
+        one(
+            jwt(h, "https://idp/certs"),
+            &format!("ModelRouter/demo: spec.policy.auth.jwt.headerKey: {h:?} is a credential or decision header; the verified team needs a header of its own"),
+        );
+    }
+    one(jwt("x-team", "ftp://idp/certs"), "ModelRouter/demo: spec.policy.auth.jwt.jwksURI: \"ftp://idp/certs\" must be an http:// or https:// URL");
+}

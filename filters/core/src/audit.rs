@@ -20,6 +20,8 @@ pub enum Outcome {
     FailClosedRuntime,
     AllBackendsFailed,
     BudgetExceeded,
+    /// `policy.auth.allowlists` refused the team or the model.
+    NotAllowed,
     InvalidRequest,
     /// The upstream answered with an error we passed through (a 4xx).
     UpstreamError,
@@ -37,6 +39,7 @@ impl Outcome {
             Outcome::FailClosedRuntime => "fail_closed_runtime",
             Outcome::AllBackendsFailed => "all_backends_failed",
             Outcome::BudgetExceeded => "budget_exceeded",
+            Outcome::NotAllowed => "not_allowed",
             Outcome::InvalidRequest => "invalid_request",
             Outcome::UpstreamError => "upstream_error",
             Outcome::Cancelled => "cancelled",

@@ -62,6 +62,9 @@ pub struct PluginConfig {
     /// silent past the idle timeout stays out of the attempt orders the filter stamps.
     #[serde(default = "default_quarantine_ms")]
     pub quarantine_ms: u64,
+    /// `policy.auth.allowlists` and the header the verified team arrives in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<crate::allow::AllowConfig>,
 }
 
 /// `spec.policy.auditLog`, as far as the filter acts on it (the sink is the gateway's log).

@@ -140,6 +140,24 @@ impl ApiError {
         )
     }
 
+    /// `policy.auth.allowlists` does not let this request's verified team reach `model`.
+    pub fn model_not_allowed(
+        team_header: &str,
+        team: &str,
+        model: &str,
+        why: &crate::allow::Denied,
+    ) -> Self {
+        use crate::allow::Denied;
+        use crate::scan::printable;
+        let message = match why {
+            Denied::NoTeam => format!("no verified team ({team_header}): the allowlists of this router grant models to named teams only"),
+            Denied::SeveralTeams => format!("the request carries more than one {team_header} value; exactly one verified team is required"),
+            Denied::UnknownTeam => format!("team {:?} is not in this router's allowlists", printable(team)),
+            Denied::Model => format!("team {:?} may not use model {:?}", printable(team), printable(model)),
+        };
+        ApiError::new(403, PERMISSION_ERROR, "model_not_allowed", message).param("model")
+    }
+
     pub fn fail_closed(message: String) -> Self {
         ApiError::new(503, API_ERROR, "fail_closed", message)
     }
@@ -172,6 +190,7 @@ impl ApiError {
 
 pub const INVALID_REQUEST: &str = "invalid_request_error";
 pub const API_ERROR: &str = "api_error";
+pub const PERMISSION_ERROR: &str = "permission_error";
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod allow;
 pub mod attempt;
 pub mod audit;
 pub mod body;

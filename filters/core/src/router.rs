@@ -6,6 +6,7 @@
 //! classification is sensitive is served only by `tier: local` backends, whatever route it took;
 //! if its route has none, it gets 503 `fail_closed` instead of leaving the cluster.
 
+use crate::allow::Allowlists;
 use crate::config::{PluginConfig, Strategy, TaskComplexity, Tier};
 use crate::errors::ApiError;
 use crate::explain::{Miss, Signals};
@@ -29,6 +30,8 @@ pub struct Router {
     models_body: Vec<u8>,
     tiers: Vec<Tier>,
     weights: Vec<u32>,
+    /// `policy.auth.allowlists`, when set.
+    allow: Option<Allowlists>,
 }
 
 #[derive(Debug)]
@@ -84,7 +87,8 @@ impl RequestHeaders {
             .map(|(_, v)| v.as_str())
     }
 
-    fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    /// Every value of `name` (lower-cased), in the order sent.
+    pub fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         self.pairs
             .iter()
             .filter(move |(n, _)| n == name)
@@ -212,6 +216,8 @@ impl Router {
         for r in &rules {
             needed_headers.extend(r.headers.iter().map(|(n, _)| n.clone()));
         }
+        let allow = config.auth.as_ref().map(Allowlists::new).transpose()?;
+        needed_headers.extend(allow.iter().map(|a| a.team_header().to_string()));
         needed_headers.sort();
         needed_headers.dedup();
         let models_body = crate::models::models_body(&config);
@@ -233,12 +239,18 @@ impl Router {
             models_body,
             tiers,
             weights,
+            allow,
             config,
         })
     }
 
     pub fn needed_headers(&self) -> &[String] {
         &self.needed_headers
+    }
+
+    /// The allowlists step, when `policy.auth.allowlists` is set.
+    pub fn allowlists(&self) -> Option<&Allowlists> {
+        self.allow.as_ref()
     }
 
     pub fn backend(&self, i: usize) -> &Backend {

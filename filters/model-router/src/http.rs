@@ -227,6 +227,12 @@ impl Request {
             self.audit.request_body = Some(String::from_utf8_lossy(body).into_owned());
         }
         let router = &worker.router;
+        if let Some(Err(refusal)) = router
+            .allowlists()
+            .map(|a| a.check(&self.headers, &checked.model))
+        {
+            return self.refuse(refusal);
+        }
         let now = self.started_ns;
         let planned = {
             let quarantined = worker.quarantine.active(now);

@@ -6,7 +6,8 @@ use crate::model::*;
 use crate::targets::Target;
 use crate::{Diagnostics, Problem};
 
-/// What no target serves yet (auth is refused rather than served unauthenticated, budgets are
+/// What a target does not serve (auth where the target cannot verify tokens is refused rather
+/// than served unauthenticated), what no target serves yet (budgets are
 /// validated but not enforced), external backends without credentials, and a `dataPlane` that the
 /// gateway target overrides.
 pub fn unenforced_features(router: &ModelRouter, target: Target, diags: &mut Diagnostics) {
@@ -25,10 +26,15 @@ pub fn unenforced_features(router: &ModelRouter, target: Target, diags: &mut Dia
             ));
         }
     }
-    if let Some(auth) = spec.policy.as_ref().and_then(|p| p.auth.as_ref()) {
-        if auth.jwt.is_some() || !auth.allowlists.is_empty() {
-            diags.error(Problem::new(&label, "spec.policy.auth", format!("is not enforced by the {target} target yet; refusing rather than serving unauthenticated")));
-        }
+    if let Some(why) = target
+        .auth_unsupported()
+        .filter(|_| crate::auth::is_set(spec))
+    {
+        diags.error(Problem::new(
+            &label,
+            "spec.policy.auth",
+            format!("is not enforced by the {target} target: {why}"),
+        ));
     }
     if spec.policy.as_ref().is_some_and(|p| !p.budgets.is_empty()) {
         diags.warn(Problem::new(&label, "spec.policy.budgets", format!("are validated but not enforced by the {target} target yet (the plugin config carries no budgets)")));

@@ -26,6 +26,17 @@ pub enum Target {
 impl Target {
     pub const ALL: [Target; 3] = [Target::Envoy, Target::EnvoyGateway, Target::Agentgateway];
 
+    /// Why the target cannot serve `policy.auth` (verified JWT and allowlists), if it cannot.
+    pub fn auth_unsupported(self) -> Option<&'static str> {
+        match self {
+            Target::Envoy | Target::EnvoyGateway => None,
+            // Its route jwtAuth runs before extProc, but a route transformation (the only way to
+            // copy a claim into a header) runs after it; the listener-level policies that run
+            // before the route's are not generated or tested yet.
+            Target::Agentgateway => Some("the verified team claim cannot reach the filter as the team header yet (agentgateway copies claims into headers with a transformation, which runs after the route's extProc); refusing rather than trusting a client-set team header"),
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Target::Envoy => "envoy",

@@ -96,6 +96,20 @@ pub(super) fn validate_policy(cx: &mut Ctx, spec: &ModelRouterSpec) {
             }
             if let Some(h) = &j.header_key {
                 cx.header("spec.policy.auth.jwt.headerKey", h);
+                let lower = h.to_ascii_lowercase();
+                let decision = router_core::headers::DECISION_HEADERS.contains(&lower.as_str())
+                    || lower == router_core::config::DEFAULT_MODEL_HEADER;
+                if decision || CREDENTIAL_HEADERS.contains(&lower.as_str()) {
+                    cx.err(
+                        "spec.policy.auth.jwt.headerKey",
+                        format!("{h:?} is a credential or decision header; the verified team needs a header of its own"),
+                    );
+                }
+            }
+            if !j.jwks_uri.is_empty() {
+                if let Err(e) = crate::url::parse_url(&j.jwks_uri) {
+                    cx.err("spec.policy.auth.jwt.jwksURI", e);
+                }
             }
         }
         if !auth.allowlists.is_empty() && auth.jwt.is_none() {

@@ -77,10 +77,13 @@ pub fn has_cluster(b: &Value, name: &str) -> bool {
     clusters(b).iter().any(|c| c["name"] == name)
 }
 
-/// The plugin config the model-router filter (first HTTP filter) is given.
+/// The plugin config the model-router filter (the listener's wasm filter) is given.
 pub fn plugin_of(b: &Value) -> PluginConfig {
-    let wasm = &hcm(b)["http_filters"][0];
-    assert_eq!(wasm["name"], "envoy.filters.http.wasm");
+    let filters = hcm(b)["http_filters"].as_array().unwrap();
+    let wasm = filters
+        .iter()
+        .find(|f| f["name"] == "envoy.filters.http.wasm")
+        .expect("the listener loads the model-router filter");
     let s = wasm["typed_config"]["config"]["configuration"]["value"]
         .as_str()
         .unwrap();

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use super::clusters::*;
 use super::filters::{dur_ms, socket, typed, upstream_chain, wasm_filter};
+use super::jwt;
 use super::names::*;
 use super::{upstream_wasm_path, wasm_path, EnvoyOptions, RETRY_ON, SHADOW_MAX_REQUESTS};
 use crate::duration::envoy_duration;
@@ -211,7 +212,11 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
     }
 
     let wasm = wasm_path(opts);
-    let hcm = json!({
+    let jwt = crate::auth::jwt(&ir.router.spec);
+    if let Some(c) = jwt.as_ref().filter(|_| opts.jwks_file.is_none()) {
+        clusters.extend(jwt::jwks_cluster(c, &opts.ca_file));
+    }
+    let mut hcm = json!({
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "llmkube",
         "codec_type": "AUTO",
@@ -229,6 +234,13 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
             {"name": "envoy.filters.http.router", "typed_config": typed("envoy.extensions.filters.http.router.v3.Router")},
         ],
     });
+    if let Some(p) = &jwt {
+        let auth = jwt::filters(p, opts.jwks_file.as_deref());
+        if let Some(chain) = hcm["http_filters"].as_array_mut() {
+            chain.splice(0..0, auth);
+        }
+        hcm["local_reply_config"] = jwt::local_reply_config();
+    }
     let mut listeners = vec![json!({
         "name": "llmkube",
         "address": socket(&opts.listen.ip().to_string(), opts.listen.port()),

@@ -51,24 +51,29 @@ pub(super) fn endpoint_cluster(name: &str, b: &Backend, buffer_limit: u64, ca_fi
         c["dns_lookup_family"] = json!("V4_PREFERRED");
     }
     if let Some(host) = b.external().filter(|e| e.url.https).map(|e| &e.url.host) {
-        let san_type = if host.parse::<IpAddr>().is_ok() {
-            "IP_ADDRESS"
-        } else {
-            "DNS"
-        };
-        let mut tls = json!({
-            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-            "common_tls_context": {"validation_context": {
-                "trusted_ca": {"filename": ca_file},
-                "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": host}}],
-            }},
-        });
-        if san_type == "DNS" {
-            tls["sni"] = json!(host);
-        }
-        c["transport_socket"] = json!({"name": "envoy.transport_sockets.tls", "typed_config": tls});
+        c["transport_socket"] = tls_socket(host, ca_file);
     }
     c
+}
+
+/// TLS to `host`, its certificate checked against `ca_file` and the host name (or address).
+pub(super) fn tls_socket(host: &str, ca_file: &str) -> Value {
+    let san_type = if host.parse::<IpAddr>().is_ok() {
+        "IP_ADDRESS"
+    } else {
+        "DNS"
+    };
+    let mut tls = json!({
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+        "common_tls_context": {"validation_context": {
+            "trusted_ca": {"filename": ca_file},
+            "match_typed_subject_alt_names": [{"san_type": san_type, "matcher": {"exact": host}}],
+        }},
+    });
+    if san_type == "DNS" {
+        tls["sni"] = json!(host);
+    }
+    json!({"name": "envoy.transport_sockets.tls", "typed_config": tls})
 }
 
 /// Limits of the `via-<b>` clusters: they only carry attempts to an in-process listener, so

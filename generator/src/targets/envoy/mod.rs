@@ -26,6 +26,7 @@
 mod bootstrap;
 mod clusters;
 mod filters;
+pub mod jwt;
 pub mod names;
 
 use std::collections::BTreeMap;
@@ -71,6 +72,9 @@ pub struct EnvoyOptions {
     pub admin: SocketAddr,
     /// CA bundle for verifying https upstreams.
     pub ca_file: String,
+    /// `--jwks-file`: the keys `policy.auth.jwt` verifies tokens with, instead of fetching
+    /// `jwksURI` (local runs); made absolute in the output.
+    pub jwks_file: Option<PathBuf>,
     pub format: Format,
 }
 
@@ -86,6 +90,7 @@ impl Default for EnvoyOptions {
             listen: DEFAULT_LISTEN,
             admin: DEFAULT_ADMIN,
             ca_file: DEFAULT_CA_FILE.to_string(),
+            jwks_file: None,
             format: Format::Yaml,
         }
     }
@@ -177,6 +182,7 @@ fn check_router(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Diagnosti
         }
     }
     checks::unenforced_features(router, Target::Envoy, diags);
+    check_jwks_file(router, opts, diags);
     checks::plugin_options(&opts.common(), diags);
     let wasm = wasm_path(opts);
     if !wasm.is_file() {
@@ -192,6 +198,27 @@ fn check_router(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Diagnosti
             "options",
             "--wasm-dir",
             format!("{} does not exist yet (external backends need the upstream filter: build filters/upstream for wasm32-wasip1)", upstream_wasm.display()),
+        ));
+    }
+}
+
+/// `--jwks-file` stands in for `jwksURI`: it needs a JWT policy and a file Envoy can read.
+fn check_jwks_file(router: &ModelRouter, opts: &EnvoyOptions, diags: &mut Diagnostics) {
+    let Some(f) = &opts.jwks_file else { return };
+    if crate::auth::jwt(&router.spec).is_none() {
+        diags.warn(Problem::new(
+            "options",
+            "--jwks-file",
+            format!(
+                "{} sets no spec.policy.auth.jwt: the keys are not used",
+                label_of(router)
+            ),
+        ));
+    } else if !f.is_file() {
+        diags.error(Problem::new(
+            "options",
+            "--jwks-file",
+            format!("{} is not a readable file", f.display()),
         ));
     }
 }

@@ -53,10 +53,7 @@ fn extension_policies(
         .chunks(MAX_TARGET_REFS)
         .enumerate()
         .map(|(i, chunk)| {
-            let refs: Vec<Value> = chunk
-                .iter()
-                .map(|r| json!({"group": GATEWAY_API_GROUP, "kind": "HTTPRoute", "name": r}))
-                .collect();
+            let refs = http_route_refs(chunk);
             object(
                 EG_API,
                 "EnvoyExtensionPolicy",
@@ -77,10 +74,15 @@ fn extension_policies(
 }
 
 fn extension_policy_name(ir: &Ir, i: usize) -> String {
-    match i {
-        0 => names::policy(ir),
-        _ => format!("{}-{i}", names::policy(ir)),
-    }
+    names::policy_part(ir, i)
+}
+
+/// `targetRefs` naming these HTTPRoutes (at most [`MAX_TARGET_REFS`] per policy).
+pub(super) fn http_route_refs(routes: &[String]) -> Vec<Value> {
+    routes
+        .iter()
+        .map(|r| json!({"group": GATEWAY_API_GROUP, "kind": "HTTPRoute", "name": r}))
+        .collect()
 }
 
 /// JSON patches on the xDS Envoy Gateway generates, each for a setting the typed policies lack:
@@ -108,6 +110,7 @@ fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef) -> Value {
             })
         })
         .collect();
+    patches.extend(super::security::local_reply_patch(ir, &listener));
     patches.push(json!({
         "type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
         "name": listener,

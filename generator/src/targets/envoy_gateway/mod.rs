@@ -9,12 +9,14 @@
 //!   by priority in attempt order), BackendTrafficPolicies for retries, per-attempt timeouts,
 //!   passive and active health checks (the quarantine);
 //! - [`backends`]: AIServiceBackend + Backend per backend, BackendSecurityPolicy per external
-//!   credential (a Secret reference: no credential value is ever written).
+//!   credential (a Secret reference: no credential value is ever written);
+//! - [`security`]: the SecurityPolicy verifying `policy.auth.jwt` on the routes.
 
 mod backends;
 mod extension;
 pub mod names;
 mod routing;
+mod security;
 
 use std::path::PathBuf;
 
@@ -95,6 +97,7 @@ pub fn documents(ir: &Ir, opts: &GatewayOptions, sha256: &str) -> Vec<Value> {
     docs.extend(routes);
     docs.extend(routing::traffic_policies(ir, &route_names));
     docs.extend(extension::documents(ir, opts, &gw, &route_names, sha256));
+    docs.extend(security::documents(ir, &route_names));
     docs
 }
 
@@ -216,6 +219,7 @@ impl TargetChecks for GatewayOptions {
         check_name_lengths(ir, diags);
         routing::check(ir, diags);
         backends::check(ir, diags);
+        security::check(ir, diags);
     }
 }
 

@@ -29,6 +29,15 @@ pub fn policy(ir: &Ir) -> String {
     format!("llmkube-{}", router_name(ir))
 }
 
+/// The `i`-th of the router's policies of one kind when their targets span several (16 routes
+/// each): the first is [`policy`].
+pub fn policy_part(ir: &Ir, i: usize) -> String {
+    match i {
+        0 => policy(ir),
+        _ => format!("{}-{i}", policy(ir)),
+    }
+}
+
 /// The `i`-th AIGatewayRoute (and the HTTPRoute Envoy AI Gateway makes of it).
 pub fn route(ir: &Ir, i: usize) -> String {
     format!("llmkube-{}-{i}", router_name(ir))

@@ -313,8 +313,9 @@ impl Budgets {
                 return Err(answer);
             }
         };
+        // Gauges follow settle, release and refusal, not admission: one ledger read fewer on
+        // the request path.
         drop(store);
-        self.stats.update(&self.store(&names, now), &p.keys);
         let held = holds
             .into_iter()
             .map(|(key, hold)| {

@@ -65,6 +65,9 @@ pub struct PluginConfig {
     /// `policy.auth.allowlists` and the header the verified team arrives in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<crate::allow::AllowConfig>,
+    /// `spec.policy.budgets`, compiled by the filter at configure time (`budget::config`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<crate::budget::config::BudgetsConfig>,
 }
 
 /// `spec.policy.auditLog`, as far as the filter acts on it (the sink is the gateway's log).

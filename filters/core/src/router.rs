@@ -218,6 +218,18 @@ impl Router {
         }
         let allow = config.auth.as_ref().map(Allowlists::new).transpose()?;
         needed_headers.extend(allow.iter().map(|a| a.team_header().to_string()));
+        // Team budgets are keyed by a header's value: read with the routing headers.
+        let budgets = config.budgets.iter().flat_map(|b| &b.budgets);
+        needed_headers.extend(
+            budgets
+                .filter(|b| b.scope == crate::budget::config::ScopeName::Team)
+                .map(|b| {
+                    b.header
+                        .as_deref()
+                        .unwrap_or(crate::budget::config::DEFAULT_TEAM_HEADER)
+                        .to_ascii_lowercase()
+                }),
+        );
         needed_headers.sort();
         needed_headers.dedup();
         let models_body = crate::models::models_body(&config);

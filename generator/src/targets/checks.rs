@@ -7,8 +7,7 @@ use crate::targets::Target;
 use crate::{Diagnostics, Problem};
 
 /// What a target does not serve (auth where the target cannot verify tokens is refused rather
-/// than served unauthenticated), what no target serves yet (budgets are
-/// validated but not enforced), external backends without credentials, and a `dataPlane` that the
+/// than served unauthenticated), external backends without credentials, and a `dataPlane` that the
 /// gateway target overrides.
 pub fn unenforced_features(router: &ModelRouter, target: Target, diags: &mut Diagnostics) {
     let label = label_of(router);
@@ -36,9 +35,8 @@ pub fn unenforced_features(router: &ModelRouter, target: Target, diags: &mut Dia
             format!("is not enforced by the {target} target: {why}"),
         ));
     }
-    if spec.policy.as_ref().is_some_and(|p| !p.budgets.is_empty()) {
-        diags.warn(Problem::new(&label, "spec.policy.budgets", format!("are validated but not enforced by the {target} target yet (the plugin config carries no budgets)")));
-    }
+    // Budgets need no check here: every target embeds the plugin config, which carries them,
+    // and the filter enforces them wherever it runs (ledgers in that gateway's shared data).
     if let Some(dp) = spec.data_plane.filter(|d| *d != DataPlane::Proxy) {
         diags.warn(Problem::new(&label, "spec.dataPlane", format!("{dp:?} selects LLMKube's own data plane; the {target} target runs the whole spec in the gateway regardless")));
     }

@@ -76,6 +76,8 @@ pub struct EnvoyOptions {
     /// `jwksURI` (local runs); made absolute in the output.
     pub jwks_file: Option<PathBuf>,
     pub format: Format,
+    /// See [`CompileOptions::unsafe_budgets_charge_after`] (tests only).
+    pub unsafe_budgets_charge_after: bool,
 }
 
 impl Default for EnvoyOptions {
@@ -92,6 +94,7 @@ impl Default for EnvoyOptions {
             ca_file: DEFAULT_CA_FILE.to_string(),
             jwks_file: None,
             format: Format::Yaml,
+            unsafe_budgets_charge_after: false,
         }
     }
 }
@@ -146,6 +149,7 @@ impl EnvoyOptions {
             endpoints: self.endpoints.clone(),
             model_header: self.model_header.clone(),
             max_body_bytes: self.max_body_bytes,
+            unsafe_budgets_charge_after: self.unsafe_budgets_charge_after,
         }
     }
 }

@@ -4,7 +4,10 @@
 use anyhow::{anyhow, bail, Context as _};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,6 +24,35 @@ struct File {
     max_streams: Option<usize>,
     #[serde(default)]
     log_level: Option<String>,
+    /// Upstreams the module may call out to (`dispatch_http_call`), by cluster name.
+    #[serde(default)]
+    clusters: BTreeMap<String, ClusterFile>,
+    /// Callouts waiting for an answer, per instance.
+    #[serde(default)]
+    max_calls_in_flight: Option<usize>,
+    /// Bytes of one callout answer (head and body); a longer one fails the call.
+    #[serde(default)]
+    max_callout_response_bytes: Option<usize>,
+    /// `HOST:PORT` of the Prometheus endpoint (`--metrics` overrides it).
+    #[serde(default)]
+    metrics: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterFile {
+    /// `HOST:PORT`, plain HTTP/1.1.
+    address: String,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+/// A callout upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    pub address: String,
+    /// An upper bound on every call's timeout (the module's own may be shorter).
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Deserialize)]
@@ -44,7 +76,16 @@ pub struct Config {
     pub instances: usize,
     pub max_streams: usize,
     pub log_level: llmkube_wasm_runtime::LogLevel,
+    pub clusters: BTreeMap<String, Cluster>,
+    pub max_calls_in_flight: usize,
+    pub max_callout_response_bytes: usize,
+    pub metrics: Option<SocketAddr>,
 }
+
+/// A callout's timeout when its cluster names none.
+const DEFAULT_CALLOUT_TIMEOUT_MS: u64 = 5_000;
+const DEFAULT_MAX_CALLS_IN_FLIGHT: usize = 256;
+const DEFAULT_MAX_CALLOUT_RESPONSE_BYTES: usize = 1 << 20;
 
 /// What the Envoy target's plugin config says when it says nothing (8 MiB).
 const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
@@ -104,6 +145,39 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
         bail!("max_streams: must be at least 1");
     }
     let log_level = parse_level(file.log_level.as_deref().unwrap_or("info"))?;
+    let mut clusters = BTreeMap::new();
+    for (name, c) in file.clusters {
+        if c.address.parse::<SocketAddr>().is_err() && !c.address.contains(':') {
+            bail!("clusters.{name}.address: {:?} is not HOST:PORT", c.address);
+        }
+        let ms = c.timeout_ms.unwrap_or(DEFAULT_CALLOUT_TIMEOUT_MS);
+        if ms == 0 {
+            bail!("clusters.{name}.timeout_ms: must be at least 1");
+        }
+        clusters.insert(
+            name,
+            Cluster {
+                address: c.address,
+                timeout: Duration::from_millis(ms),
+            },
+        );
+    }
+    let max_calls_in_flight = file
+        .max_calls_in_flight
+        .unwrap_or(DEFAULT_MAX_CALLS_IN_FLIGHT);
+    if max_calls_in_flight == 0 {
+        bail!("max_calls_in_flight: must be at least 1");
+    }
+    let max_callout_response_bytes = file
+        .max_callout_response_bytes
+        .unwrap_or(DEFAULT_MAX_CALLOUT_RESPONSE_BYTES);
+    let metrics = file
+        .metrics
+        .map(|m| {
+            m.parse::<SocketAddr>()
+                .map_err(|e| anyhow!("metrics: {m:?} is not HOST:PORT ({e})"))
+        })
+        .transpose()?;
     Ok(Config {
         module_path,
         wasm,
@@ -114,6 +188,10 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
         instances,
         max_streams,
         log_level,
+        clusters,
+        max_calls_in_flight,
+        max_callout_response_bytes,
+        metrics,
     })
 }
 
@@ -193,6 +271,43 @@ mod tests {
             (4096, 2, 1024)
         );
         assert_eq!(c.plugin_config, br#"{"max_body_bytes": 4096}"#);
+    }
+
+    #[test]
+    fn clusters_and_the_metrics_port_are_read_with_their_bounds() {
+        let d = tmp();
+        write(&d, "m.wat", WAT);
+        let sha = hex(&Sha256::digest(WAT));
+        let cfg = write(
+            &d,
+            "k.yaml",
+            &format!(
+                "module: {{path: m.wat, sha256: {sha}}}\nroot_id: r\nplugin_config: {{}}\n\
+                 clusters: {{budgets: {{address: '127.0.0.1:9000', timeout_ms: 250}}, vllm: {{address: 'vllm:8000'}}}}\n\
+                 max_calls_in_flight: 8\nmetrics: '127.0.0.1:9100'\n"
+            ),
+        );
+        let c = load(&cfg).unwrap();
+        assert_eq!(
+            c.clusters["budgets"],
+            Cluster {
+                address: "127.0.0.1:9000".into(),
+                timeout: Duration::from_millis(250)
+            }
+        );
+        assert_eq!(c.clusters["vllm"].timeout, Duration::from_secs(5));
+        assert_eq!(c.max_calls_in_flight, 8);
+        assert_eq!(c.metrics, Some("127.0.0.1:9100".parse().unwrap()));
+        let bad = write(
+            &d,
+            "b.yaml",
+            &format!(
+                "module: {{path: m.wat, sha256: {sha}}}\nroot_id: r\nplugin_config: {{}}\n\
+                 clusters: {{x: {{address: nowhere}}}}\n"
+            ),
+        );
+        let err = format!("{:#}", load(&bad).unwrap_err());
+        assert!(err.contains("clusters.x.address"), "{err}");
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! runs the project's filter module on the wasm runtime, for gateways without a wasm runtime
 //! and for any ext_proc client.
 
+mod callout;
 mod config;
+mod metrics;
 mod phases;
 mod pool;
 mod service;
@@ -13,16 +15,19 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-const USAGE: &str = "usage: llmkube-ext-proc --listen HOST:PORT --config FILE";
+const USAGE: &str =
+    "usage: llmkube-ext-proc --listen HOST:PORT --config FILE [--metrics HOST:PORT]";
 
 struct Args {
     listen: SocketAddr,
     config: PathBuf,
+    metrics: Option<SocketAddr>,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut listen = None;
     let mut config = None;
+    let mut metrics = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let (flag, inline) = match a.split_once('=') {
@@ -44,6 +49,13 @@ fn parse_args() -> Result<Args, String> {
                 );
             }
             "--config" => config = Some(PathBuf::from(value()?)),
+            "--metrics" => {
+                let v = value()?;
+                metrics = Some(
+                    v.parse::<SocketAddr>()
+                        .map_err(|e| format!("--metrics {v}: not HOST:PORT ({e})"))?,
+                );
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
@@ -51,6 +63,7 @@ fn parse_args() -> Result<Args, String> {
     Ok(Args {
         listen: listen.ok_or_else(|| format!("--listen is required\n{USAGE}"))?,
         config: config.ok_or_else(|| format!("--config is required\n{USAGE}"))?,
+        metrics,
     })
 }
 
@@ -78,13 +91,14 @@ fn run(args: Args) -> anyhow::Result<()> {
     // Room for the filter's own limit to answer 413 itself, and not a byte more per stream.
     limits.max_buffered_body = cfg.max_body_bytes.saturating_add(64 * 1024);
     limits.max_streams = cfg.max_streams;
+    limits.max_pending_calls = cfg.max_calls_in_flight;
     let opts = VmOptions {
         vm_id: cfg.vm_id.clone(),
         root_id: cfg.root_id.clone(),
         plugin_configuration: cfg.plugin_config.clone(),
         allow_on_headers_stop_iteration: true,
-        // No callout transport: a module calling out gets BadArgument, as for an unknown cluster.
-        known_clusters: Some(Vec::new()),
+        // A call to a cluster the config does not name gets BadArgument, as Envoy answers.
+        known_clusters: Some(cfg.clusters.keys().cloned().collect()),
         log_level: cfg.log_level,
         log_sink: Arc::new(StderrLogs {
             min: cfg.log_level,
@@ -95,9 +109,17 @@ fn run(args: Args) -> anyhow::Result<()> {
         limits,
         ..Default::default()
     };
-    let pool = Arc::new(pool::Pool::new(module, opts, cfg.instances)?);
+    let (calls, to_transport) = tokio::sync::mpsc::unbounded_channel();
+    let pool = Arc::new(pool::Pool::new(module, opts, cfg.instances, Some(calls))?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(service::serve(args.listen, pool, &cfg))
+    let metrics = args.metrics.or(cfg.metrics);
+    runtime.block_on(service::serve(
+        args.listen,
+        pool,
+        to_transport,
+        metrics,
+        &cfg,
+    ))
 }

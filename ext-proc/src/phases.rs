@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     ImmediateResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
 };
 use envoy_types::pb::google::protobuf::{value, Struct, Value};
-use llmkube_wasm_runtime::{LocalResponse, StreamOutcome};
+use llmkube_wasm_runtime::{HostError, LocalResponse, StreamId, StreamOutcome, Vm};
 use std::collections::BTreeMap;
 
 type Headers = Vec<(String, String)>;
@@ -57,8 +57,9 @@ impl<'p> Exchange<'p> {
         }
     }
 
-    /// The answer to one message, or `None` for a message that needs none.
-    pub fn handle(&mut self, msg: ProcessingRequest) -> Option<ProcessingResponse> {
+    /// The answer to one message, or `None` for a message that needs none. It waits while the
+    /// filter waits on its own callouts (the gateway holds the request meanwhile).
+    pub async fn handle(&mut self, msg: ProcessingRequest) -> Option<ProcessingResponse> {
         use processing_request::Request as Rq;
         if self.answered {
             // The client closes the stream after an immediate response; should it send more
@@ -71,11 +72,11 @@ impl<'p> Exchange<'p> {
         }
         let attributes = attribute_properties(&msg);
         let r = match msg.request? {
-            Rq::RequestHeaders(h) => self.request_headers(h, &attributes),
-            Rq::RequestBody(b) => self.request_body(b),
+            Rq::RequestHeaders(h) => self.request_headers(h, &attributes).await,
+            Rq::RequestBody(b) => self.request_body(b).await,
             Rq::RequestTrailers(t) => self.trailers(t, false),
-            Rq::ResponseHeaders(h) => self.response_headers(h),
-            Rq::ResponseBody(b) => self.response_body(b),
+            Rq::ResponseHeaders(h) => self.response_headers(h).await,
+            Rq::ResponseBody(b) => self.response_body(b).await,
             Rq::ResponseTrailers(t) => self.trailers(t, true),
         };
         Some(r.unwrap_or_else(|why| self.fail_closed(&why)))
@@ -93,7 +94,49 @@ impl<'p> Exchange<'p> {
             .ok_or_else(|| "a body or response arrived before the request headers".to_string())
     }
 
-    fn request_headers(
+    /// Runs one callback on the stream's instance, then, while the filter is neither done with
+    /// this phase (`ready`) nor answered and has callouts out, waits for them to settle (answer,
+    /// failure or timeout wake the instance's waiters). Returns where the direction stands and
+    /// the body bytes it forwarded.
+    async fn run(
+        &self,
+        lease: Lease,
+        response: bool,
+        deliver: impl FnOnce(&mut Vm, StreamId) -> Result<(), HostError>,
+        ready: impl Fn(&StreamOutcome) -> bool,
+    ) -> Result<(StreamOutcome, Vec<u8>), String> {
+        let outcome = |vm: &mut Vm, id: StreamId| {
+            let out = if response {
+                vm.response_outcome(id)?
+            } else {
+                vm.request_outcome(id)?
+            };
+            Ok::<_, HostError>((out, vm.pending_http_calls_of(id)))
+        };
+        let settled = self.pool.settled(&lease);
+        let mut wake = std::pin::pin!(settled.notified());
+        wake.as_mut().enable();
+        let (mut out, mut pending) = self
+            .pool
+            .with(&lease, |vm, id| {
+                deliver(vm, id)?;
+                outcome(vm, id)
+            })
+            .map_err(pool_error)?;
+        while out.local_response.is_none() && !ready(&out) && pending > 0 {
+            wake.as_mut().await;
+            wake.set(settled.notified());
+            wake.as_mut().enable();
+            (out, pending) = self.pool.with(&lease, &outcome).map_err(pool_error)?;
+        }
+        let forwarded = self
+            .pool
+            .with(&lease, |vm, id| vm.take_forwarded_body(id, response))
+            .map_err(pool_error)?;
+        Ok((out, forwarded))
+    }
+
+    async fn request_headers(
         &mut self,
         h: HttpHeaders,
         attributes: &[(Vec<String>, Vec<u8>)],
@@ -106,17 +149,20 @@ impl<'p> Exchange<'p> {
         self.request_headers = pairs(h.headers.map(|m| m.headers).unwrap_or_default());
         let headers = self.request_headers.clone();
         let eos = h.end_of_stream;
-        let out = self
-            .pool
-            .with(&lease, |vm, id| {
-                for (path, value) in attributes {
-                    let path: Vec<&str> = path.iter().map(String::as_str).collect();
-                    vm.set_stream_property(id, &path, value.clone())?;
-                }
-                vm.request_headers(id, &refs(&headers), eos)?;
-                vm.request_outcome(id)
-            })
-            .map_err(pool_error)?;
+        let (out, _) = self
+            .run(
+                lease,
+                false,
+                |vm, id| {
+                    for (path, value) in attributes {
+                        let path: Vec<&str> = path.iter().map(String::as_str).collect();
+                        vm.set_stream_property(id, &path, value.clone())?;
+                    }
+                    vm.request_headers(id, &refs(&headers), eos).map(drop)
+                },
+                |out| out.forwarded_headers.is_some(),
+            )
+            .await?;
         if let Some(lr) = &out.local_response {
             return Ok(self.immediate(lr));
         }
@@ -144,20 +190,20 @@ impl<'p> Exchange<'p> {
         ))
     }
 
-    fn request_body(&mut self, b: HttpBody) -> Result<ProcessingResponse, String> {
+    async fn request_body(&mut self, b: HttpBody) -> Result<ProcessingResponse, String> {
         let lease = self.lease()?;
         if !b.end_of_stream && !self.request_decided {
             return Err("the request body must be sent whole (processing_mode.request_body_mode: BUFFERED) for the filter to decide on it".into());
         }
+        let eos = b.end_of_stream;
         let (out, forwarded) = self
-            .pool
-            .with(&lease, |vm, id| {
-                vm.request_body(id, &b.body, b.end_of_stream)?;
-                let out = vm.request_outcome(id)?;
-                let forwarded = vm.take_forwarded_body(id, false)?;
-                Ok((out, forwarded))
-            })
-            .map_err(pool_error)?;
+            .run(
+                lease,
+                false,
+                |vm, id| vm.request_body(id, &b.body, eos).map(drop),
+                |out| out.complete || !eos,
+            )
+            .await?;
         if let Some(lr) = &out.local_response {
             return Ok(self.immediate(lr));
         }
@@ -167,7 +213,9 @@ impl<'p> Exchange<'p> {
             );
         };
         if !out.complete && b.end_of_stream {
-            return Err("the filter holds the request after its whole body (a callout this server does not make)".into());
+            return Err(
+                "the filter holds the request after its whole body and has no callout out".into(),
+            );
         }
         let mut metadata = None;
         let headers = if self.request_decided {
@@ -186,17 +234,19 @@ impl<'p> Exchange<'p> {
         ))
     }
 
-    fn response_headers(&mut self, h: HttpHeaders) -> Result<ProcessingResponse, String> {
+    async fn response_headers(&mut self, h: HttpHeaders) -> Result<ProcessingResponse, String> {
         let lease = self.lease()?;
         self.response_headers = pairs(h.headers.map(|m| m.headers).unwrap_or_default());
         let headers = self.response_headers.clone();
-        let out: StreamOutcome = self
-            .pool
-            .with(&lease, |vm, id| {
-                vm.response_headers(id, &refs(&headers), h.end_of_stream)?;
-                vm.response_outcome(id)
-            })
-            .map_err(pool_error)?;
+        let eos = h.end_of_stream;
+        let (out, _) = self
+            .run(
+                lease,
+                true,
+                |vm, id| vm.response_headers(id, &refs(&headers), eos).map(drop),
+                |out| out.forwarded_headers.is_some(),
+            )
+            .await?;
         if let Some(lr) = &out.local_response {
             return Ok(self.immediate(lr));
         }
@@ -220,17 +270,19 @@ impl<'p> Exchange<'p> {
         ))
     }
 
-    fn response_body(&mut self, b: HttpBody) -> Result<ProcessingResponse, String> {
+    /// One chunk of a streamed (or the whole of a buffered) response body: what the filter
+    /// passed replaces the chunk, so a filter that strips or rewrites a chunk does so here too.
+    async fn response_body(&mut self, b: HttpBody) -> Result<ProcessingResponse, String> {
         let lease = self.lease()?;
+        let eos = b.end_of_stream;
         let (out, forwarded) = self
-            .pool
-            .with(&lease, |vm, id| {
-                vm.response_body(id, &b.body, b.end_of_stream)?;
-                let out = vm.response_outcome(id)?;
-                let forwarded = vm.take_forwarded_body(id, true)?;
-                Ok((out, forwarded))
-            })
-            .map_err(pool_error)?;
+            .run(
+                lease,
+                true,
+                |vm, id| vm.response_body(id, &b.body, eos).map(drop),
+                |out| out.complete || !eos,
+            )
+            .await?;
         if let Some(lr) = &out.local_response {
             return Ok(self.immediate(lr));
         }
@@ -474,16 +526,25 @@ fn decision_metadata(headers: &Headers) -> Option<Struct> {
     })
 }
 
-/// String attributes the gateway sent (`request_attributes` / `response_attributes`, e.g.
-/// `source.address`) as stream properties, the path split at dots as Envoy's property paths are.
+/// The attributes the gateway sent (`request_attributes` / `response_attributes`, e.g.
+/// `source.address`, `request.path`, `source.port`) as stream properties, the path split at dots
+/// as Envoy's property paths are, each value encoded as Envoy hands that type to a module:
+/// strings as bytes, integers as 8 little-endian bytes, booleans as one byte. (Structs and lists
+/// are not passed: Envoy serializes those as protobuf, which no filter of ours reads.)
 fn attribute_properties(msg: &ProcessingRequest) -> Vec<(Vec<String>, Vec<u8>)> {
     let mut out = Vec::new();
     for s in msg.attributes.values() {
         for (name, v) in &s.fields {
-            if let Some(value::Kind::StringValue(text)) = &v.kind {
-                let path = name.split('.').map(str::to_string).collect();
-                out.push((path, text.clone().into_bytes()));
-            }
+            let bytes = match &v.kind {
+                Some(value::Kind::StringValue(text)) => text.clone().into_bytes(),
+                // Struct numbers are doubles; the CEL attributes behind them are integers.
+                Some(value::Kind::NumberValue(n)) if n.fract() == 0.0 => {
+                    (*n as i64).to_le_bytes().to_vec()
+                }
+                Some(value::Kind::BoolValue(b)) => vec![u8::from(*b)],
+                _ => continue,
+            };
+            out.push((name.split('.').map(str::to_string).collect(), bytes));
         }
     }
     out
@@ -554,7 +615,7 @@ mod tests {
           (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024)
           (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) unreachable))"#;
         let module = llmkube_wasm_runtime::WasmModule::compile(wat.as_bytes()).unwrap();
-        let pool = Pool::new(module, Default::default(), 1).unwrap();
+        let pool = Pool::new(module, Default::default(), 1, None).unwrap();
         let mut x = Exchange::new(&pool);
         let headers = HttpHeaders {
             headers: Some(HeaderMap {
@@ -567,11 +628,14 @@ mod tests {
             end_of_stream: false,
             ..Default::default()
         };
-        let r = x
-            .handle(ProcessingRequest {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let r = rt
+            .block_on(x.handle(ProcessingRequest {
                 request: Some(processing_request::Request::RequestHeaders(headers)),
                 ..Default::default()
-            })
+            }))
             .unwrap();
         let Some(processing_response::Response::ImmediateResponse(ir)) = r.response else {
             panic!("{r:?}")
@@ -580,6 +644,130 @@ mod tests {
         let body: serde_json::Value = serde_json::from_slice(&ir.body).unwrap();
         assert_eq!(body["error"]["code"], "fail_closed");
         x.finish();
+    }
+
+    fn headers_msg(response: bool, eos: bool) -> ProcessingRequest {
+        use envoy_types::pb::envoy::config::core::v3::HeaderMap;
+        let h = HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![HeaderValue {
+                    key: if response { ":status" } else { ":path" }.into(),
+                    value: String::new(),
+                    raw_value: if response {
+                        b"200".to_vec()
+                    } else {
+                        b"/".to_vec()
+                    },
+                }],
+            }),
+            end_of_stream: eos,
+            ..Default::default()
+        };
+        ProcessingRequest {
+            request: Some(if response {
+                processing_request::Request::ResponseHeaders(h)
+            } else {
+                processing_request::Request::RequestHeaders(h)
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn response_chunk(body: &[u8], eos: bool) -> ProcessingRequest {
+        ProcessingRequest {
+            request: Some(processing_request::Request::ResponseBody(HttpBody {
+                body: body.to_vec(),
+                end_of_stream: eos,
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+    }
+
+    fn body_mutation(r: &ProcessingResponse) -> Option<Vec<u8>> {
+        let Some(processing_response::Response::ResponseBody(b)) = &r.response else {
+            panic!("{r:?}")
+        };
+        match b
+            .response
+            .as_ref()?
+            .body_mutation
+            .as_ref()?
+            .mutation
+            .as_ref()?
+        {
+            body_mutation::Mutation::Body(b) => Some(b.clone()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_streamed_response_chunk_the_filter_holds_is_cleared_and_comes_back_with_the_next() {
+        // Holds every response chunk until the last (StopIterationAndBuffer), then passes all.
+        let wat = r#"(module (memory (export "memory") 1)
+          (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024)
+          (func (export "proxy_on_response_body") (param i32 i32 i32) (result i32)
+            (i32.eqz (local.get 2))))"#;
+        let module = llmkube_wasm_runtime::WasmModule::compile(wat.as_bytes()).unwrap();
+        let pool = Pool::new(module, Default::default(), 1, None).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut x = Exchange::new(&pool);
+            x.handle(headers_msg(false, true)).await.unwrap();
+            x.handle(headers_msg(true, false)).await.unwrap();
+            let first = x
+                .handle(response_chunk(b"data: a\n\n", false))
+                .await
+                .unwrap();
+            assert_eq!(body_mutation(&first), Some(vec![]));
+            let last = x
+                .handle(response_chunk(b"data: b\n\n", true))
+                .await
+                .unwrap();
+            assert_eq!(
+                body_mutation(&last).as_deref(),
+                Some(&b"data: a\n\ndata: b\n\n"[..])
+            );
+            x.finish();
+        });
+    }
+
+    #[test]
+    fn attributes_become_properties_encoded_as_envoy_hands_them_over() {
+        let attrs = Struct {
+            fields: [
+                (
+                    "source.address",
+                    value::Kind::StringValue("10.0.0.7:5555".into()),
+                ),
+                ("source.port", value::Kind::NumberValue(5555.0)),
+                ("connection.mtls", value::Kind::BoolValue(true)),
+                ("request.time", value::Kind::NullValue(0)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Value { kind: Some(v) }))
+            .collect(),
+        };
+        let msg = ProcessingRequest {
+            attributes: [("envoy.filters.http.ext_proc".to_string(), attrs)]
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        };
+        let mut props = attribute_properties(&msg);
+        props.sort();
+        let p =
+            |path: &[&str], v: &[u8]| (path.iter().map(|s| s.to_string()).collect(), v.to_vec());
+        assert_eq!(
+            props,
+            vec![
+                p(&["connection", "mtls"], &[1]),
+                p(&["source", "address"], b"10.0.0.7:5555"),
+                p(&["source", "port"], &5555i64.to_le_bytes()),
+            ]
+        );
     }
 
     #[test]

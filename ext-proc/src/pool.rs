@@ -2,26 +2,67 @@
 //! lock; a stream is pinned to the instance it started on and takes that lock only for the
 //! duration of one callback, so there is no global lock per request. A trapped instance is
 //! replaced by a fresh one and never reused: the streams it held fail closed.
+//!
+//! Callouts leave the instance: a `dispatch_http_call` is handed to the transport (a channel the
+//! server drains) tagged with its instance and that instance's generation, the callback returns
+//! and the lock is released, so other streams on the instance go on while the call is out. The
+//! answer comes back through [`Pool::settle_call`], which wakes the streams waiting on that
+//! instance.
 
-use llmkube_wasm_runtime::{HostError, StreamId, Vm, VmOptions, WasmModule};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use llmkube_wasm_runtime::{
+    Callouts, HostError, HttpCallRecord, HttpCallReply, Metric, StreamId, Vm, VmOptions, WasmModule,
+};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::{mpsc, Notify};
 
 pub struct Pool {
     module: WasmModule,
     opts: VmOptions,
     slots: Vec<Slot>,
+    calls: Option<mpsc::UnboundedSender<Callout>>,
+    traps: AtomicU64,
 }
 
 struct Slot {
     vm: Mutex<Instance>,
     open: AtomicUsize,
+    /// Woken when a callout of this instance was settled (answered, failed, timed out).
+    settled: Notify,
+}
+
+/// A callout a module made, for the transport.
+pub struct Callout {
+    pub slot: usize,
+    pub generation: u64,
+    pub record: HttpCallRecord,
+}
+
+/// Hands an instance's calls to the transport; the runtime keeps them pending meanwhile, with
+/// their deadlines (the ticker times them out if the transport never answers).
+struct ToTransport {
+    slot: usize,
+    generation: u64,
+    tx: mpsc::UnboundedSender<Callout>,
+}
+
+impl Callouts for ToTransport {
+    fn dispatch(&self, call: &HttpCallRecord) -> Option<HttpCallReply> {
+        // The receiver lives as long as the server; if it is gone the call times out.
+        let _ = self.tx.send(Callout {
+            slot: self.slot,
+            generation: self.generation,
+            record: call.clone(),
+        });
+        None
+    }
 }
 
 struct Instance {
     vm: Vm,
-    /// Bumped when the VM is replaced: leases of the old one are void.
+    /// Bumped when the VM is replaced: leases (and callouts) of the old one are void.
     generation: u64,
+    slot: usize,
 }
 
 /// A stream's place in the pool.
@@ -58,20 +99,101 @@ fn lock(m: &Mutex<Instance>) -> MutexGuard<'_, Instance> {
 
 impl Pool {
     /// Starts `instances` VMs; refuses to start if the module refuses its plugin config.
-    pub fn new(module: WasmModule, opts: VmOptions, instances: usize) -> anyhow::Result<Pool> {
-        let mut slots = Vec::with_capacity(instances);
-        for _ in 0..instances {
-            let vm = start(&module, &opts)?;
-            slots.push(Slot {
-                vm: Mutex::new(Instance { vm, generation: 0 }),
-                open: AtomicUsize::new(0),
-            });
-        }
-        Ok(Pool {
+    /// `calls` receives the modules' callouts; without it a call stays pending until it times
+    /// out (the module sees a failed call).
+    pub fn new(
+        module: WasmModule,
+        opts: VmOptions,
+        instances: usize,
+        calls: Option<mpsc::UnboundedSender<Callout>>,
+    ) -> anyhow::Result<Pool> {
+        let mut pool = Pool {
             module,
             opts,
-            slots,
-        })
+            slots: Vec::with_capacity(instances),
+            calls,
+            traps: AtomicU64::new(0),
+        };
+        for slot in 0..instances {
+            let vm = pool.start(slot, 0)?;
+            pool.slots.push(Slot {
+                vm: Mutex::new(Instance {
+                    vm,
+                    generation: 0,
+                    slot,
+                }),
+                open: AtomicUsize::new(0),
+                settled: Notify::new(),
+            });
+        }
+        Ok(pool)
+    }
+
+    fn start(&self, slot: usize, generation: u64) -> anyhow::Result<Vm> {
+        let mut opts = self.opts.clone();
+        if let Some(tx) = &self.calls {
+            opts.callouts = Some(Arc::new(ToTransport {
+                slot,
+                generation,
+                tx: tx.clone(),
+            }));
+        }
+        start(&self.module, &opts)
+    }
+
+    /// Guest traps since the server started (each replaced its instance).
+    pub fn traps(&self) -> u64 {
+        self.traps.load(Ordering::Relaxed)
+    }
+
+    /// The woken-on-settle signal of a stream's instance.
+    pub fn settled(&self, lease: &Lease) -> &Notify {
+        &self.slots[lease.slot].settled
+    }
+
+    /// Delivers a callout's answer (`None`: the call failed) to the instance that made it, unless
+    /// that instance was replaced since; then wakes the streams waiting on it (also after a
+    /// replacement: they find their lease void and fail closed). The timer task wakes them at
+    /// least every 50 ms as well, so no stream waits on a call that can no longer settle.
+    pub fn settle_call(&self, call: &Callout, reply: Option<HttpCallReply>) {
+        let Some(s) = self.slots.get(call.slot) else {
+            return;
+        };
+        {
+            let mut inst = lock(&s.vm);
+            if inst.generation == call.generation {
+                let token = call.record.token;
+                let r = match reply {
+                    Some(reply) => inst.vm.reply_http_call(token, reply),
+                    None => inst.vm.fail_http_call(token),
+                };
+                match r {
+                    // Already settled: it timed out, or its stream ended.
+                    Ok(()) | Err(HostError::UnknownHttpCall(_)) => {}
+                    Err(e) => {
+                        let _ = self.failed(&mut inst, e);
+                    }
+                }
+            }
+        }
+        s.settled.notify_waiters();
+    }
+
+    /// Every instance's module metrics, one instance at a time.
+    pub fn metrics(&self) -> Vec<Metric> {
+        let mut out = Vec::new();
+        for s in &self.slots {
+            out.extend_from_slice(lock(&s.vm).vm.metrics());
+        }
+        out
+    }
+
+    /// The earliest tick or callout deadline of any instance, on the runtime's monotonic clock.
+    pub fn next_due_nanos(&self) -> Option<u64> {
+        self.slots
+            .iter()
+            .filter_map(|s| lock(&s.vm).vm.next_due_nanos())
+            .min()
     }
 
     pub fn instances(&self) -> usize {
@@ -127,14 +249,21 @@ impl Pool {
     /// ticks), one lock at a time.
     pub fn run_due(&self) {
         for s in &self.slots {
-            let mut inst = lock(&s.vm);
-            if let Err(e) = inst.vm.run_due() {
-                let _ = self.failed(&mut inst, e);
+            {
+                let mut inst = lock(&s.vm);
+                if let Err(e) = inst.vm.run_due() {
+                    let _ = self.failed(&mut inst, e);
+                }
             }
+            // A callout may have timed out and its stream resumed (or been answered).
+            s.settled.notify_waiters();
         }
     }
 
     fn failed(&self, inst: &mut Instance, e: HostError) -> PoolError {
+        if matches!(e, HostError::Trap { .. }) {
+            self.traps.fetch_add(1, Ordering::Relaxed);
+        }
         if matches!(e, HostError::Trap { .. } | HostError::VmDead { .. }) {
             eprintln!("llmkube-ext-proc: instance failed, replacing it: {e}");
             self.replace_if_dead(inst);
@@ -146,7 +275,7 @@ impl Pool {
         if !inst.vm.is_dead() {
             return;
         }
-        match start(&self.module, &self.opts) {
+        match self.start(inst.slot, inst.generation + 1) {
             Ok(vm) => {
                 inst.vm = vm;
                 inst.generation += 1;
@@ -177,7 +306,7 @@ mod tests {
 
     fn pool(instances: usize) -> Pool {
         let module = WasmModule::compile(TRAPS_ON_HEADERS.as_bytes()).unwrap();
-        Pool::new(module, VmOptions::default(), instances).unwrap()
+        Pool::new(module, VmOptions::default(), instances, None).unwrap()
     }
 
     #[test]

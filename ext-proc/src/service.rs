@@ -1,8 +1,11 @@
-//! The gRPC side: one task per ext_proc stream, a bound on streams in flight, timers, and a
-//! graceful stop on SIGTERM.
+//! The gRPC side: one task per ext_proc stream, a bound on streams in flight, timers, the
+//! callout transport, the metrics endpoint, and a graceful stop on SIGTERM.
 
+use crate::callout::Transport;
 use crate::config::Config;
+use crate::metrics;
 use crate::phases::Exchange;
+use crate::pool::Callout;
 use crate::pool::Pool;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
@@ -20,8 +23,9 @@ use tonic::{Request, Response, Status, Streaming};
 /// How long a new stream waits for a free slot before it is refused (back-pressure, not a queue
 /// without end).
 const ADMISSION_WAIT: Duration = Duration::from_secs(2);
-/// How often due ticks run on the instances.
-const TICK_EVERY: Duration = Duration::from_millis(50);
+/// The longest the timer task sleeps: it wakes at the earliest tick or callout deadline of any
+/// instance, and at least this often (a tick period set meanwhile is picked up by then).
+const TICK_AT_MOST_EVERY: Duration = Duration::from_millis(50);
 
 struct Processor {
     pool: Arc<Pool>,
@@ -55,7 +59,7 @@ impl ExternalProcessor for Processor {
             let mut exchange = Exchange::new(&pool);
             while let Some(msg) = inbound.next().await {
                 let Ok(msg) = msg else { break };
-                if let Some(answer) = exchange.handle(msg) {
+                if let Some(answer) = exchange.handle(msg).await {
                     if tx.send(Ok(answer)).await.is_err() {
                         break;
                     }
@@ -67,35 +71,56 @@ impl ExternalProcessor for Processor {
     }
 }
 
-pub async fn serve(listen: SocketAddr, pool: Arc<Pool>, cfg: &Config) -> anyhow::Result<()> {
+pub async fn serve(
+    listen: SocketAddr,
+    pool: Arc<Pool>,
+    calls: mpsc::UnboundedReceiver<Callout>,
+    metrics_at: Option<SocketAddr>,
+    cfg: &Config,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| anyhow::anyhow!("--listen {listen}: {e}"))?;
     let bound = listener.local_addr()?;
-    let ticker = {
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(TICK_EVERY);
-            loop {
-                every.tick().await;
-                pool.run_due();
-            }
-        })
+    let metrics_listener = match metrics_at {
+        Some(addr) => Some(metrics::bind(addr).await?),
+        None => None,
     };
+    let streams = Arc::new(Semaphore::new(cfg.max_streams));
+    let transport = Arc::new(Transport::new(
+        cfg.clusters.clone(),
+        cfg.max_callout_response_bytes,
+    ));
+    let mut background = vec![
+        tokio::spawn(transport.clone().run(pool.clone(), calls)),
+        tokio::spawn(timers(pool.clone())),
+    ];
+    let mut metrics_line = String::new();
+    if let Some(l) = metrics_listener {
+        metrics_line = format!(", metrics on http://{}/metrics", l.local_addr()?);
+        let sources = Arc::new(metrics::Sources {
+            pool: pool.clone(),
+            transport,
+            streams: streams.clone(),
+            max_streams: cfg.max_streams,
+        });
+        background.push(tokio::spawn(metrics::serve(l, sources)));
+    }
     // A gRPC message carries at most the whole body the filter accepts, plus framing.
     let max_message = cfg.max_body_bytes.saturating_add(1 << 20);
     let service = ExternalProcessorServer::new(Processor {
         pool: pool.clone(),
-        streams: Arc::new(Semaphore::new(cfg.max_streams)),
+        streams,
     })
     .max_decoding_message_size(max_message)
     .max_encoding_message_size(max_message);
     eprintln!(
-        "llmkube-ext-proc: ready on {bound}: {} ({} instances of root_id {}, up to {} streams)",
+        "llmkube-ext-proc: ready on {bound}: {} ({} instances of root_id {}, up to {} streams, {} callout clusters){metrics_line}",
         cfg.module_path.display(),
         pool.instances(),
         cfg.root_id,
-        cfg.max_streams
+        cfg.max_streams,
+        cfg.clusters.len(),
     );
     let stop = async {
         let mut term =
@@ -117,7 +142,28 @@ pub async fn serve(listen: SocketAddr, pool: Arc<Pool>, cfg: &Config) -> anyhow:
             stop,
         )
         .await?;
-    ticker.abort();
+    for task in background {
+        task.abort();
+    }
     eprintln!("llmkube-ext-proc: stopped");
     Ok(())
+}
+
+/// Fires due ticks (`proxy_on_tick` on every instance's root context) and callout timeouts.
+async fn timers(pool: Arc<Pool>) {
+    loop {
+        let p = pool.clone();
+        let next = tokio::task::spawn_blocking(move || {
+            p.run_due();
+            p.next_due_nanos()
+        })
+        .await
+        .ok()
+        .flatten();
+        let now = llmkube_wasm_runtime::Clock::monotonic_nanos(&llmkube_wasm_runtime::SystemClock);
+        let wait = next.map_or(TICK_AT_MOST_EVERY, |due| {
+            Duration::from_nanos(due.saturating_sub(now))
+        });
+        tokio::time::sleep(wait.clamp(Duration::from_millis(1), TICK_AT_MOST_EVERY)).await;
+    }
 }

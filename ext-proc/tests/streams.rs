@@ -1,36 +1,19 @@
 //! The server binary over real gRPC: a stream gets its answers, and streams beyond `max_streams`
 //! wait, then are refused (RESOURCE_EXHAUSTED), while the one in flight is unaffected.
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+mod support;
+
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
-use envoy_types::pb::envoy::service::ext_proc::v3::{
-    processing_request, processing_response, HttpHeaders, ProcessingRequest,
-};
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response;
 use sha2::{Digest, Sha256};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use support::headers_msg;
 
 /// Continues every phase unchanged.
 const PASSTHROUGH: &str = r#"(module (memory (export "memory") 1)
   (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024))"#;
-
-fn headers_msg(path: &str) -> ProcessingRequest {
-    ProcessingRequest {
-        request: Some(processing_request::Request::RequestHeaders(HttpHeaders {
-            headers: Some(HeaderMap {
-                headers: vec![HeaderValue {
-                    key: ":path".into(),
-                    value: String::new(),
-                    raw_value: path.as_bytes().to_vec(),
-                }],
-            }),
-            end_of_stream: true,
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
-}
 
 #[test]
 fn streams_beyond_the_limit_are_refused_and_the_one_in_flight_is_answered() {

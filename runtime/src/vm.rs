@@ -807,12 +807,37 @@ impl Vm {
     /// Answers a pending callout: `proxy_on_http_call_response(context, token, nheaders,
     /// body_size, ntrailers)`, with the reply readable through the HttpCallResponse* types.
     pub fn reply_http_call(&mut self, token: u32, reply: HttpCallReply) -> Result<(), HostError> {
+        self.settle_http_call(token, Some(reply))
+    }
+
+    /// Reports a pending callout as failed (connection refused, reset, reply too large, the
+    /// transport's own timeout): `proxy_on_http_call_response` with no headers, body or trailers,
+    /// as Envoy reports a failed call.
+    pub fn fail_http_call(&mut self, token: u32) -> Result<(), HostError> {
+        self.settle_http_call(token, None)
+    }
+
+    fn settle_http_call(
+        &mut self,
+        token: u32,
+        reply: Option<HttpCallReply>,
+    ) -> Result<(), HostError> {
         self.check_alive()?;
         if !self.store.data().pending_calls.contains_key(&token) {
             return Err(HostError::UnknownHttpCall(token));
         }
-        self.deliver_http_call_response(token, Some(reply))?;
+        self.deliver_http_call_response(token, reply)?;
         self.pump()
+    }
+
+    /// Callouts still waiting for a reply that were made from this stream's context.
+    pub fn pending_http_calls_of(&self, id: StreamId) -> usize {
+        self.store
+            .data()
+            .pending_calls
+            .values()
+            .filter(|c| c.record.context_id == id.0)
+            .count()
     }
 
     fn deliver_http_call_response(

@@ -1,0 +1,208 @@
+//! The Prometheus endpoint (`--metrics HOST:PORT` or `metrics:` in the config): the module's own
+//! metrics (`proxy_define_metric`) and the server's.
+//!
+//! In Envoy every worker's VM that defines a metric name gets the one process-wide stat, so a
+//! counter is the sum of every worker's increments; here each instance keeps its own and the
+//! endpoint sums them, which is the same number. Gauges are summed too: the filters move theirs
+//! by increments (in-flight counts), for which the sum is exact. Histograms become summaries
+//! (`_sum`, `_count`). Names are the module's with every character Prometheus does not allow
+//! turned into `_` (`llmkube.sensitive_violations` → `llmkube_sensitive_violations`).
+
+use crate::callout::Transport;
+use crate::pool::Pool;
+use llmkube_wasm_runtime::{Metric, MetricKind};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Semaphore;
+
+/// Bytes of a scrape request we read before answering.
+const MAX_REQUEST_BYTES: usize = 8 * 1024;
+
+/// What the endpoint reads the server's own numbers from.
+pub struct Sources {
+    pub pool: Arc<Pool>,
+    pub transport: Arc<Transport>,
+    pub streams: Arc<Semaphore>,
+    pub max_streams: usize,
+}
+
+impl Sources {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let in_flight = self
+            .max_streams
+            .saturating_sub(self.streams.available_permits());
+        let own: [(&str, &str, &str, u64); 4] = [
+            (
+                "llmkube_ext_proc_streams_in_flight",
+                "gauge",
+                "ext_proc streams being served",
+                in_flight as u64,
+            ),
+            (
+                "llmkube_ext_proc_instance_traps_total",
+                "counter",
+                "module traps (each replaced its instance)",
+                self.pool.traps(),
+            ),
+            (
+                "llmkube_ext_proc_callouts_total",
+                "counter",
+                "callouts sent to a cluster",
+                self.transport.calls.load(Ordering::Relaxed),
+            ),
+            (
+                "llmkube_ext_proc_callout_errors_total",
+                "counter",
+                "callouts that failed (connect, timeout, malformed or oversized answer)",
+                self.transport.errors.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, kind, help, value) in own {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        }
+        out.push_str(&render_module(&self.pool.metrics()));
+        out
+    }
+}
+
+/// The module's metrics of every instance, summed by name.
+pub fn render_module(metrics: &[Metric]) -> String {
+    #[derive(Default)]
+    struct Sum {
+        value: i64,
+        count: u64,
+        sum: u64,
+    }
+    let mut by: BTreeMap<(String, &'static str), Sum> = BTreeMap::new();
+    for m in metrics {
+        let kind = match m.kind {
+            MetricKind::Counter => "counter",
+            MetricKind::Gauge => "gauge",
+            MetricKind::Histogram => "summary",
+        };
+        let s = by.entry((prometheus_name(&m.name), kind)).or_default();
+        s.value = s.value.saturating_add(m.value);
+        s.count = s.count.saturating_add(m.count);
+        s.sum = s.sum.saturating_add(m.sum);
+    }
+    let mut out = String::new();
+    for ((name, kind), s) in by {
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        if kind == "summary" {
+            let _ = writeln!(out, "{name}_sum {}\n{name}_count {}", s.sum, s.count);
+        } else {
+            let _ = writeln!(out, "{name} {}", s.value);
+        }
+    }
+    out
+}
+
+fn prometheus_name(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if out.is_empty() || out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    out
+}
+
+/// Serves `GET /metrics` (any other path: 404) until the process ends, one task per scrape.
+pub async fn serve(listener: tokio::net::TcpListener, sources: Arc<Sources>) {
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else {
+            continue;
+        };
+        let sources = sources.clone();
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < MAX_REQUEST_BYTES {
+                match conn.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let line = String::from_utf8_lossy(&buf);
+            let target = line.split_whitespace().nth(1).unwrap_or("");
+            let path = target.split('?').next().unwrap_or("");
+            let (status, body) = if line.starts_with("GET ") && path == "/metrics" {
+                // Reading the instances takes their locks: off the async workers.
+                let body = tokio::task::spawn_blocking(move || sources.render())
+                    .await
+                    .unwrap_or_default();
+                ("200 OK", body)
+            } else {
+                (
+                    "404 Not Found",
+                    "only GET /metrics is served here\n".to_string(),
+                )
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(head.as_bytes()).await;
+            let _ = conn.write_all(body.as_bytes()).await;
+            let _ = conn.shutdown().await;
+        });
+    }
+}
+
+/// Binds the endpoint's address (an error names the flag).
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("--metrics {addr}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metric(name: &str, kind: MetricKind, value: i64, count: u64, sum: u64) -> Metric {
+        Metric {
+            name: name.into(),
+            kind,
+            value,
+            samples: vec![],
+            count,
+            sum,
+        }
+    }
+
+    #[test]
+    fn instances_are_summed_by_name_and_names_are_made_prometheus_safe() {
+        let text = render_module(&[
+            metric("llmkube.requests.rule.a", MetricKind::Counter, 2, 0, 0),
+            metric("llmkube.requests.rule.a", MetricKind::Counter, 3, 0, 0),
+            metric("in-flight", MetricKind::Gauge, -1, 0, 0),
+            metric("in-flight", MetricKind::Gauge, 4, 0, 0),
+            metric("body.bytes", MetricKind::Histogram, 0, 2, 30),
+            metric("body.bytes", MetricKind::Histogram, 0, 1, 5),
+            metric("9lives", MetricKind::Counter, 1, 0, 0),
+        ]);
+        assert_eq!(
+            text,
+            "# TYPE _9lives counter\n_9lives 1\n\
+             # TYPE body_bytes summary\nbody_bytes_sum 35\nbody_bytes_count 3\n\
+             # TYPE in_flight gauge\nin_flight 3\n\
+             # TYPE llmkube_requests_rule_a counter\nllmkube_requests_rule_a 5\n"
+        );
+    }
+}

@@ -10,7 +10,7 @@ use router_core::audit::{caller_label, client_address, AuditRecord, Outcome};
 use router_core::body::BodyWindow;
 use router_core::config::Tier;
 use router_core::errors::ApiError;
-use router_core::headers::ATTEMPT_COUNT_HEADER;
+use router_core::headers::{ATTEMPT_COUNT_HEADER, DESTINATION_ENDPOINT_HEADER};
 use router_core::plan::{
     check_body_size, check_request, plan_head, plan_request, HeadPlan, Refusal, RequestInputs,
 };
@@ -55,6 +55,8 @@ pub(crate) struct Request {
     /// Rule and backend (the chosen one, then the one that answered) the counters are kept by.
     rule_index: Option<usize>,
     backend_index: Option<usize>,
+    /// The pod this request holds, for an endpoint-picked backend (released in `on_log`).
+    pick: Option<crate::pick::Held>,
 }
 
 /// `:method`, `:path` and `content-length` of a request.
@@ -105,6 +107,7 @@ impl Request {
             audited: false,
             rule_index: None,
             backend_index: None,
+            pick: None,
         }
     }
 
@@ -218,6 +221,10 @@ impl Request {
         body_len: usize,
         audit_body: Option<&[u8]>,
     ) -> Action {
+        let spans = scanned
+            .as_ref()
+            .map(|f| f.spans.clone())
+            .unwrap_or_default();
         let checked = match check_request(scanned) {
             Ok(c) => c,
             Err(refusal) => return self.refuse(refusal),
@@ -247,6 +254,9 @@ impl Request {
             Ok(f) => f,
             Err(refusal) => return self.refuse(refusal),
         };
+        let pod = worker
+            .pick
+            .choose(&forward.decision, &spans, body_len, now, &mut self.pick);
         let backend = forward.backend();
         self.audit.backend = Some(backend.name.clone());
         self.audit.tier = Some(backend.tier.as_str());
@@ -262,6 +272,17 @@ impl Request {
             if let Err(e) = edge::set_header(Map::RequestHeaders, name, value) {
                 return self.internal(&format!("setting {name}: {e}"));
             }
+        }
+        match pod {
+            Ok(Some(addr)) => {
+                if let Err(e) =
+                    edge::set_header(Map::RequestHeaders, DESTINATION_ENDPOINT_HEADER, &addr)
+                {
+                    return self.internal(&format!("setting {DESTINATION_ENDPOINT_HEADER}: {e}"));
+                }
+            }
+            Ok(None) => {}
+            Err(err) => return self.fail(&err, Outcome::AllBackendsFailed),
         }
         Action::Continue
     }
@@ -461,6 +482,9 @@ impl HttpContext for Request {
             }
         }
         self.audit.status = head.status;
+        if let Some(held) = &mut self.pick {
+            held.response(head.status, head.attempts, end_of_stream);
+        }
         let verdict = judge.verdict(head.status, head.streaming);
         if let Some(err) = verdict.replace {
             return self.fail(&err, verdict.outcome);
@@ -473,7 +497,10 @@ impl HttpContext for Request {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if let Some(held) = &mut self.pick {
+            held.body(body_size, end_of_stream);
+        }
         if let (true, Phase::Forwarded(routed)) = (end_of_stream, &mut self.phase) {
             routed.complete = true;
         }
@@ -481,6 +508,9 @@ impl HttpContext for Request {
     }
 
     fn on_log(&mut self) {
+        if let (Some(worker), Some(held)) = (&self.worker, self.pick.take()) {
+            worker.pick.release(held, edge::now_nanos());
+        }
         if !self.audited {
             return;
         }

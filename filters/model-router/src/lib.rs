@@ -12,6 +12,7 @@
 
 mod http;
 mod metrics;
+mod pick;
 mod quarantine;
 
 use filter_edge::{self as edge, Level};
@@ -47,6 +48,8 @@ pub(crate) struct Worker {
     /// Whether the host keeps info-level logs (the audit line): asked at configure time and on
     /// every tick, not per request.
     pub audit_logged: Cell<bool>,
+    /// Pod picking for endpoint-picked backends (state shared with the other workers).
+    pub pick: pick::Pick,
 }
 
 #[derive(Default)]
@@ -54,7 +57,13 @@ struct Root {
     worker: Option<Rc<Worker>>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(&mut self, token: u32, _headers: usize, body_size: usize, _: usize) {
+        if let Some(worker) = &self.worker {
+            worker.pick.on_scrape(token, body_size, edge::now_nanos());
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -90,7 +99,10 @@ impl RootContext for Root {
                         &format!("model-router: no tick, quarantines stay per worker: {e}"),
                     );
                 }
+                let pick =
+                    pick::Pick::new(&router, u64::from_le_bytes(seed) ^ 0x9e37_79b9_7f4a_7c15);
                 self.worker = Some(Rc::new(Worker {
+                    pick,
                     metrics,
                     quarantine,
                     audit_logged: Cell::new(edge::log_enabled(Level::Info)),
@@ -116,6 +128,7 @@ impl RootContext for Root {
         if let Some(worker) = &self.worker {
             worker.quarantine.refresh();
             worker.audit_logged.set(edge::log_enabled(Level::Info));
+            worker.pick.on_tick(edge::now_nanos());
         }
     }
 

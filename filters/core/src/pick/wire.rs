@@ -21,7 +21,11 @@ pub struct PickConfig {
     pub prefix_affinity: Option<PrefixWire>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_affinity: Option<SessionWire>,
-    /// Scrape vLLM's `/metrics` on each pod every this many ms (`None`: not vLLM, no scrape).
+    /// For a vLLM backend: the cluster that reaches a pod named in
+    /// `x-gateway-destination-endpoint`, to scrape each pod's `/metrics` through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrape_cluster: Option<String>,
+    /// The scrape period (default [`DEFAULT_SCRAPE_MS`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scrape_ms: Option<u64>,
 }

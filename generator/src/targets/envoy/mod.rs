@@ -27,6 +27,7 @@ mod bootstrap;
 mod clusters;
 mod filters;
 pub mod names;
+mod pick;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -157,7 +158,8 @@ impl TargetChecks for EnvoyOptions {
     }
     fn check_ir(&self, ir: &Ir, diags: &mut Diagnostics) {
         check_credential_values(ir, diags);
-        check_path_rewrites(ir, diags)
+        check_path_rewrites(ir, diags);
+        pick::check_orders(ir, diags)
     }
 }
 

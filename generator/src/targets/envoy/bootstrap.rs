@@ -124,16 +124,11 @@ fn route(ir: &Ir, p: &RoutePlan, cluster: String, stream_idle: &str) -> Value {
             })
             .collect();
     }
-    let mut remove = vec!["authorization"];
-    if !pick::reaches_picked(ir, &p.order) {
-        // No pod of this route's backends is named by header: nothing upstream hears of one.
-        remove.push(DESTINATION_ENDPOINT_HEADER);
-    }
     json!({
         "name": p.key,
         "match": {"prefix": "/", "headers": [{"name": ROUTE_HEADER, "string_match": {"exact": p.key}}]},
         "route": action,
-        "request_headers_to_remove": remove,
+        "request_headers_to_remove": ["authorization"],
     })
 }
 
@@ -217,8 +212,9 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
     for (&i, &timeout_ms) in &table.hops {
         let b = &ir.backends[i];
         clusters.push(via_cluster_config(&b.name, b.tier, buffer_limit));
-        let picked = pick::is_picked(ir, i);
-        attempt_listeners.push(attempt_listener_config(b, timeout_ms, buffer_limit, picked));
+        // An attempt after a picked backend's carries that backend's pod header.
+        let strip = !pick::is_picked(ir, i) && pick::any_picked(ir);
+        attempt_listeners.push(attempt_listener_config(b, timeout_ms, buffer_limit, strip));
     }
 
     let wasm = wasm_path(opts);
@@ -295,7 +291,12 @@ fn direct_rewrites(action: &mut Value, b: &Backend) {
 /// streams) and no header edits beyond the direct route's Host/path handling; for an external
 /// backend, `backend-<b>`'s upstream chain does the per-attempt guard, model rewrite and
 /// credential.
-fn attempt_listener_config(b: &Backend, timeout_ms: u64, buffer_limit: u64, picked: bool) -> Value {
+fn attempt_listener_config(
+    b: &Backend,
+    timeout_ms: u64,
+    buffer_limit: u64,
+    strip_pod_header: bool,
+) -> Value {
     let backend = b.name.as_str();
     let name = attempt_listener(backend);
     let mut action = json!({
@@ -305,7 +306,7 @@ fn attempt_listener_config(b: &Backend, timeout_ms: u64, buffer_limit: u64, pick
     });
     direct_rewrites(&mut action, b);
     let mut route = json!({"match": {"prefix": "/"}, "route": action});
-    if !picked {
+    if strip_pod_header {
         // Another backend's pod, named for an earlier attempt: none of this one's business.
         route["request_headers_to_remove"] = json!([DESTINATION_ENDPOINT_HEADER]);
     }

@@ -118,3 +118,8 @@ pub(super) fn check_orders(ir: &Ir, diags: &mut Diagnostics) {
 pub(super) fn reaches_picked(ir: &Ir, order: &[usize]) -> bool {
     order.iter().any(|&b| is_picked(ir, b))
 }
+
+/// Whether any backend's pods are picked.
+pub(super) fn any_picked(ir: &Ir) -> bool {
+    (0..ir.backends.len()).any(|i| is_picked(ir, i))
+}

@@ -166,8 +166,7 @@ pub fn encode(backend: u16, e: &Event) -> Vec<u8> {
                     prompt_tokens,
                     cached_tokens,
                 } => (
-                    0u8 | (prompt_tokens.is_some() as u8) << 4
-                        | (cached_tokens.is_some() as u8) << 5,
+                    (prompt_tokens.is_some() as u8) << 4 | (cached_tokens.is_some() as u8) << 5,
                     prompt_tokens.unwrap_or(0),
                     cached_tokens.unwrap_or(0),
                 ),

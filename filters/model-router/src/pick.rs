@@ -291,9 +291,10 @@ impl Pick {
 
     /// Root tick: new members, the others' events, idle sessions, scrapes that are due.
     pub fn on_tick(&self, now: u64) {
-        let Some(bus) = &self.bus else { return };
-        bus.refresh();
-        self.catch_up();
+        if let Some(bus) = &self.bus {
+            bus.refresh();
+            self.catch_up();
+        }
         if now.saturating_sub(self.last_expiry.get()) >= SESSION_EXPIRY_NS {
             self.last_expiry.set(now);
             for be in self.backends.iter().flatten() {

@@ -25,7 +25,7 @@ use router_core::errors::ApiError;
 use router_core::headers::DESTINATION_ENDPOINT_HEADER;
 use router_core::pick::events::{self, Event};
 use router_core::pick::load::MAX_METRICS_BYTES;
-use router_core::pick::usage::UsageWatch;
+use router_core::pick::usage::{Seen, UsageWatch};
 use router_core::pick::wire::DEFAULT_SCRAPE_MS;
 use router_core::pick::{
     hash_prompt, parse_vllm_metrics, prompt_parts, session_key, Choice, Outcome, Picker, Prompt,
@@ -427,34 +427,22 @@ impl Held {
         }
     }
 
-    /// What this request says about its pod.
+    /// What this request says about its pod (`router_core::pick::usage::Seen` decides).
     fn outcome(&self) -> Outcome {
-        let Some(status) = self.status else {
-            // No response at all: the client went away (a refused connection still gets
-            // Envoy's own 503).
-            return Outcome::Aborted;
-        };
-        let ours = self.position as u32 + 1;
-        if self.attempts > ours {
-            // Envoy moved past this backend: its attempt failed.
-            return Outcome::Failed;
-        }
-        if self.attempts < ours {
-            return Outcome::Aborted;
-        }
-        if status >= 500 {
-            return Outcome::Failed;
-        }
-        if !self.complete {
+        let started = self.status.is_some_and(|s| s < 500);
+        let went_silent = started && !self.complete && {
             let details = edge::property(&["response", "code_details"]).ok().flatten();
-            return match went_silent(Some(0), false, details.as_deref()) {
-                Some(_) => Outcome::StreamIdle,
-                None => Outcome::Aborted,
-            };
-        }
-        Outcome::Done {
+            went_silent(Some(0), false, details.as_deref()).is_some()
+        };
+        Seen {
+            position: self.position,
+            status: self.status,
+            attempts: self.attempts,
+            complete: self.complete,
+            went_silent,
             prompt_tokens: self.usage.as_ref().and_then(|u| u.prompt_tokens),
             cached_tokens: self.usage.as_ref().and_then(|u| u.cached_tokens),
         }
+        .outcome()
     }
 }

@@ -2,6 +2,60 @@
 //! that goes by in pieces (a JSON body, or the usage chunk of an event stream), without
 //! buffering or parsing it: the response is passed on as it comes and only watched.
 
+use super::Outcome;
+
+/// What one request's response says about the pod it was sent to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// Where the picked backend sits in the attempt order.
+    pub position: usize,
+    /// The response status, if a response came.
+    pub status: Option<u32>,
+    /// Envoy's attempt count (`x-envoy-attempt-count`; 0 or 1 for one attempt).
+    pub attempts: u32,
+    /// The response reached its end.
+    pub complete: bool,
+    /// The stream idle timeout cut it.
+    pub went_silent: bool,
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+}
+
+impl Seen {
+    /// The outcome the pick's ticket is released with.
+    pub fn outcome(&self) -> Outcome {
+        let Some(status) = self.status else {
+            // No response at all: the client went away (a refused connection still gets the
+            // proxy's own 503).
+            return Outcome::Aborted;
+        };
+        let ours = self.position as u32 + 1;
+        let attempts = self.attempts.max(1);
+        if attempts > ours {
+            // The proxy moved past this backend: its attempt failed.
+            return Outcome::Failed;
+        }
+        if attempts < ours {
+            // Answered before this backend's turn came.
+            return Outcome::Aborted;
+        }
+        if status >= 500 {
+            return Outcome::Failed;
+        }
+        if !self.complete {
+            return if self.went_silent {
+                Outcome::StreamIdle
+            } else {
+                Outcome::Aborted
+            };
+        }
+        Outcome::Done {
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
+        }
+    }
+}
+
 /// Bytes kept from the end of one piece, so a key and its number split across two pieces are
 /// still read (longer than `"cached_tokens" : 18446744073709551615`).
 const CARRY: usize = 64;
@@ -92,6 +146,55 @@ mod tests {
                 "cut at {cut}"
             );
         }
+    }
+
+    #[test]
+    fn outcomes_follow_the_attempt_that_reached_the_pod() {
+        let done = Seen {
+            status: Some(200),
+            attempts: 1,
+            complete: true,
+            cached_tokens: Some(64),
+            ..Seen::default()
+        };
+        assert_eq!(
+            done.outcome(),
+            Outcome::Done {
+                prompt_tokens: None,
+                cached_tokens: Some(64)
+            }
+        );
+        let with = |f: &dyn Fn(&mut Seen)| {
+            let mut s = done;
+            f(&mut s);
+            s.outcome()
+        };
+        assert_eq!(with(&|s| s.status = None), Outcome::Aborted);
+        assert_eq!(with(&|s| s.status = Some(503)), Outcome::Failed);
+        assert_eq!(
+            with(&|s| s.status = Some(429)),
+            done.outcome(),
+            "a 4xx is the client's"
+        );
+        // First in the order, and Envoy went on to a second attempt: this pod failed.
+        assert_eq!(with(&|s| s.attempts = 2), Outcome::Failed);
+        // Second in the order, answered on the first attempt: never reached.
+        assert_eq!(with(&|s| s.position = 1), Outcome::Aborted);
+        assert_eq!(
+            with(&|s| {
+                s.position = 1;
+                s.attempts = 2
+            }),
+            done.outcome()
+        );
+        assert_eq!(with(&|s| s.complete = false), Outcome::Aborted);
+        assert_eq!(
+            with(&|s| {
+                s.complete = false;
+                s.went_silent = true
+            }),
+            Outcome::StreamIdle
+        );
     }
 
     #[test]

@@ -52,19 +52,21 @@ impl Table {
         let agg = match p.uniform_timeout_ms() {
             Some(_) if !pick::reaches_picked(ir, &p.order) => aggregate_cluster(&names),
             Some(_) => {
-                // Through the hops: the outer per-try timeout bounds each attempt, the hop's
-                // only has to be no shorter.
-                for (&b, &t) in p.order.iter().zip(&p.attempt_timeouts_ms) {
-                    let hop = self.hops.entry(b).or_insert(t);
-                    *hop = (*hop).max(t);
+                // Through the hops (an order with a picked backend): the outer per-try timeout
+                // bounds each attempt, so the hop only caps it at responseHeaderTimeout, unless
+                // a route with per-backend timeouts needs that backend's own.
+                let cap = crate::ir::ms(ir.timeouts.response_header_cap);
+                for &b in &p.order {
+                    self.hops.entry(b).or_insert(cap);
                 }
                 attempts_cluster(&names)
             }
             None => {
+                let cap = crate::ir::ms(ir.timeouts.response_header_cap);
                 for (&b, &t) in p.order.iter().zip(&p.attempt_timeouts_ms) {
                     let prev = self.hops.insert(b, t);
                     debug_assert!(
-                        prev.is_none_or(|x| x == t) || pick::reaches_picked(ir, &p.order),
+                        prev.is_none_or(|x| x == t || x == cap),
                         "one timeout per backend"
                     );
                 }

@@ -28,6 +28,8 @@ pub struct InferenceServiceInfo {
     /// Default for `modelInfo.contextLength` (vLLM `maxModelLen` / `--max-model-len`; llama.cpp
     /// `contextSize / parallelSlots`).
     pub context_length: Option<u64>,
+    /// The runtime is vLLM (its pods serve vLLM's `/metrics`).
+    pub vllm: bool,
 }
 
 pub const DEFAULT_ISVC_PORT: u16 = 8080;
@@ -320,28 +322,42 @@ fn load_inference_service(
         namespace,
         port,
         context_length: spec.and_then(context_length_of),
+        vllm: spec.is_some_and(runtime_is_vllm),
     })
+}
+
+fn runtime_of(spec: &Value) -> Option<String> {
+    spec.get("runtime")
+        .and_then(Value::as_str)
+        .map(|s| s.to_ascii_lowercase())
+}
+
+fn extra_args(spec: &Value) -> Vec<&str> {
+    spec.get("extraArgs")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// Whether an InferenceService spec runs vLLM: `runtime: vllm`, or no runtime and vLLM's own
+/// settings.
+pub fn runtime_is_vllm(spec: &Value) -> bool {
+    match runtime_of(spec).as_deref() {
+        Some(r) => r == "vllm",
+        None => {
+            spec.get("vllmConfig").is_some()
+                || flag_value(&extra_args(spec), &["--max-model-len"]).is_some()
+        }
+    }
 }
 
 /// The context window one request gets, derived as the LLMKube controller does: vLLM's
 /// `vllmConfig.maxModelLen` or `--max-model-len` in extraArgs; llama.cpp's `contextSize` divided
 /// across `parallelSlots` (none when extraArgs set those flags themselves); other runtimes none.
 pub fn context_length_of(spec: &Value) -> Option<u64> {
-    let runtime = spec
-        .get("runtime")
-        .and_then(Value::as_str)
-        .map(|s| s.to_ascii_lowercase());
-    let args: Vec<&str> = spec
-        .get("extraArgs")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    let is_vllm = match runtime.as_deref() {
-        Some(r) => r == "vllm",
-        None => {
-            spec.get("vllmConfig").is_some() || flag_value(&args, &["--max-model-len"]).is_some()
-        }
-    };
+    let runtime = runtime_of(spec);
+    let args = extra_args(spec);
+    let is_vllm = runtime_is_vllm(spec);
     let is_llamacpp = match runtime.as_deref() {
         Some(r) => matches!(r, "llamacpp" | "llama.cpp" | "llama-cpp" | "llama_cpp"),
         None => spec.get("contextSize").is_some(),

@@ -79,6 +79,8 @@ pub struct Backend {
     /// `host:port` pairs Envoy connects to (service DNS, `--resolve`, pods, or the URL's host).
     pub endpoints: Vec<(String, u16)>,
     pub kind: BackendKind,
+    /// An InferenceService running vLLM (its pods serve vLLM's `/metrics`).
+    pub vllm: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -364,6 +366,11 @@ pub fn build(
                 tier: tiers[i],
                 endpoints: kind.1,
                 kind: kind.0,
+                vllm: b
+                    .inference_service_ref
+                    .as_ref()
+                    .and_then(|r| inputs.inference_service(&namespace, &r.name))
+                    .is_some_and(|s| s.vllm),
             });
         }
     }

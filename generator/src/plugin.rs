@@ -86,6 +86,8 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
                 external_model: b.external.as_ref().map(|e| e.model.clone()),
                 provider: b.external.as_ref().map(|e| e.provider.as_str().to_string()),
                 timeout_ms: resolve_timeout(b.timeout.as_deref(), cap).or(Some(ms(cap))),
+                // Filled in by a target that picks pods (it knows the pods and its clusters).
+                pick: None,
             }
         })
         .collect();

@@ -371,3 +371,29 @@ fn auth_chain_remote_and_file_jwks() {
         },
     );
 }
+
+/// A LoadAware endpoint backend (ORIGINAL_DST cluster, pick config in the filter) alone and
+/// failing over to a cloud backend through the hops.
+#[test]
+fn endpoint_picking_backend() {
+    let mut r = router();
+    r["spec"]["backends"][0]["resolution"] = json!("endpoint");
+    r["spec"]["backends"][0]["balancing"] = json!({"mode": "LoadAware", "prefixAffinity": {},
+        "sessionAffinity": {"headers": ["x-session-id"]}});
+    r["spec"]["rules"] = json!([
+        {"name": "r0", "match": {"models": ["qwen3-*"]}, "route": {"backends": ["local-a"]}},
+        {"name": "r1", "match": {"models": ["big"]}, "route": {"backends": ["local-a", "cloud"]}}
+    ]);
+    let opts = EnvoyOptions {
+        endpoints: [(
+            "isvc-a".to_string(),
+            vec![
+                ("10.0.0.1".to_string(), 8000),
+                ("10.0.0.2".to_string(), 8000),
+            ],
+        )]
+        .into(),
+        ..Default::default()
+    };
+    validate("endpoint-picking", full(r), opts);
+}

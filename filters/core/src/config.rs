@@ -155,6 +155,9 @@ pub struct BackendConfig {
     /// Per-backend response-header timeout in milliseconds (already resolved against the cap).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// The filter picks this backend's pod (`resolution: endpoint`, `balancing` LoadAware).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pick: Option<crate::pick::wire::PickConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

@@ -158,6 +158,17 @@ impl ApiError {
         ApiError::new(403, PERMISSION_ERROR, "model_not_allowed", message).param("model")
     }
 
+    /// Every pod of an endpoint-picked backend is quarantined and the route has no backend after
+    /// it to fall back to.
+    pub fn no_eligible_pod(backend: &str) -> Self {
+        ApiError::new(
+            503,
+            API_ERROR,
+            "no_eligible_pod",
+            format!("every pod of backend {backend} is quarantined after failures; retry later"),
+        )
+    }
+
     pub fn fail_closed(message: String) -> Self {
         ApiError::new(503, API_ERROR, "fail_closed", message)
     }

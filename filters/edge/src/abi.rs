@@ -160,4 +160,27 @@ hostcalls! {
     fn proxy_continue_stream(stream_type: u32) -> u32 {
         OK
     }
+    fn proxy_register_shared_queue(name_data: *const u8, name_size: usize, return_id: *mut u32) -> u32 {
+        *return_id = 0;
+        BAD_ARGUMENT
+    }
+    fn proxy_resolve_shared_queue(
+        vm_id_data: *const u8,
+        vm_id_size: usize,
+        name_data: *const u8,
+        name_size: usize,
+        return_id: *mut u32,
+    ) -> u32 {
+        NOT_FOUND
+    }
+    fn proxy_enqueue_shared_queue(queue_id: u32, value_data: *const u8, value_size: usize) -> u32 {
+        NOT_FOUND
+    }
+    fn proxy_dequeue_shared_queue(
+        queue_id: u32,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32 {
+        NOT_FOUND
+    }
 }

@@ -12,7 +12,8 @@
 //!
 //! Here: headers, bodies, properties, local replies, metrics, logs, clock and ticks; `callout`
 //! (HTTP and gRPC calls out of a request, their responses, resuming the paused stream);
-//! `table` (one shared-data value kept by every worker); `abi` (the imports themselves).
+//! `table` (one shared-data value kept by every worker); `broadcast` (messages to every worker
+//! through shared queues); `abi` (the imports themselves).
 
 // A filter must not panic (in Envoy a trap fails every later request on the worker, closed).
 #![cfg_attr(
@@ -76,6 +77,7 @@ pub enum Level {
 }
 
 mod abi;
+pub mod broadcast;
 mod callout;
 pub mod table;
 

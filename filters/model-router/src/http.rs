@@ -11,7 +11,7 @@ use router_core::audit::{caller_label, client_address, AuditRecord, Outcome};
 use router_core::body::BodyWindow;
 use router_core::config::Tier;
 use router_core::errors::ApiError;
-use router_core::headers::{ATTEMPT_COUNT_HEADER, MODEL_SPAN_HEADER};
+use router_core::headers::{ATTEMPT_COUNT_HEADER, DESTINATION_ENDPOINT_HEADER, MODEL_SPAN_HEADER};
 use router_core::plan::{
     check_body_size, check_request, plan_head, plan_request, Forward, HeadPlan, Refusal,
     RequestInputs,
@@ -61,6 +61,8 @@ pub(crate) struct Request {
     path: Vec<u8>,
     /// What the request holds on its budgets until it settles or releases.
     budget: Option<budget::Metered>,
+    /// The pod this request holds, for an endpoint-picked backend (released in `on_log`).
+    pick: Option<crate::pick::Held>,
 }
 
 /// `:method`, `:path` and `content-length` of a request.
@@ -113,6 +115,7 @@ impl Request {
             backend_index: None,
             path: Vec::new(),
             budget: None,
+            pick: None,
         }
     }
 
@@ -228,6 +231,10 @@ impl Request {
     ) -> Action {
         let budget_fields = worker.budgets.as_ref().and(scanned.as_ref().ok()).cloned();
         let audit_body = body.filter(|_| worker.router.config.audit.include_request_body);
+        let spans = scanned
+            .as_ref()
+            .map(|f| f.spans.clone())
+            .unwrap_or_default();
         let checked = match check_request(scanned) {
             Ok(c) => c,
             Err(refusal) => return self.refuse(refusal),
@@ -263,6 +270,9 @@ impl Request {
             Ok(f) => f,
             Err(refusal) => return self.refuse(refusal),
         };
+        let pod = worker
+            .pick
+            .choose(&forward.decision, &spans, body_len, now, &mut self.pick);
         let backend = forward.backend();
         self.audit.backend = Some(backend.name.clone());
         self.audit.tier = Some(backend.tier.as_str());
@@ -281,6 +291,17 @@ impl Request {
             if let Err(e) = edge::set_header(Map::RequestHeaders, name, value) {
                 return self.internal(&format!("setting {name}: {e}"));
             }
+        }
+        match pod {
+            Ok(Some(addr)) => {
+                if let Err(e) =
+                    edge::set_header(Map::RequestHeaders, DESTINATION_ENDPOINT_HEADER, &addr)
+                {
+                    return self.internal(&format!("setting {DESTINATION_ENDPOINT_HEADER}: {e}"));
+                }
+            }
+            Ok(None) => {}
+            Err(err) => return self.fail(&err, Outcome::AllBackendsFailed),
         }
         Action::Continue
     }
@@ -552,6 +573,9 @@ impl HttpContext for Request {
             }
         }
         self.audit.status = head.status;
+        if let Some(held) = &mut self.pick {
+            held.response(head.status, head.attempts, end_of_stream);
+        }
         let verdict = judge.verdict(head.status, head.streaming);
         if let Some(err) = verdict.replace {
             return self.fail(&err, verdict.outcome);
@@ -571,6 +595,9 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if let Some(held) = &mut self.pick {
+            held.body(body_size, end_of_stream);
+        }
         if let (true, Phase::Forwarded(routed)) = (end_of_stream, &mut self.phase) {
             routed.complete = true;
         }
@@ -583,6 +610,9 @@ impl HttpContext for Request {
     }
 
     fn on_log(&mut self) {
+        if let (Some(worker), Some(held)) = (&self.worker, self.pick.take()) {
+            worker.pick.release(held, edge::now_nanos());
+        }
         if !self.audited {
             return;
         }

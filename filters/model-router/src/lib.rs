@@ -13,6 +13,7 @@
 mod budget;
 mod http;
 mod metrics;
+mod pick;
 mod quarantine;
 
 use filter_edge::{self as edge, Level};
@@ -50,6 +51,8 @@ pub(crate) struct Worker {
     pub audit_logged: Cell<bool>,
     /// `spec.policy.budgets`; `None` when the router has none.
     pub budgets: Option<budget::Budgets>,
+    /// Pod picking for endpoint-picked backends (state shared with the other workers).
+    pub pick: pick::Pick,
 }
 
 #[derive(Default)]
@@ -57,7 +60,13 @@ struct Root {
     worker: Option<Rc<Worker>>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(&mut self, token: u32, _headers: usize, body_size: usize, _: usize) {
+        if let Some(worker) = &self.worker {
+            worker.pick.on_scrape(token, body_size, edge::now_nanos());
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -100,7 +109,10 @@ impl RootContext for Root {
                         &format!("model-router: no tick, quarantines stay per worker: {e}"),
                     );
                 }
+                let pick =
+                    pick::Pick::new(&router, u64::from_le_bytes(seed) ^ 0x9e37_79b9_7f4a_7c15);
                 self.worker = Some(Rc::new(Worker {
+                    pick,
                     metrics,
                     budgets,
                     quarantine,
@@ -127,6 +139,7 @@ impl RootContext for Root {
         if let Some(worker) = &self.worker {
             worker.quarantine.refresh();
             worker.audit_logged.set(edge::log_enabled(Level::Info));
+            worker.pick.on_tick(edge::now_nanos());
         }
     }
 

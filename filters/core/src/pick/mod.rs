@@ -16,9 +16,12 @@
 
 pub mod blocks;
 pub mod codec;
+pub mod events;
 pub mod load;
 pub mod session;
 pub mod table;
+pub mod usage;
+pub mod wire;
 
 pub use blocks::{hash_prompt, prompt_parts, Prompt};
 pub use load::{parse_vllm_metrics, EngineMetrics, PodLoad, Ticket};
@@ -35,7 +38,7 @@ const MIN_LIMIT: usize = 64;
 /// Most pods per backend: pod indices are `u16` in tickets, tables and sessions.
 pub const MAX_PODS: usize = 1024;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Mode {
     RoundRobin,
     LoadAware,

@@ -4,13 +4,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use router_core::headers::{ROUTE_HEADER, SHADOW_HEADER};
+use router_core::headers::{DESTINATION_ENDPOINT_HEADER, ROUTE_HEADER, SHADOW_HEADER};
 use serde_json::{json, Value};
 
 use super::clusters::*;
 use super::filters::{dur_ms, socket, typed, upstream_chain, wasm_filter};
 use super::jwt;
 use super::names::*;
+use super::pick;
 use super::{upstream_wasm_path, wasm_path, EnvoyOptions, RETRY_ON, SHADOW_MAX_REQUESTS};
 use crate::duration::envoy_duration;
 use crate::ir::{Backend, Ir, RoutePlan};
@@ -50,11 +51,25 @@ impl Table {
             return backend_cluster(names[0]);
         }
         let agg = match p.uniform_timeout_ms() {
-            Some(_) => aggregate_cluster(&names),
+            Some(_) if !pick::reaches_picked(ir, &p.order) => aggregate_cluster(&names),
+            Some(_) => {
+                // Through the hops (an order with a picked backend): the outer per-try timeout
+                // bounds each attempt, so the hop only caps it at responseHeaderTimeout, unless
+                // a route with per-backend timeouts needs that backend's own.
+                let cap = crate::ir::ms(ir.timeouts.response_header_cap);
+                for &b in &p.order {
+                    self.hops.entry(b).or_insert(cap);
+                }
+                attempts_cluster(&names)
+            }
             None => {
+                let cap = crate::ir::ms(ir.timeouts.response_header_cap);
                 for (&b, &t) in p.order.iter().zip(&p.attempt_timeouts_ms) {
                     let prev = self.hops.insert(b, t);
-                    debug_assert!(prev.is_none_or(|x| x == t), "one timeout per backend");
+                    debug_assert!(
+                        prev.is_none_or(|x| x == t || x == cap),
+                        "one timeout per backend"
+                    );
                 }
                 attempts_cluster(&names)
             }
@@ -172,7 +187,11 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
     let mut clusters = Vec::new();
     let mut secrets = Vec::new();
     for (i, b) in ir.backends.iter().enumerate() {
-        let c = backend_cluster_config(b, &quarantine, buffer_limit, &opts.ca_file);
+        let c = if pick::is_picked(ir, i) {
+            pick::original_dst_cluster(ir, i, buffer_limit)
+        } else {
+            backend_cluster_config(b, &quarantine, buffer_limit, &opts.ca_file)
+        };
         clusters.push(with_chain(c, chain_for(ir, &[i], &upstream_wasm)));
         let value = b
             .external()
@@ -208,7 +227,9 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
     for (&i, &timeout_ms) in &table.hops {
         let b = &ir.backends[i];
         clusters.push(via_cluster_config(&b.name, b.tier, buffer_limit));
-        attempt_listeners.push(attempt_listener_config(b, timeout_ms, buffer_limit));
+        // An attempt after a picked backend's carries that backend's pod header.
+        let strip = !pick::is_picked(ir, i) && pick::any_picked(ir);
+        attempt_listeners.push(attempt_listener_config(b, timeout_ms, buffer_limit, strip));
     }
 
     let wasm = wasm_path(opts);
@@ -230,7 +251,7 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
             "routes": table.routes,
         }]},
         "http_filters": [
-            wasm_filter("llmkube-model-router", "model-router", "llmkube", &wasm, &ir.plugin_json),
+            wasm_filter("llmkube-model-router", "model-router", "llmkube", &wasm, &pick::plugin_json(ir)),
             {"name": "envoy.filters.http.router", "typed_config": typed("envoy.extensions.filters.http.router.v3.Router")},
         ],
     });
@@ -296,7 +317,12 @@ fn direct_rewrites(action: &mut Value, b: &Backend) {
 /// streams) and no header edits beyond the direct route's Host/path handling; for an external
 /// backend, `backend-<b>`'s upstream chain does the per-attempt guard, model rewrite and
 /// credential.
-fn attempt_listener_config(b: &Backend, timeout_ms: u64, buffer_limit: u64) -> Value {
+fn attempt_listener_config(
+    b: &Backend,
+    timeout_ms: u64,
+    buffer_limit: u64,
+    strip_pod_header: bool,
+) -> Value {
     let backend = b.name.as_str();
     let name = attempt_listener(backend);
     let mut action = json!({
@@ -305,6 +331,11 @@ fn attempt_listener_config(b: &Backend, timeout_ms: u64, buffer_limit: u64) -> V
         "retry_policy": {"num_retries": 0, "per_try_timeout": dur_ms(timeout_ms)},
     });
     direct_rewrites(&mut action, b);
+    let mut route = json!({"match": {"prefix": "/"}, "route": action});
+    if strip_pod_header {
+        // Another backend's pod, named for an earlier attempt: none of this one's business.
+        route["request_headers_to_remove"] = json!([DESTINATION_ENDPOINT_HEADER]);
+    }
     let hcm = json!({
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": name.replace('-', "_"),
@@ -316,7 +347,7 @@ fn attempt_listener_config(b: &Backend, timeout_ms: u64, buffer_limit: u64) -> V
         "route_config": {"name": name, "virtual_hosts": [{
             "name": name,
             "domains": ["*"],
-            "routes": [{"match": {"prefix": "/"}, "route": action}],
+            "routes": [route],
         }]},
         "http_filters": [
             {"name": "envoy.filters.http.router", "typed_config": typed("envoy.extensions.filters.http.router.v3.Router")},

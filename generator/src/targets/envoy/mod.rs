@@ -28,6 +28,7 @@ mod clusters;
 mod filters;
 pub mod jwt;
 pub mod names;
+mod pick;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -166,7 +167,8 @@ impl TargetChecks for EnvoyOptions {
     }
     fn check_ir(&self, ir: &Ir, diags: &mut Diagnostics) {
         check_credential_values(ir, diags);
-        check_path_rewrites(ir, diags)
+        check_path_rewrites(ir, diags);
+        pick::check_orders(ir, diags)
     }
 }
 

@@ -1,0 +1,138 @@
+//! The pick step's part of the plugin config: one backend's pods and `balancing`, as the
+//! generator writes it for a backend whose pods the filter picks (`resolution: endpoint`,
+//! `mode: LoadAware`).
+
+use super::{Config, Mode, PrefixAffinity, SessionAffinity, MAX_PODS};
+use serde::{Deserialize, Serialize};
+
+/// Default `sessionAffinity.idleTimeout` (the seed's 30m).
+pub const DEFAULT_IDLE_MS: u64 = 30 * 60 * 1000;
+/// Default period of the engine-metrics scrape.
+pub const DEFAULT_SCRAPE_MS: u64 = 1000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PickConfig {
+    /// The pods, `ip:port`: a pick is always one of these.
+    pub endpoints: Vec<String>,
+    #[serde(default = "load_aware")]
+    pub mode: Mode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_affinity: Option<PrefixWire>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_affinity: Option<SessionWire>,
+    /// For a vLLM backend: the cluster that reaches a pod named in
+    /// `x-gateway-destination-endpoint`, to scrape each pod's `/metrics` through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrape_cluster: Option<String>,
+    /// The scrape period (default [`DEFAULT_SCRAPE_MS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrape_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixWire {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_blocks_per_endpoint: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionWire {
+    /// Lower-cased header names, in priority order.
+    pub headers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_ms: Option<u64>,
+}
+
+fn load_aware() -> Mode {
+    Mode::LoadAware
+}
+
+/// Most blocks remembered per pod (the seed's maximum).
+const MAX_BLOCKS_PER_ENDPOINT: u64 = 262_144;
+
+impl PickConfig {
+    /// The picker's config for this backend. `seed` separates backends' block chains;
+    /// `quarantine_ms` is `proxy.quarantineDuration`. Out-of-range sizes are clamped (the
+    /// generator refuses them first).
+    pub fn picker_config(&self, quarantine_ms: u64, seed: u64) -> Config {
+        let d = PrefixAffinity::default();
+        Config {
+            mode: self.mode,
+            prefix: self.prefix_affinity.as_ref().map(|p| PrefixAffinity {
+                block_bytes: p.block_bytes.map_or(d.block_bytes, |b| {
+                    b.clamp(
+                        super::blocks::MIN_BLOCK_BYTES as u64,
+                        super::blocks::MAX_BLOCK_BYTES as u64,
+                    ) as usize
+                }),
+                max_blocks_per_endpoint: p
+                    .max_blocks_per_endpoint
+                    .map_or(d.max_blocks_per_endpoint, |m| {
+                        m.clamp(1, MAX_BLOCKS_PER_ENDPOINT) as usize
+                    }),
+            }),
+            session: self.session_affinity.as_ref().map(|s| SessionAffinity {
+                headers: s.headers.iter().map(|h| h.to_ascii_lowercase()).collect(),
+                idle_ns: s
+                    .idle_ms
+                    .unwrap_or(DEFAULT_IDLE_MS)
+                    .saturating_mul(1_000_000),
+            }),
+            quarantine_ns: quarantine_ms.saturating_mul(1_000_000),
+            seed,
+            ..Config::default()
+        }
+    }
+
+    /// Why the filter cannot use this config, if it cannot.
+    pub fn problem(&self) -> Option<String> {
+        if self.endpoints.is_empty() {
+            return Some("no endpoints to pick from".into());
+        }
+        if self.endpoints.len() > MAX_PODS {
+            return Some(format!("more than {MAX_PODS} endpoints"));
+        }
+        self.endpoints
+            .iter()
+            .find(|e| e.parse::<std::net::SocketAddr>().is_err())
+            .map(|e| format!("endpoint {e:?} is not an ip:port"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_clamps_map_onto_the_picker_config() {
+        let w: PickConfig = serde_json::from_str(
+            r#"{"endpoints":["10.0.0.1:8000"],"prefix_affinity":{"block_bytes":1},
+                "session_affinity":{"headers":["X-Session-Id"]}}"#,
+        )
+        .unwrap();
+        assert_eq!(w.mode, Mode::LoadAware);
+        let c = w.picker_config(15_000, 7);
+        let p = c.prefix.unwrap();
+        assert_eq!(p.block_bytes, 256);
+        assert_eq!(p.max_blocks_per_endpoint, 16_384);
+        let s = c.session.unwrap();
+        assert_eq!(s.headers, ["x-session-id"]);
+        assert_eq!(s.idle_ns, DEFAULT_IDLE_MS * 1_000_000);
+        assert_eq!(c.quarantine_ns, 15_000_000_000);
+        assert_eq!(c.seed, 7);
+        assert_eq!(w.problem(), None);
+    }
+
+    #[test]
+    fn endpoints_must_be_socket_addresses() {
+        let mut w: PickConfig = serde_json::from_str(r#"{"endpoints":[]}"#).unwrap();
+        assert!(w.problem().is_some());
+        w.endpoints = vec!["pod.svc:80".into()];
+        assert!(w.problem().unwrap().contains("not an ip:port"));
+    }
+}

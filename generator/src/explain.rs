@@ -102,7 +102,7 @@ pub struct RuleStep {
     pub why: String,
 }
 
-/// A configured budget whose scope covers this request (budgets are not enforced yet).
+/// A configured budget whose scope covers this request (its ledger state is the gateway's).
 #[derive(Debug, Clone, Serialize)]
 pub struct BudgetUse {
     pub name: String,
@@ -468,7 +468,7 @@ fn budgets(ex: &mut Explanation, manifest: &ModelRouter, sent: &[(String, String
     }
     if !ex.budgets.is_empty() {
         ex.notes.push(
-            "budgets are reported, not enforced yet: the gateway does not refuse on them".into(),
+            "budgets are reported, not checked: whether a ledger has room is known only to the running gateway".into(),
         );
     }
 }

@@ -32,6 +32,9 @@ pub struct CompileOptions {
     pub endpoints: BTreeMap<String, Vec<(String, u16)>>,
     pub model_header: Option<String>,
     pub max_body_bytes: Option<u64>,
+    /// UNSAFE, tests only, not on the command line: budgets check without reserving and charge
+    /// after the response (concurrent requests overshoot). The end-to-end test's counterexample.
+    pub unsafe_budgets_charge_after: bool,
 }
 
 /// One compiled ModelRouter.
@@ -309,7 +312,7 @@ pub fn build(
     let namespace = namespace_of(&router.metadata).to_string();
     let label = label_of(router);
     let max_body_bytes = opts.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
-    let plugin = plugin_config(
+    let mut plugin = plugin_config(
         router,
         &PluginContext {
             inputs,
@@ -317,6 +320,14 @@ pub fn build(
             max_body_bytes: Some(max_body_bytes),
         },
     );
+    if let Some(b) = plugin.budgets.as_mut() {
+        b.unsafe_charge_after = opts.unsafe_budgets_charge_after;
+        if let Err(e) = b.compile() {
+            let field = crate::plugin::budget_field(spec, b, &e.path);
+            diags.error(Problem::new(&label, field, e.why));
+            return None;
+        }
+    }
     let plugin_json = match serde_json::to_string(&plugin) {
         Ok(j) => j,
         Err(e) => {

@@ -8,6 +8,12 @@ use router_core::config::{
     DEFAULT_MAX_BODY_BYTES, DEFAULT_MODELS_PATH, DEFAULT_MODEL_HEADER,
 };
 
+use router_core::budget::admit::DEFAULT_HOLD_TTL_S;
+use router_core::budget::config::{
+    BackendPrice, BudgetConfig, BudgetsConfig, ScopeName, DEFAULT_MAX_TOKENS,
+};
+use router_core::budget::table::DEFAULT_MAX_TEAMS;
+
 use crate::duration::parse_duration;
 use crate::inputs::{namespace_of, router_key, Inputs};
 use crate::model::*;
@@ -134,7 +140,92 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
         rules,
         audit: audit_config(spec.policy.as_ref().and_then(|p| p.audit_log.as_ref())),
         quarantine_ms: spec.quarantine().as_millis() as u64,
+        budgets: budgets_config(spec),
     }
+}
+
+/// Window of a budget that sets no `windowSeconds` (the seed gives no default): one hour.
+pub const DEFAULT_BUDGET_WINDOW_S: u64 = 3600;
+
+/// `spec.policy.budgets` → the filter's budgets config: scopes, caps and windows, and the price of
+/// every backend that declares `costPerMillionTokens` (a backend without one is free). Ledgers
+/// live in the gateway's shared data (the filter's default); `None` without budgets.
+fn budgets_config(spec: &ModelRouterSpec) -> Option<BudgetsConfig> {
+    let policy = spec.policy.as_ref().filter(|p| !p.budgets.is_empty())?;
+    let budgets = policy
+        .budgets
+        .iter()
+        .map(|b| BudgetConfig {
+            name: b.name.clone(),
+            scope: match b.scope {
+                BudgetScope::Router => ScopeName::Router,
+                BudgetScope::Rule => ScopeName::Rule,
+                BudgetScope::Team => ScopeName::Team,
+            },
+            rule: b.rule_name.clone().filter(|_| b.scope == BudgetScope::Rule),
+            header: b
+                .header_key
+                .as_ref()
+                .filter(|_| b.scope == BudgetScope::Team)
+                .map(|h| h.to_ascii_lowercase()),
+            max_tokens: b.max_tokens.map(|t| t.max(1) as u64),
+            max_usd: b.max_usd.clone(),
+            window_s: b
+                .window_seconds
+                .map_or(DEFAULT_BUDGET_WINDOW_S, |w| w.max(1) as u64),
+        })
+        .collect();
+    let prices = spec
+        .backends
+        .iter()
+        .filter_map(|b| {
+            let c = b.cost_per_million_tokens.as_ref()?;
+            Some(BackendPrice {
+                backend: b.name.clone(),
+                prompt_usd: c.prompt_usd.clone(),
+                completion_usd: c.completion_usd.clone(),
+            })
+        })
+        .collect();
+    Some(BudgetsConfig {
+        budgets,
+        prices,
+        hold_ttl_s: DEFAULT_HOLD_TTL_S,
+        default_max_tokens: DEFAULT_MAX_TOKENS,
+        max_teams: DEFAULT_MAX_TEAMS,
+        service: None,
+        unsafe_charge_after: false,
+    })
+}
+
+/// The manifest field a problem of the filter's budgets config (`budgets[1].max_usd`,
+/// `prices[0]`) comes from.
+pub fn budget_field(spec: &ModelRouterSpec, config: &BudgetsConfig, path: &str) -> String {
+    if let Some(rest) = path.strip_prefix("prices[") {
+        let backend = rest
+            .split(']')
+            .next()
+            .and_then(|i| i.parse::<usize>().ok())
+            .and_then(|i| config.prices.get(i))
+            .and_then(|p| spec.backends.iter().position(|b| b.name == p.backend));
+        if let Some(j) = backend {
+            return format!("spec.backends[{j}].costPerMillionTokens");
+        }
+    }
+    if let Some((head, field)) = path.split_once("].") {
+        if let Some(i) = head.strip_prefix("budgets[") {
+            let field = match field {
+                "max_usd" => "maxUSD",
+                "max_tokens" => "maxTokens",
+                "window_s" => "windowSeconds",
+                "rule" => "ruleName",
+                "header" => "headerKey",
+                other => other,
+            };
+            return format!("spec.policy.budgets[{i}].{field}");
+        }
+    }
+    "spec.policy.budgets".to_string()
 }
 
 fn audit_config(a: Option<&crate::model::AuditLog>) -> rc::AuditConfig {

@@ -67,6 +67,24 @@ pub struct AuditRecord {
     pub client: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_body: Option<String>,
+    /// Budgets the request was charged to or refused by: `name`, or `name/team` for team budgets.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<String>,
+    /// What the budgets charged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<AuditTokens>,
+    /// USD charged at the serving backend's prices, an exact decimal string.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usd: Option<String>,
+    /// Some of the charge is an estimate: the response carried no (or partial) usage.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub usage_estimated: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct AuditTokens {
+    pub prompt: u64,
+    pub completion: u64,
 }
 
 impl AuditRecord {

@@ -62,6 +62,9 @@ pub struct PluginConfig {
     /// silent past the idle timeout stays out of the attempt orders the filter stamps.
     #[serde(default = "default_quarantine_ms")]
     pub quarantine_ms: u64,
+    /// `spec.policy.budgets`, compiled by the filter at configure time (`budget::config`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<crate::budget::config::BudgetsConfig>,
 }
 
 /// `spec.policy.auditLog`, as far as the filter acts on it (the sink is the gateway's log).

@@ -212,6 +212,18 @@ impl Router {
         for r in &rules {
             needed_headers.extend(r.headers.iter().map(|(n, _)| n.clone()));
         }
+        // Team budgets are keyed by a header's value: read with the routing headers.
+        let budgets = config.budgets.iter().flat_map(|b| &b.budgets);
+        needed_headers.extend(
+            budgets
+                .filter(|b| b.scope == crate::budget::config::ScopeName::Team)
+                .map(|b| {
+                    b.header
+                        .as_deref()
+                        .unwrap_or(crate::budget::config::DEFAULT_TEAM_HEADER)
+                        .to_ascii_lowercase()
+                }),
+        );
         needed_headers.sort();
         needed_headers.dedup();
         let models_body = crate::models::models_body(&config);

@@ -103,6 +103,9 @@ hostcalls! {
     fn proxy_increment_metric(metric_id: u32, offset: i64) -> u32 {
         OK
     }
+    fn proxy_record_metric(metric_id: u32, value: u64) -> u32 {
+        OK
+    }
     fn proxy_get_shared_data(
         key_data: *const u8,
         key_size: usize,

@@ -337,6 +337,12 @@ pub fn increment_metric(id: u32, by: i64) {
     let _ = unsafe { proxy_increment_metric(id, by) };
 }
 
+/// Sets a gauge.
+pub fn record_metric(id: u32, value: u64) {
+    // A lost gauge update is not worth failing a request over; the next one corrects it.
+    let _ = unsafe { proxy_record_metric(id, value) };
+}
+
 /// A value of the host's shared data (one store for every worker's VM of this vm_id) and its
 /// compare-and-swap token; `None` when the key was never set.
 pub fn shared_data(key: &str) -> HostResult<Option<(Vec<u8>, u32)>> {

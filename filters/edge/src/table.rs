@@ -35,6 +35,28 @@ impl Store for HostStore {
     }
 }
 
+/// Budget ledgers (`router_core::budget::shared`) run their own compare-and-swap loop over the
+/// same shared data. A failed read is reported as absent, which that loop treats as a missing
+/// ledger: the request is refused (fail closed), never given an empty ledger.
+impl router_core::budget::shared::SharedData for HostStore {
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        shared_data(key).ok().flatten()
+    }
+    fn set(
+        &self,
+        key: &str,
+        value: &[u8],
+        cas: Option<u32>,
+    ) -> Result<(), router_core::budget::shared::SetError> {
+        use router_core::budget::shared::SetError;
+        match set_shared_data(key, value, cas.unwrap_or(0)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.status == CAS_MISMATCH => Err(SetError::CasMismatch),
+            Err(_) => Err(SetError::Host),
+        }
+    }
+}
+
 /// What an update did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Updated {

@@ -2,6 +2,7 @@
 //! judge the response, write the audit line at the end. `router_core::plan` decides; this moves
 //! headers and bytes.
 
+use crate::budget::{self, RequestView};
 use crate::Worker;
 use filter_edge::{self as edge, Buffer, Level, Map};
 use proxy_wasm::traits::{Context, HttpContext};
@@ -10,9 +11,10 @@ use router_core::audit::{caller_label, client_address, AuditRecord, Outcome};
 use router_core::body::BodyWindow;
 use router_core::config::Tier;
 use router_core::errors::ApiError;
-use router_core::headers::ATTEMPT_COUNT_HEADER;
+use router_core::headers::{ATTEMPT_COUNT_HEADER, MODEL_SPAN_HEADER};
 use router_core::plan::{
-    check_body_size, check_request, plan_head, plan_request, HeadPlan, Refusal, RequestInputs,
+    check_body_size, check_request, plan_head, plan_request, Forward, HeadPlan, Refusal,
+    RequestInputs,
 };
 use router_core::quarantine::went_silent;
 use router_core::response::{ResponseHead, ResponseJudge};
@@ -55,6 +57,10 @@ pub(crate) struct Request {
     /// Rule and backend (the chosen one, then the one that answered) the counters are kept by.
     rule_index: Option<usize>,
     backend_index: Option<usize>,
+    /// The request path, kept only when budgets apply (streams on some APIs need usage asked for).
+    path: Vec<u8>,
+    /// What the request holds on its budgets until it settles or releases.
+    budget: Option<budget::Metered>,
 }
 
 /// `:method`, `:path` and `content-length` of a request.
@@ -105,6 +111,8 @@ impl Request {
             audited: false,
             rule_index: None,
             backend_index: None,
+            path: Vec::new(),
+            budget: None,
         }
     }
 
@@ -210,14 +218,16 @@ impl Request {
     }
 
     /// Carries out the request plan for the scanned body (`body_len` bytes; the body itself only
-    /// when the audit policy wants it in the record).
+    /// when the audit policy wants it in the record or budgets apply).
     fn route(
         &mut self,
         worker: &Worker,
         scanned: Result<Fields, ScanError>,
         body_len: usize,
-        audit_body: Option<&[u8]>,
+        body: Option<&[u8]>,
     ) -> Action {
+        let budget_fields = worker.budgets.as_ref().and(scanned.as_ref().ok()).cloned();
+        let audit_body = body.filter(|_| worker.router.config.audit.include_request_body);
         let checked = match check_request(scanned) {
             Ok(c) => c,
             Err(refusal) => return self.refuse(refusal),
@@ -243,7 +253,7 @@ impl Request {
             };
             plan_request(router, &checked, body_len, inputs)
         };
-        let forward = match planned {
+        let mut forward = match planned {
             Ok(f) => f,
             Err(refusal) => return self.refuse(refusal),
         };
@@ -253,6 +263,9 @@ impl Request {
         self.audit.rule = forward.rule_name().map(str::to_string);
         self.rule_index = forward.decision.rule;
         self.backend_index = Some(forward.decision.backend());
+        if let Some(action) = self.budget_step(worker, &mut forward, body, budget_fields.as_ref()) {
+            return action;
+        }
         self.phase = Phase::Forwarded(Routed {
             judge: forward.judge,
             served: None,
@@ -264,6 +277,74 @@ impl Request {
             }
         }
         Action::Continue
+    }
+
+    /// The budget step, once routing has decided: reserve on the request's budgets or answer
+    /// (429/503) before anything goes upstream; carry out its body edits. `None`: go on.
+    fn budget_step(
+        &mut self,
+        worker: &Worker,
+        forward: &mut Forward,
+        body: Option<&[u8]>,
+        fields: Option<&Fields>,
+    ) -> Option<Action> {
+        let (Some(budgets), Some(body), Some(fields)) = (&worker.budgets, body, fields) else {
+            return None;
+        };
+        let view = RequestView {
+            rule: forward.rule_name(),
+            headers: &self.headers,
+            body,
+            fields,
+            order: &forward.decision.order,
+            path: &self.path,
+        };
+        let admitted = match budgets.admit(&view, &mut self.audit) {
+            Ok(Some(a)) => a,
+            Ok(None) => return None,
+            Err(answer) => return Some(self.answer_budget(&answer)),
+        };
+        self.budget = Some(admitted.metered);
+        let edited = admitted.body?;
+        if let Err(e) = budget::send_body(body.len(), &edited) {
+            return Some(self.internal(&e));
+        }
+        // The per-attempt filter finds `model` by the stamped span and body length.
+        for (name, value) in forward.stamps.iter_mut() {
+            if *name == MODEL_SPAN_HEADER {
+                if let Some((span, _)) = router_core::rewrite::parse_span(value.as_bytes()) {
+                    let span = admitted.model_span.unwrap_or(span);
+                    *value = router_core::rewrite::format_span(span, edited.len());
+                }
+            }
+        }
+        None
+    }
+
+    /// A budget refusal: 429 with `Retry-After`, or 503 when the ledgers cannot be reached.
+    fn answer_budget(&mut self, answer: &budget::Answer) -> Action {
+        let (err, retry_after) = match answer {
+            budget::Answer::Refused(r) => (&r.error, Some(r.retry_after_s.to_string())),
+            budget::Answer::Unavailable(e) => (e, None),
+        };
+        self.settle(if retry_after.is_some() {
+            Outcome::BudgetExceeded
+        } else {
+            Outcome::FailClosedRuntime
+        });
+        self.phase = Phase::Answered;
+        self.audit.status = err.status;
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(s) = &retry_after {
+            headers.push(("retry-after", s.as_str()));
+        }
+        if let Err(e) = edge::respond(err.status, &headers, &err.body(), err.code) {
+            edge::log(
+                Level::Error,
+                &format!("model-router: local response failed: {e}"),
+            );
+        }
+        Action::Pause
     }
 
     /// A response that started and then never finished because the stream idle timeout cut it
@@ -342,13 +423,14 @@ impl Request {
         if len == 0 {
             return self.refuse(Refusal::invalid(ApiError::empty_body()));
         }
-        // Only the audit policy keeps the body; one that arrived in pieces is read back whole.
-        let audit_body = if worker.router.config.audit.include_request_body {
+        // Only the audit policy and budgets read the body; one that arrived in pieces is read
+        // back whole.
+        let body = if worker.router.config.audit.include_request_body || worker.budgets.is_some() {
             whole.or_else(|| edge::buffer(Buffer::RequestBody, 0, len).ok().flatten())
         } else {
             None
         };
-        self.route(&worker, scanned, len, audit_body.as_deref())
+        self.route(&worker, scanned, len, body.as_deref())
     }
 }
 
@@ -377,6 +459,9 @@ impl HttpContext for Request {
             }
             HeadPlan::ReadBody => {
                 self.audited = true;
+                if worker.budgets.is_some() {
+                    self.path = path;
+                }
                 self.phase = Phase::ReadingBody(None);
                 Action::Pause
             }
@@ -470,12 +555,23 @@ impl HttpContext for Request {
             routed.complete = end_of_stream;
         }
         self.settle(verdict.outcome);
+        if let (Some(budgets), Some(m)) = (&worker.budgets, self.budget.as_mut()) {
+            budgets.on_response_headers(m, head.status, head.streaming, self.backend_index);
+            if end_of_stream {
+                budgets.on_response_end(m, &mut self.audit);
+            }
+        }
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if let (true, Phase::Forwarded(routed)) = (end_of_stream, &mut self.phase) {
             routed.complete = true;
+        }
+        if let (Some(worker), Some(m)) = (&self.worker, self.budget.as_mut()) {
+            if let Some(budgets) = &worker.budgets {
+                budgets.on_response_body(m, body_size, end_of_stream, &mut self.audit);
+            }
         }
         Action::Continue
     }
@@ -485,6 +581,13 @@ impl HttpContext for Request {
             return;
         }
         self.quarantine_if_went_silent();
+        // Holds of a request that did not settle: released, or charged the estimate of what
+        // streamed.
+        if let (Some(worker), Some(m)) = (&self.worker, self.budget.as_mut()) {
+            if let Some(budgets) = &worker.budgets {
+                budgets.end(m, &mut self.audit);
+            }
+        }
         self.settle(Outcome::Cancelled);
         // The audit line goes to the gateway's log at info; if the operator set the wasm log
         // above that, Envoy would drop it, so don't spend the serialisation.

@@ -10,6 +10,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod budget;
 mod http;
 mod metrics;
 mod quarantine;
@@ -47,6 +48,8 @@ pub(crate) struct Worker {
     /// Whether the host keeps info-level logs (the audit line): asked at configure time and on
     /// every tick, not per request.
     pub audit_logged: Cell<bool>,
+    /// `spec.policy.budgets`; `None` when the router has none.
+    pub budgets: Option<budget::Budgets>,
 }
 
 #[derive(Default)]
@@ -81,6 +84,13 @@ impl RootContext for Root {
                     .filter_map(|c| Cidr::parse(c))
                     .collect();
                 let metrics = metrics::Metrics::new(&router);
+                let budgets = match budget::Budgets::configure(&router) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        edge::log(Level::Error, &format!("model-router: {e}"));
+                        return false;
+                    }
+                };
                 let quarantine = quarantine::QuarantineTable::new(&router);
                 quarantine.refresh();
                 if let Err(e) = edge::set_tick_period(edge::table::REFRESH_MS) {
@@ -92,6 +102,7 @@ impl RootContext for Root {
                 }
                 self.worker = Some(Rc::new(Worker {
                     metrics,
+                    budgets,
                     quarantine,
                     audit_logged: Cell::new(edge::log_enabled(Level::Info)),
                     trusted_proxies,

@@ -67,3 +67,105 @@ impl Metrics {
         }
     }
 }
+
+/// Per-budget stats (`wasmcustom.llmkube.budget.<budget>[.team.<team>].*`): gauges of what a
+/// ledger holds, set after each change of that ledger (admission, settle, release), never per
+/// chunk; counters of refusals and estimated charges per budget. Gauges are per ledger, so a team
+/// budget has one set per team it tracks (at most its `max_teams`).
+pub(crate) struct BudgetStats {
+    names: Vec<String>,
+    caps: Vec<router_core::budget::Caps>,
+    refusals: Vec<Option<u32>>,
+    estimated: Vec<Option<u32>>,
+    gauges: RefCell<FnvHashMap<LedgerKey, Option<[u32; 4]>>>,
+}
+
+use router_core::budget::admit::LedgerKey;
+use router_core::budget::shared::{SharedData, SharedLedger, SharedLedgers};
+
+fn counter(name: &str) -> Option<u32> {
+    match edge::define_metric(MetricKind::Counter, name) {
+        Ok(id) => Some(id),
+        Err(e) => {
+            edge::log(Level::Warn, &format!("model-router: metric {name}: {e}"));
+            None
+        }
+    }
+}
+
+/// Percent of the tightest cap `spent` uses (rounded down).
+fn percent(caps: &router_core::budget::Caps, tokens: u64, pico: u64) -> u64 {
+    let of = |used: u64, cap: Option<u64>| {
+        cap.filter(|&c| c > 0)
+            .map_or(0, |c| (u128::from(used) * 100 / u128::from(c)) as u64)
+    };
+    of(tokens, caps.tokens).max(of(pico, caps.pico))
+}
+
+impl BudgetStats {
+    pub fn new(budgets: &[router_core::budget::Budget]) -> Self {
+        let per = |what: &str| {
+            budgets
+                .iter()
+                .map(|b| counter(&format!("llmkube.budget.{}.{what}", b.name)))
+                .collect()
+        };
+        BudgetStats {
+            names: budgets.iter().map(|b| b.name.clone()).collect(),
+            caps: budgets.iter().map(|b| b.caps).collect(),
+            refusals: per("refusals"),
+            estimated: per("estimated_charges"),
+            gauges: RefCell::new(FnvHashMap::default()),
+        }
+    }
+
+    pub fn refused(&self, budget: usize) {
+        if let Some(Some(id)) = self.refusals.get(budget) {
+            edge::increment_metric(*id, 1);
+        }
+    }
+
+    pub fn estimated(&self, budget: usize) {
+        if let Some(Some(id)) = self.estimated.get(budget) {
+            edge::increment_metric(*id, 1);
+        }
+    }
+
+    fn ids(&self, key: &LedgerKey) -> Option<[u32; 4]> {
+        let mut gauges = self.gauges.borrow_mut();
+        *gauges.entry(key.clone()).or_insert_with(|| {
+            let base = match &key.team {
+                Some(t) => format!("llmkube.budget.{}.team.{t}", self.names.get(key.budget)?),
+                None => format!("llmkube.budget.{}", self.names.get(key.budget)?),
+            };
+            let mut ids = [0u32; 4];
+            for (id, what) in ids.iter_mut().zip([
+                "tokens_used",
+                "usd_micro_used",
+                "utilization_percent",
+                "tokens_reserved",
+            ]) {
+                *id = edge::define_metric(MetricKind::Gauge, &format!("{base}.{what}")).ok()?;
+            }
+            Some(ids)
+        })
+    }
+
+    /// Sets the gauges of `keys` from the ledgers as they are now.
+    pub fn update<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger>>(
+        &self,
+        store: &SharedLedgers<'_, S, F>,
+        keys: impl IntoIterator<Item = &'k LedgerKey>,
+    ) {
+        for key in keys {
+            let (Some(ids), Ok((spent, held))) = (self.ids(key), store.usage(key)) else {
+                continue;
+            };
+            let caps = self.caps.get(key.budget).copied().unwrap_or_default();
+            edge::record_metric(ids[0], spent.tokens);
+            edge::record_metric(ids[1], spent.pico / 1_000_000);
+            edge::record_metric(ids[2], percent(&caps, spent.tokens, spent.pico));
+            edge::record_metric(ids[3], held.tokens);
+        }
+    }
+}

@@ -6,8 +6,7 @@ use crate::model::*;
 use crate::targets::Target;
 use crate::{Diagnostics, Problem};
 
-/// What no target serves yet (auth is refused rather than served unauthenticated, budgets are
-/// validated but not enforced), external backends without credentials, and a `dataPlane` that the
+/// What no target serves yet (auth is refused rather than served unauthenticated), external backends without credentials, and a `dataPlane` that the
 /// gateway target overrides.
 pub fn unenforced_features(router: &ModelRouter, target: Target, diags: &mut Diagnostics) {
     let label = label_of(router);
@@ -30,9 +29,8 @@ pub fn unenforced_features(router: &ModelRouter, target: Target, diags: &mut Dia
             diags.error(Problem::new(&label, "spec.policy.auth", format!("is not enforced by the {target} target yet; refusing rather than serving unauthenticated")));
         }
     }
-    if spec.policy.as_ref().is_some_and(|p| !p.budgets.is_empty()) {
-        diags.warn(Problem::new(&label, "spec.policy.budgets", format!("are validated but not enforced by the {target} target yet (the plugin config carries no budgets)")));
-    }
+    // Budgets need no check here: every target embeds the plugin config, which carries them,
+    // and the filter enforces them wherever it runs (ledgers in that gateway's shared data).
     if let Some(dp) = spec.data_plane.filter(|d| *d != DataPlane::Proxy) {
         diags.warn(Problem::new(&label, "spec.dataPlane", format!("{dp:?} selects LLMKube's own data plane; the {target} target runs the whole spec in the gateway regardless")));
     }

@@ -28,6 +28,12 @@ pub struct BudgetsConfig {
     /// The shared ledger (`--budgets-service`); absent: ledgers live in this Envoy's shared data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceConfig>,
+    /// UNSAFE, tests only: admit by checking the ledgers without holding anything and charge
+    /// after the response, as charge-after gateways do, so concurrent requests overshoot the cap.
+    /// Exists so the end-to-end test can show the overshoot reservation prevents; the generator
+    /// writes it only under a hidden flag.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unsafe_charge_after: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +120,8 @@ pub struct CompiledBudgets {
     pub hold_ttl_s: u64,
     pub default_max_tokens: u64,
     pub max_teams: usize,
+    /// See [`BudgetsConfig::unsafe_charge_after`].
+    pub charge_after: bool,
 }
 
 impl CompiledBudgets {
@@ -212,6 +220,7 @@ impl BudgetsConfig {
             hold_ttl_s: self.hold_ttl_s,
             default_max_tokens: self.default_max_tokens.max(1),
             max_teams: self.max_teams,
+            charge_after: self.unsafe_charge_after,
         })
     }
 }

@@ -2,7 +2,7 @@
 //! added with a byte edit that keeps everything else as the client sent it.
 
 use super::bound::RequestFacts;
-use crate::scan::Fields;
+use crate::scan::{Fields, Span};
 
 const OPTION: &[u8] = br#""include_usage":true"#;
 
@@ -57,6 +57,30 @@ pub fn add_include_usage(body: &[u8], fields: &Fields, facts: &RequestFacts) -> 
             out.extend_from_slice(&body[b..]);
             Some(out)
         }
+    }
+}
+
+/// The body with `"max_tokens": n` added as its last top-level member: the client set no
+/// completion cap and the backend declares no context length, so the gateway sets one the backend
+/// enforces for the reserved bound to hold ([`super::bound::Bound::set_max_tokens`]). `None` when
+/// the body has no closing brace (the scanner accepted no such body).
+pub fn add_max_tokens(body: &[u8], n: u64) -> Option<Vec<u8>> {
+    let close = body.iter().rposition(|&c| c == b'}')?;
+    let member = format!(",\"max_tokens\":{n}");
+    let mut out = Vec::with_capacity(body.len() + member.len());
+    out.extend_from_slice(&body[..close]);
+    out.extend_from_slice(member.as_bytes());
+    out.extend_from_slice(&body[close..]);
+    Some(out)
+}
+
+/// Where a span of the client's body (the `model` token) is after [`add_include_usage`] made the
+/// body `grew` bytes longer: the edit is at `stream_options` (or at the closing brace, after
+/// every member), so only a span after `stream_options` moves.
+pub fn span_after_include_usage(span: Span, fields: &Fields, grew: usize) -> Span {
+    match fields.spans.stream_options {
+        Some((a, _)) if span.0 > a => (span.0 + grew, span.1 + grew),
+        _ => span,
     }
 }
 
@@ -126,5 +150,30 @@ mod tests {
             assert_eq!(fields.model, "m");
             assert_eq!(options(&got)["include_usage"], serde_json::json!(true));
         }
+    }
+
+    #[test]
+    fn max_tokens_goes_last_and_the_model_span_follows_the_edit() {
+        let body = br#"{"stream_options":null,"stream":true,"model":"m"} "#;
+        let got = add_max_tokens(body, 4096).unwrap();
+        assert_eq!(
+            got,
+            br#"{"stream_options":null,"stream":true,"model":"m","max_tokens":4096} "#
+        );
+        let fields = Scanner::new().scan(body).unwrap();
+        let facts = request_facts(body, &fields);
+        let edited = add_include_usage(body, &fields, &facts).unwrap();
+        let span = fields.spans.model.unwrap();
+        let moved = span_after_include_usage(span, &fields, edited.len() - body.len());
+        assert_eq!(&edited[moved.0..moved.1], br#""m""#);
+        // A model before stream_options stays where it was.
+        let body = br#"{"model":"m","stream":true,"stream_options":{}}"#;
+        let fields = Scanner::new().scan(body).unwrap();
+        let facts = request_facts(body, &fields);
+        let edited = add_include_usage(body, &fields, &facts).unwrap();
+        let span = fields.spans.model.unwrap();
+        let kept = span_after_include_usage(span, &fields, edited.len() - body.len());
+        assert_eq!(&edited[kept.0..kept.1], br#""m""#);
+        assert_eq!(add_max_tokens(b"no object", 1), None);
     }
 }

@@ -72,6 +72,8 @@ pub struct EnvoyOptions {
     /// CA bundle for verifying https upstreams.
     pub ca_file: String,
     pub format: Format,
+    /// See [`CompileOptions::unsafe_budgets_charge_after`] (tests only).
+    pub unsafe_budgets_charge_after: bool,
 }
 
 impl Default for EnvoyOptions {
@@ -87,6 +89,7 @@ impl Default for EnvoyOptions {
             admin: DEFAULT_ADMIN,
             ca_file: DEFAULT_CA_FILE.to_string(),
             format: Format::Yaml,
+            unsafe_budgets_charge_after: false,
         }
     }
 }
@@ -141,6 +144,7 @@ impl EnvoyOptions {
             endpoints: self.endpoints.clone(),
             model_header: self.model_header.clone(),
             max_body_bytes: self.max_body_bytes,
+            unsafe_budgets_charge_after: self.unsafe_budgets_charge_after,
         }
     }
 }

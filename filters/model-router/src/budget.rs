@@ -1,0 +1,577 @@
+//! The budget step of a request (`spec.policy.budgets`, docs/budgets.md): after routing has
+//! decided, reserve the request's upper bound on every ledger it is under (all or nothing) or
+//! answer 429 before anything goes upstream; on the response, read usage as the body streams by
+//! and settle at the serving backend's price; release what never settled, in `on_log`.
+//! `router_core::budget` decides every step; this module moves bytes.
+//!
+//! Ledgers are reached through [`LedgerBackend`]. `Local` keeps them in this Envoy's shared
+//! data (exact across workers by compare-and-swap, `router_core::budget::shared`). Another kind
+//! (the shared `llmkube-budgets` service) implements the same three operations — reserve all,
+//! settle, release — by callout.
+//!
+//! Shared-data keys (`<prefix>` = `llmkube.budget|<router>|`): `<prefix><budget>` for router and
+//! rule budgets; for a team budget a table `<prefix><budget>|teams` (team → slot,
+//! `router_core::budget::table`) and one ledger per slot, `<prefix><budget>#<slot>`. Every key is
+//! created at configure time: Envoy accepts any CAS token for a key that does not exist, so
+//! creating keys on the request path could lose a concurrent update. A slot is reused only once
+//! its old team's ledger has fully rolled off, so a reused slot's ledger is already empty.
+
+use crate::metrics::BudgetStats;
+use filter_edge::{self as edge, table::HostStore, Buffer, Level, Map};
+use router_core::audit::{AuditRecord, AuditTokens};
+use router_core::budget::admit::{admit_all, LedgerKey, LedgerStore, Refusal, Scope};
+use router_core::budget::bound::request_facts;
+use router_core::budget::config::CompiledBudgets;
+use router_core::budget::inject::{
+    add_include_usage, add_max_tokens, span_after_include_usage, stream_needs_asking,
+};
+use router_core::budget::ledger::{Hold, Wait};
+use router_core::budget::money::format_usd;
+use router_core::budget::plan::{charged, plan, Attempt};
+use router_core::budget::reply::{self, Refused};
+use router_core::budget::shared::{
+    create_missing, SharedData, SharedError, SharedLedger, SharedLedgers,
+};
+use router_core::budget::table::{TableError, TeamTable};
+use router_core::budget::usage::{charge, BodyKind, Charge, Usage, UsageReader};
+use router_core::budget::window::Amount;
+use router_core::errors::ApiError;
+use router_core::router::{RequestHeaders, Router};
+use router_core::scan::{Fields, Span};
+
+/// Where ledgers live.
+pub(crate) enum LedgerBackend {
+    /// This Envoy's shared data, shared by its workers.
+    Local(HostStore),
+}
+
+/// The budgets of one router, per worker VM.
+pub(crate) struct Budgets {
+    compiled: CompiledBudgets,
+    ledgers: LedgerBackend,
+    prefix: String,
+    /// Per backend index: its price and `modelInfo.contextLength`.
+    attempts: Vec<Attempt>,
+    stats: BudgetStats,
+}
+
+/// What the client gets instead of an upstream answer.
+pub(crate) enum Answer {
+    /// 429 with `Retry-After`.
+    Refused(Refused),
+    /// 503 `budget_store_unavailable` (the ledgers cannot be read or written).
+    Unavailable(ApiError),
+}
+
+/// One ledger an admitted request holds, by key in the ledger store.
+struct Held {
+    key: LedgerKey,
+    /// The shared-data key of its ledger (for a team: of its slot).
+    shared: String,
+    /// `None` in charge-after mode, which holds nothing.
+    hold: Option<Hold>,
+}
+
+/// An admitted request, from admission to settlement.
+pub(crate) struct Metered {
+    held: Vec<Held>,
+    request_bytes: u64,
+    /// The gateway added `include_usage`: the usage-only chunk is not the client's.
+    strip: bool,
+    reader: Option<UsageReader>,
+    /// The backend whose response headers came through with a 2xx.
+    served: Option<usize>,
+    out: Vec<u8>,
+}
+
+/// What admission did to the request: the holds, and the body to send if it was edited.
+pub(crate) struct Admitted {
+    pub metered: Metered,
+    /// The edited body (`max_tokens` set, `include_usage` asked) to send upstream.
+    pub body: Option<Vec<u8>>,
+    /// Where the `model` token now is, when the edit moved it.
+    pub model_span: Option<Span>,
+}
+
+/// The request as the budget step reads it.
+pub(crate) struct RequestView<'a> {
+    pub rule: Option<&'a str>,
+    pub headers: &'a RequestHeaders,
+    pub body: &'a [u8],
+    pub fields: &'a Fields,
+    /// The attempt order (backend indexes).
+    pub order: &'a [usize],
+    pub path: &'a [u8],
+}
+
+fn now_ms() -> u64 {
+    edge::now_nanos() / 1_000_000
+}
+
+fn unavailable(e: &SharedError) -> Answer {
+    let why = match e {
+        SharedError::Missing(_) => "a ledger is missing from shared data",
+        SharedError::Corrupt(_) => "a ledger does not decode",
+        SharedError::Contended(_) => "shared data refused the update",
+    };
+    edge::log(Level::Error, &format!("model-router: budgets: {e:?}"));
+    Answer::Unavailable(reply::store_unavailable(why))
+}
+
+impl Budgets {
+    /// Compiles the router's budgets and creates every ledger key that is missing. `Ok(None)`:
+    /// the router has no budgets.
+    pub fn configure(router: &Router) -> Result<Option<Budgets>, String> {
+        let Some(config) = &router.config.budgets else {
+            return Ok(None);
+        };
+        let compiled = config.compile().map_err(|e| format!("budgets: {e}"))?;
+        if config.service.is_some() {
+            return Err("budgets.service: the shared ledger is not supported by this build".into());
+        }
+        if compiled.budgets.is_empty() {
+            return Ok(None);
+        }
+        let attempts = (0..router.backends_len())
+            .map(|i| {
+                let b = &router.config.backends[i];
+                Attempt {
+                    price: compiled.price(&b.name),
+                    context_length: b.model_info.as_ref().and_then(|m| m.context_length),
+                }
+            })
+            .collect();
+        let budgets = Budgets {
+            stats: BudgetStats::new(&compiled.budgets),
+            prefix: format!("llmkube.budget|{}|", router.config.router),
+            ledgers: LedgerBackend::Local(HostStore),
+            attempts,
+            compiled,
+        };
+        budgets.create_keys()?;
+        Ok(Some(budgets))
+    }
+
+    fn data(&self) -> &HostStore {
+        match &self.ledgers {
+            LedgerBackend::Local(store) => store,
+        }
+    }
+
+    fn ledger_name(&self, budget: usize, slot: Option<usize>) -> String {
+        let name = &self.compiled.budgets[budget].name;
+        match slot {
+            None => format!("{}{name}", self.prefix),
+            Some(s) => format!("{}{name}#{s}", self.prefix),
+        }
+    }
+
+    fn table_name(&self, budget: usize) -> String {
+        format!(
+            "{}{}|teams",
+            self.prefix, self.compiled.budgets[budget].name
+        )
+    }
+
+    fn shared_ledger(&self, budget: usize, key: String) -> SharedLedger {
+        let b = &self.compiled.budgets[budget];
+        SharedLedger {
+            key,
+            shape: b.shape(self.compiled.hold_ttl_s),
+            caps: b.caps,
+        }
+    }
+
+    fn create_keys(&self) -> Result<(), String> {
+        let data = self.data();
+        let mut ledgers = Vec::new();
+        for (i, b) in self.compiled.budgets.iter().enumerate() {
+            if matches!(b.scope, Scope::Team { .. }) {
+                let table = self.table_name(i);
+                if data.get(&table).is_none() {
+                    let mut empty = Vec::new();
+                    TeamTable::default().encode(&mut empty);
+                    data.set(&table, &empty, None)
+                        .map_err(|e| format!("budgets: creating {table}: {e:?}"))?;
+                }
+                for slot in 0..self.compiled.max_teams {
+                    ledgers.push(self.shared_ledger(i, self.ledger_name(i, Some(slot))));
+                }
+            } else {
+                ledgers.push(self.shared_ledger(i, self.ledger_name(i, None)));
+            }
+        }
+        create_missing(data, &ledgers).map_err(|e| format!("budgets: creating ledgers: {e:?}"))
+    }
+
+    /// The store over the ledgers `held` names.
+    fn store<'s>(
+        &'s self,
+        held: &'s [(LedgerKey, String)],
+        now_ms: u64,
+    ) -> SharedLedgers<'s, HostStore, impl Fn(&LedgerKey) -> Option<SharedLedger> + 's> {
+        SharedLedgers {
+            data: self.data(),
+            ledger: move |k: &LedgerKey| {
+                held.iter()
+                    .find(|(h, _)| h == k)
+                    .map(|(_, name)| self.shared_ledger(k.budget, name.clone()))
+            },
+            now_ms,
+        }
+    }
+
+    /// The slot of `team` in team budget `budget`, taking one if it has none (compare-and-swap
+    /// on the team table).
+    fn team_slot(&self, budget: usize, team: &str, now_ms: u64) -> Result<usize, Answer> {
+        let data = self.data();
+        let key = self.table_name(budget);
+        let b = &self.compiled.budgets[budget];
+        let until = TeamTable::quiet_bound(&b.shape(self.compiled.hold_ttl_s), now_ms);
+        let max = self.compiled.max_teams;
+        let mut buf = Vec::new();
+        for _ in 0..router_core::budget::shared::MAX_CAS_ATTEMPTS {
+            let (raw, cas) = data
+                .get(&key)
+                .ok_or_else(|| unavailable(&SharedError::Missing(key.clone())))?;
+            let mut table = TeamTable::decode(&raw, max)
+                .map_err(|_| unavailable(&SharedError::Corrupt(key.clone())))?;
+            let slot = match table.admit(team, until, now_ms, max) {
+                Ok(s) => s,
+                Err(TableError::Full { max }) => {
+                    let free_at = table.next_free_at().unwrap_or(now_ms);
+                    let wait = free_at.saturating_sub(now_ms).div_ceil(1000);
+                    self.stats.refused(budget);
+                    return Err(Answer::Refused(reply::teams_full(&b.name, max, wait)));
+                }
+                Err(TableError::Corrupt) => {
+                    return Err(unavailable(&SharedError::Corrupt(key.clone())))
+                }
+            };
+            buf.clear();
+            table.encode(&mut buf);
+            match data.set(&key, &buf, Some(cas)) {
+                Ok(()) => return Ok(slot.index),
+                Err(router_core::budget::shared::SetError::CasMismatch) => continue,
+                Err(_) => break,
+            }
+        }
+        Err(unavailable(&SharedError::Contended(key)))
+    }
+
+    fn label(&self, key: &LedgerKey) -> String {
+        let name = &self.compiled.budgets[key.budget].name;
+        match &key.team {
+            Some(t) => format!("{name}/{t}"),
+            None => name.clone(),
+        }
+    }
+
+    /// Admission. `Ok(None)`: no budget applies, the request goes as it is.
+    pub fn admit(
+        &self,
+        r: &RequestView,
+        audit: &mut AuditRecord,
+    ) -> Result<Option<Admitted>, Answer> {
+        let facts = request_facts(r.body, r.fields);
+        let attempts: Vec<Attempt> = r
+            .order
+            .iter()
+            .filter_map(|&b| self.attempts.get(b).copied())
+            .collect();
+        let Some(p) = plan(
+            &self.compiled,
+            r.rule,
+            |h| r.headers.first(h),
+            &facts,
+            &attempts,
+        ) else {
+            return Ok(None);
+        };
+        let now = now_ms();
+        let mut names = Vec::with_capacity(p.keys.len());
+        for key in &p.keys {
+            let slot = match &key.team {
+                Some(team) => Some(self.team_slot(key.budget, team, now)?),
+                None => None,
+            };
+            names.push((key.clone(), self.ledger_name(key.budget, slot)));
+        }
+        audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
+        let mut store = self.store(&names, now);
+        let admitted = if self.compiled.charge_after {
+            charge_after_check(&mut store, &p.keys, p.amount)
+        } else {
+            admit_all(&mut store, &p.keys, p.amount)
+                .map(|r| r.map(|holds| holds.into_iter().map(|(k, h)| (k, Some(h))).collect()))
+        };
+        let holds = match admitted.map_err(|e| unavailable(&e))? {
+            Ok(holds) => holds,
+            Err(refusal) => {
+                let answer = self.refusal(&refusal);
+                self.stats.update(&store, &refusal.refused);
+                return Err(answer);
+            }
+        };
+        drop(store);
+        self.stats.update(&self.store(&names, now), &p.keys);
+        let held = holds
+            .into_iter()
+            .map(|(key, hold)| {
+                let shared = names
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, n)| n.clone())
+                    .unwrap_or_default();
+                Held { key, shared, hold }
+            })
+            .collect();
+        // Body edits: ask the stream for usage; cap the completion when nothing else does.
+        let path = std::str::from_utf8(r.path).unwrap_or("");
+        let asked = if stream_needs_asking(path) {
+            add_include_usage(r.body, r.fields, &facts)
+        } else {
+            None
+        };
+        let strip = asked.is_some();
+        let model_span = match (&asked, r.fields.spans.model) {
+            (Some(b), Some(span)) => Some(span_after_include_usage(
+                span,
+                r.fields,
+                b.len() - r.body.len(),
+            )),
+            _ => None,
+        };
+        let body = match p.bound.set_max_tokens {
+            Some(n) => add_max_tokens(asked.as_deref().unwrap_or(r.body), n),
+            None => asked,
+        };
+        Ok(Some(Admitted {
+            metered: Metered {
+                held,
+                request_bytes: facts.body_bytes,
+                strip,
+                reader: None,
+                served: None,
+                out: Vec::new(),
+            },
+            body,
+            model_span,
+        }))
+    }
+
+    fn refusal(&self, refusal: &Refusal) -> Answer {
+        let names: Vec<String> = refusal.refused.iter().map(|k| self.label(k)).collect();
+        let window = refusal
+            .refused
+            .iter()
+            .map(|k| self.compiled.budgets[k.budget].window_s)
+            .max()
+            .unwrap_or(1);
+        for k in &refusal.refused {
+            self.stats.refused(k.budget);
+        }
+        Answer::Refused(reply::exceeded(
+            &names,
+            refusal.retry_after_s(window),
+            refusal.wait == Wait::Never,
+        ))
+    }
+
+    /// The response headers came through with `status` from backend `served`.
+    pub fn on_response_headers(
+        &self,
+        m: &mut Metered,
+        status: u32,
+        streaming: bool,
+        served: Option<usize>,
+    ) {
+        if (200..300).contains(&status) {
+            m.served = served;
+            let kind = if streaming {
+                BodyKind::EventStream
+            } else {
+                BodyKind::Json
+            };
+            m.reader = Some(UsageReader::new(kind, m.strip));
+        }
+    }
+
+    /// A piece of the response body (`size` bytes, as Envoy hands it over: this chunk only).
+    /// Returns `true` when the request settled.
+    pub fn on_response_body(
+        &self,
+        m: &mut Metered,
+        size: usize,
+        end: bool,
+        audit: &mut AuditRecord,
+    ) -> bool {
+        let Some(reader) = m.reader.as_mut() else {
+            return false;
+        };
+        let chunk = if size > 0 {
+            match edge::buffer(Buffer::ResponseBody, 0, size) {
+                Ok(c) => c.unwrap_or_default(),
+                Err(e) => {
+                    // Usage is then estimated from what was read; the body goes on unchanged.
+                    edge::log(
+                        Level::Warn,
+                        &format!("model-router: budgets: response body: {e}"),
+                    );
+                    Vec::new()
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        m.out.clear();
+        reader.feed(&chunk, &mut m.out);
+        let usage = end.then(|| reader.finish(&mut m.out));
+        if reader.strips() && (size > 0 || !m.out.is_empty()) {
+            if let Err(e) = edge::replace_buffer(Buffer::ResponseBody, size, &m.out) {
+                edge::log(
+                    Level::Warn,
+                    &format!("model-router: budgets: stripping usage: {e}"),
+                );
+            }
+        }
+        match usage {
+            Some(u) => {
+                self.settle(m, u, audit);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The response ended without a body.
+    pub fn on_response_end(&self, m: &mut Metered, audit: &mut AuditRecord) {
+        if m.reader.is_some() {
+            self.settle(m, Usage::default(), audit);
+        }
+    }
+
+    /// The request ended (`on_log`) with holds left: a served response cut short is charged its
+    /// estimate; anything else (refused locally, failed upstream, client gone before an answer)
+    /// releases.
+    pub fn end(&self, m: &mut Metered, audit: &mut AuditRecord) {
+        if m.held.is_empty() {
+            return;
+        }
+        let streamed = m.reader.as_ref().is_some_and(|r| r.content_bytes() > 0);
+        if m.served.is_some() && streamed {
+            let mut sink = Vec::new();
+            let usage = m
+                .reader
+                .as_mut()
+                .map(|r| r.finish(&mut sink))
+                .unwrap_or_default();
+            self.settle(m, usage, audit);
+            return;
+        }
+        let now = now_ms();
+        let names = self.names(m);
+        let mut store = self.store(&names, now);
+        for h in m.held.drain(..) {
+            if let Some(hold) = &h.hold {
+                if let Err(e) = store.release(&h.key, hold) {
+                    edge::log(
+                        Level::Error,
+                        &format!("model-router: budgets: release: {e:?}"),
+                    );
+                }
+            }
+        }
+        self.stats.update(&store, names.iter().map(|(k, _)| k));
+    }
+
+    fn names(&self, m: &Metered) -> Vec<(LedgerKey, String)> {
+        m.held
+            .iter()
+            .map(|h| (h.key.clone(), h.shared.clone()))
+            .collect()
+    }
+
+    fn settle(&self, m: &mut Metered, usage: Usage, audit: &mut AuditRecord) {
+        let content = m.reader.as_ref().map_or(0, |r| r.content_bytes());
+        let c: Charge = charge(usage, m.request_bytes, content);
+        let price = m
+            .served
+            .and_then(|b| self.attempts.get(b))
+            .map(|a| a.price)
+            .unwrap_or_default();
+        let amount = charged(&price, &c);
+        let now = now_ms();
+        let names = self.names(m);
+        let store = self.store(&names, now);
+        for h in m.held.drain(..) {
+            if !self.slot_still_owned(&h, now) {
+                continue;
+            }
+            if let Err(e) = store.settle(&h.key, h.hold.as_ref(), amount) {
+                edge::log(
+                    Level::Error,
+                    &format!("model-router: budgets: settle: {e:?}"),
+                );
+            }
+        }
+        if c.estimated {
+            for (k, _) in &names {
+                self.stats.estimated(k.budget);
+            }
+        }
+        self.stats.update(&store, names.iter().map(|(k, _)| k));
+        audit.tokens = Some(AuditTokens {
+            prompt: c.prompt,
+            completion: c.completion,
+        });
+        audit.usd = Some(format_usd(amount.pico));
+        audit.usage_estimated = c.estimated;
+    }
+
+    /// A team slot is only reused once its team's ledger has rolled off, and a request's hold
+    /// keeps it busy for the hold TTL; a request that outlived the TTL finds its slot may belong
+    /// to another team by now, and must not charge that team.
+    fn slot_still_owned(&self, h: &Held, _now: u64) -> bool {
+        let Some(team) = &h.key.team else {
+            return true;
+        };
+        let table = self
+            .data()
+            .get(&self.table_name(h.key.budget))
+            .and_then(|(raw, _)| TeamTable::decode(&raw, self.compiled.max_teams).ok());
+        let slot = table.and_then(|t| t.slot_of(team));
+        slot.is_some_and(|s| h.shared == self.ledger_name(h.key.budget, Some(s)))
+    }
+}
+
+/// Charge-after (test-only, unsafe): every ledger is asked whether the request fits now and
+/// nothing is held, so concurrent requests all see the same room.
+fn charge_after_check<S: LedgerStore>(
+    store: &mut S,
+    keys: &[LedgerKey],
+    amount: Amount,
+) -> Result<Result<Vec<(LedgerKey, Option<Hold>)>, Refusal>, S::Error> {
+    for k in keys {
+        if let Err(wait) = store.check(k, amount)? {
+            return Ok(Err(Refusal {
+                refused: vec![k.clone()],
+                wait,
+            }));
+        }
+    }
+    Ok(Ok(keys.iter().map(|k| (k.clone(), None)).collect()))
+}
+
+/// The edited request body goes upstream in place of the client's (Envoy does not fix
+/// `content-length` itself).
+pub(crate) fn send_body(old_len: usize, body: &[u8]) -> Result<(), String> {
+    edge::replace_buffer(Buffer::RequestBody, old_len, body)
+        .map_err(|e| format!("editing the request body: {e}"))?;
+    edge::set_header(
+        Map::RequestHeaders,
+        "content-length",
+        &body.len().to_string(),
+    )
+    .map_err(|e| format!("setting content-length: {e}"))
+}

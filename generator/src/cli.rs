@@ -20,7 +20,7 @@ usage:
       envoy options: [--wasm-dir DIR] [--listen ADDR:PORT] [--admin ADDR:PORT]
                      [--resolve NAME=HOST:PORT]... [--endpoints NAME=IP:PORT,...]...
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
-                     [--ca-file PATH] [--format yaml|json]
+                     [--ca-file PATH] [--format yaml|json] [--budgets-service HOST:PORT]
       envoy-gateway options: --wasm-url URL | --wasm-image REF [--wasm-sha256 HEX]
                      [--wasm-dir DIR] [--gateway-listener NAME] [--resolve ...] [--endpoints ...]
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
@@ -56,6 +56,7 @@ const VALUE_FLAGS: &[&str] = &[
     "--gateway-listener",
     "--ext-proc",
     "--ext-proc-image",
+    "--budgets-service",
     "--body",
     "--header",
     "--path",
@@ -186,7 +187,13 @@ pub fn run(args: &[String], stdin: &mut dyn Read, out: &mut dyn Write, err: &mut
 const TARGET_FLAGS: &[(Target, &[&str])] = &[
     (
         Target::Envoy,
-        &["--listen", "--admin", "--ca-file", "--format"],
+        &[
+            "--listen",
+            "--admin",
+            "--ca-file",
+            "--format",
+            "--budgets-service",
+        ],
     ),
     (
         Target::EnvoyGateway,
@@ -507,6 +514,16 @@ fn envoy_options(
     }
     if let Some(c) = single(a, "--ca-file", problems) {
         o.ca_file = c.to_string();
+    }
+    if let Some(s) = single(a, "--budgets-service", problems) {
+        match parse_host_port(s) {
+            Ok(hp) => o.budgets_service = Some(hp),
+            Err(why) => problems.push(Problem::new(
+                "options",
+                "--budgets-service",
+                format!("{s:?}: {why} (where llmkube-budgets listens)"),
+            )),
+        }
     }
     o.format = match single(a, "--format", problems) {
         Some("json") => Format::Json,

@@ -349,3 +349,36 @@ fn per_backend_timeouts_through_internal_listeners() {
     }
     validate("dp-attempts", text, opts);
 }
+
+#[test]
+fn budgets_service_cluster_by_ip_and_by_name() {
+    for host in ["127.0.0.1", "llmkube-budgets.llm.svc.cluster.local"] {
+        let opts = EnvoyOptions {
+            budgets_service: Some((host.into(), 8090)),
+            format: Format::Json,
+            wasm_dir: wasm_dir().to_path_buf(),
+            ..Default::default()
+        };
+        let out = compile_envoy(
+            &[Source {
+                name: "example".into(),
+                text: example(),
+            }],
+            &opts,
+        )
+        .unwrap();
+        let b: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let clusters = b["static_resources"]["clusters"].as_array().unwrap();
+        let c = clusters
+            .iter()
+            .find(|c| c["name"] == "llmkube-budgets")
+            .expect("the llmkube-budgets cluster");
+        let addr = &c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["socket_address"];
+        assert_eq!(
+            (addr["address"].as_str(), addr["port_value"].as_u64()),
+            (Some(host), Some(8090))
+        );
+        validate("budgets-service", example(), opts);
+    }
+}

@@ -11,6 +11,7 @@
 )]
 
 mod budget;
+mod budget_remote;
 mod http;
 mod metrics;
 mod quarantine;
@@ -57,7 +58,20 @@ struct Root {
     worker: Option<Rc<Worker>>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    /// Settles and releases of the shared ledger are the root's calls (`budget_remote`).
+    fn on_http_call_response(
+        &mut self,
+        _token: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        if let Some(budgets) = self.worker.as_ref().and_then(|w| w.budgets.as_ref()) {
+            budgets.ended(num_headers, body_size);
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -127,6 +141,9 @@ impl RootContext for Root {
         if let Some(worker) = &self.worker {
             worker.quarantine.refresh();
             worker.audit_logged.set(edge::log_enabled(Level::Info));
+            if let Some(budgets) = &worker.budgets {
+                budgets.flush();
+            }
         }
     }
 

@@ -198,6 +198,10 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
         attempt_listeners.push(attempt_listener_config(b, timeout_ms, buffer_limit));
     }
 
+    if let Some((host, port)) = &opts.budgets_service {
+        clusters.push(budgets_cluster_config(host, *port));
+    }
+
     let wasm = wasm_path(opts);
     let hcm = json!({
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",

@@ -74,6 +74,9 @@ pub struct EnvoyOptions {
     pub format: Format,
     /// See [`CompileOptions::unsafe_budgets_charge_after`] (tests only).
     pub unsafe_budgets_charge_after: bool,
+    /// `--budgets-service HOST:PORT`: budgets are kept by `llmkube-budgets` there (cluster
+    /// `llmkube-budgets`) instead of in this Envoy's shared data.
+    pub budgets_service: Option<(String, u16)>,
 }
 
 impl Default for EnvoyOptions {
@@ -90,6 +93,7 @@ impl Default for EnvoyOptions {
             ca_file: DEFAULT_CA_FILE.to_string(),
             format: Format::Yaml,
             unsafe_budgets_charge_after: false,
+            budgets_service: None,
         }
     }
 }
@@ -145,6 +149,10 @@ impl EnvoyOptions {
             model_header: self.model_header.clone(),
             max_body_bytes: self.max_body_bytes,
             unsafe_budgets_charge_after: self.unsafe_budgets_charge_after,
+            budgets_cluster: self
+                .budgets_service
+                .as_ref()
+                .map(|_| names::BUDGETS_CLUSTER.to_string()),
         }
     }
 }

@@ -379,6 +379,12 @@ fn budgets_service_cluster_by_ip_and_by_name() {
             (addr["address"].as_str(), addr["port_value"].as_u64()),
             (Some(host), Some(8090))
         );
+        // The model-router's plugin configuration keeps its budgets on that cluster.
+        let plugin = b.to_string().replace("\\\"", "\"");
+        assert!(
+            plugin.contains(r#""service":{"cluster":"llmkube-budgets","timeout_ms":1000}"#),
+            "no budgets.service in the plugin configuration"
+        );
         validate("budgets-service", example(), opts);
     }
 }

@@ -513,3 +513,59 @@ fn custom_resource_identity() {
     );
     assert_eq!(llmkube_gen::ModelRouter::kind(&()), "ModelRouter");
 }
+
+#[test]
+fn budgets_compile_into_the_plugin_config() {
+    let mut r = router();
+    r["spec"]["backends"][2]["costPerMillionTokens"] =
+        json!({"promptUSD": "1.25", "completionUSD": "10"});
+    r["spec"]["policy"] = json!({"budgets": [
+        {"name": "all", "scope": "router", "maxTokens": 1000},
+        {"name": "r0-usd", "scope": "rule", "ruleName": "r0", "maxUSD": "2.5", "windowSeconds": 60},
+        {"name": "orgs", "scope": "team", "headerKey": "X-Org", "maxTokens": 10, "windowSeconds": 1}
+    ]});
+    let pc = plugin_of(&compile(full(r.clone()), &opts()));
+    let b = pc.budgets.expect("budgets in the plugin config");
+    assert!(!b.unsafe_charge_after);
+    let compiled = b.compile().unwrap();
+    assert_eq!(compiled.budgets.len(), 3);
+    assert_eq!(
+        b.budgets[0].window_s, 3600,
+        "windowSeconds absent: one hour"
+    );
+    assert_eq!(b.budgets[1].rule.as_deref(), Some("r0"));
+    assert_eq!(b.budgets[1].max_usd.as_deref(), Some("2.5"));
+    assert_eq!(b.budgets[2].header.as_deref(), Some("x-org"));
+    // Only the backend with prices is listed; the others are free.
+    assert_eq!(b.prices.len(), 1);
+    assert_eq!(compiled.price("cloud").prompt, 1_250_000);
+    assert_eq!(compiled.price("local-a").completion, 0);
+
+    // The test-only switch appears only through the library option.
+    let o = EnvoyOptions {
+        unsafe_budgets_charge_after: true,
+        ..opts()
+    };
+    assert!(
+        plugin_of(&compile(full(r.clone()), &o))
+            .budgets
+            .unwrap()
+            .unsafe_charge_after
+    );
+
+    // What the filter would refuse is refused here, naming the manifest field.
+    r["spec"]["backends"][2]["costPerMillionTokens"]["promptUSD"] = json!("0.1234567");
+    let errs = compile_err(full(r.clone()), &opts());
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].starts_with("ModelRouter/demo: spec.backends[2].costPerMillionTokens: "),
+        "{errs:?}"
+    );
+    r["spec"]["backends"][2]["costPerMillionTokens"]["promptUSD"] = json!("1");
+    r["spec"]["policy"]["budgets"][1]["maxUSD"] = json!("2000000");
+    let errs = compile_err(full(r), &opts());
+    assert!(
+        errs[0].starts_with("ModelRouter/demo: spec.policy.budgets[1].maxUSD: "),
+        "{errs:?}"
+    );
+}

@@ -345,8 +345,9 @@ impl Budgets {
                 return Err(answer);
             }
         };
+        // Gauges follow settle, release and refusal, not admission: one ledger read fewer on
+        // the request path.
         drop(store);
-        self.stats.update(&self.store(&names, now), &p.keys);
         let held = holds
             .into_iter()
             .map(|(key, hold)| {
@@ -676,13 +677,16 @@ impl Budgets {
     }
 }
 
+/// Per ledger, its hold (`None` in charge-after mode, which holds nothing).
+type MaybeHolds = Vec<(LedgerKey, Option<Hold>)>;
+
 /// Charge-after (test-only, unsafe): every ledger is asked whether the request fits now and
 /// nothing is held, so concurrent requests all see the same room.
 fn charge_after_check<S: LedgerStore>(
     store: &mut S,
     keys: &[LedgerKey],
     amount: Amount,
-) -> Result<Result<Vec<(LedgerKey, Option<Hold>)>, Refusal>, S::Error> {
+) -> Result<Result<MaybeHolds, Refusal>, S::Error> {
     for k in keys {
         if let Err(wait) = store.check(k, amount)? {
             return Ok(Err(Refusal {

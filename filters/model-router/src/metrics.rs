@@ -69,7 +69,7 @@ impl Metrics {
 }
 
 /// Per-budget stats (`wasmcustom.llmkube.budget.<budget>[.team.<team>].*`): gauges of what a
-/// ledger holds, set after each change of that ledger (admission, settle, release), never per
+/// ledger holds, set after each settle, release or refusal on that ledger, never per
 /// chunk; counters of refusals and estimated charges per budget. Gauges are per ledger, so a team
 /// budget has one set per team it tracks (at most its `max_teams`).
 pub(crate) struct BudgetStats {

@@ -132,6 +132,10 @@ pub fn read_reserve(status: u32, retry_after: Option<&str>, body: &[u8]) -> Admi
             retry_after.and_then(|v| v.trim().parse().ok()).unwrap_or(1),
             false,
         )),
+        // Envoy's own answer when the call outlived its timeout.
+        504 => Admission::Unavailable {
+            why: "no answer from llmkube-budgets in time (the call timed out)".into(),
+        },
         s => Admission::Unavailable {
             why: format!("llmkube-budgets answered {s}{}", error_detail(body)),
         },
@@ -288,6 +292,11 @@ mod tests {
             why,
             "llmkube-budgets answered 503: redis: connection refused"
         );
+        let Admission::Unavailable { why } = read_reserve(504, None, b"upstream request timeout")
+        else {
+            panic!("not unavailable")
+        };
+        assert!(why.contains("timed out"), "{why}");
         for (status, body) in [
             (0, &b""[..]),
             (200, b"not json"),

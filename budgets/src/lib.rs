@@ -6,6 +6,7 @@
 
 pub mod conn;
 pub mod server;
+pub mod status;
 pub mod store;
 
 use hyper::service::service_fn;
@@ -33,8 +34,8 @@ pub struct Flags {
     pub timeout_ms: u64,
 }
 
-pub const USAGE: &str =
-    "usage: llmkube-budgets --listen HOST:PORT --redis redis://HOST:PORT[/DB] [--cluster] [--redis-timeout-ms MS]";
+pub const USAGE: &str = "usage: llmkube-budgets --listen HOST:PORT --redis redis://HOST:PORT[/DB] [--cluster] [--redis-timeout-ms MS]
+       llmkube-budgets status --service HOST:PORT --router NAMESPACE/NAME [--json] [--timeout-ms MS]";
 
 impl Flags {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Flags, String> {

@@ -1,11 +1,16 @@
-//! `llmkube-budgets --listen HOST:PORT --redis redis://HOST:PORT[/DB]`
+//! `llmkube-budgets --listen HOST:PORT --redis redis://HOST:PORT[/DB]`, or
+//! `llmkube-budgets status --service HOST:PORT --router NAMESPACE/NAME [--json]`.
 
+use llmkube_budgets::status::{self, StatusFlags};
 use llmkube_budgets::store::{RedisStore, StoreOptions};
 use llmkube_budgets::{serve, server::Service, Flags};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("status") {
+        return status_command();
+    }
     let flags = match Flags::parse(std::env::args().skip(1)) {
         Ok(f) => f,
         Err(e) => {
@@ -24,6 +29,26 @@ fn main() -> ExitCode {
         }
     };
     rt.block_on(run(flags))
+}
+
+fn status_command() -> ExitCode {
+    let flags = match StatusFlags::parse(std::env::args().skip(2)) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("llmkube-budgets status: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match status::run(&flags) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("llmkube-budgets status: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn run(flags: Flags) -> ExitCode {

@@ -227,6 +227,35 @@ fn status_has_the_seed_shape_with_teams() {
     assert_eq!(u[1]["utilization"], "0.5");
     assert_eq!(u[1]["teams"].as_array().unwrap().len(), 2);
     assert_eq!(u[1]["teams"][0]["tokensUsed"], 250);
+    // `llmkube-budgets status` prints the same: a row per budget and per team, or the JSON.
+    let flags = |json: bool| {
+        let mut a = vec![
+            "--service".to_string(),
+            svc.addr.to_string(),
+            "--router".into(),
+            router.clone(),
+        ];
+        if json {
+            a.push("--json".into());
+        }
+        llmkube_budgets::status::StatusFlags::parse(a).unwrap()
+    };
+    let table = llmkube_budgets::status::run(&flags(false)).unwrap();
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .skip(2)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0][..5],
+        ["spend", "-", "100", "1.5", "0.75"],
+        "{table}"
+    );
+    assert_eq!(rows[1][..3], ["teams", "alpha", "250"], "{table}");
+    assert_eq!(rows[2][..3], ["teams", "beta", "500"], "{table}");
+    let printed: Value =
+        serde_json::from_str(&llmkube_budgets::status::run(&flags(true)).unwrap()).unwrap();
+    assert_eq!(printed, v);
     // Bad requests say what is wrong.
     let (s, v) = http(
         svc.addr,

@@ -21,6 +21,7 @@ usage:
                      [--resolve NAME=HOST:PORT]... [--endpoints NAME=IP:PORT,...]...
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
                      [--ca-file PATH] [--jwks-file FILE] [--format yaml|json]
+                     [--budgets-service HOST:PORT]
       envoy-gateway options: --wasm-url URL | --wasm-image REF [--wasm-sha256 HEX]
                      [--wasm-dir DIR] [--gateway-listener NAME] [--resolve ...] [--endpoints ...]
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
@@ -57,6 +58,7 @@ const VALUE_FLAGS: &[&str] = &[
     "--gateway-listener",
     "--ext-proc",
     "--ext-proc-image",
+    "--budgets-service",
     "--body",
     "--header",
     "--path",
@@ -193,6 +195,7 @@ const TARGET_FLAGS: &[(Target, &[&str])] = &[
             "--ca-file",
             "--jwks-file",
             "--format",
+            "--budgets-service",
         ],
     ),
     (
@@ -518,6 +521,16 @@ fn envoy_options(
     }
     if let Some(f) = single(a, "--jwks-file", problems) {
         o.jwks_file = Some(super::targets::envoy::absolute(PathBuf::from(f)));
+    }
+    if let Some(s) = single(a, "--budgets-service", problems) {
+        match parse_host_port(s) {
+            Ok(hp) => o.budgets_service = Some(hp),
+            Err(why) => problems.push(Problem::new(
+                "options",
+                "--budgets-service",
+                format!("{s:?}: {why} (where llmkube-budgets listens)"),
+            )),
+        }
     }
     o.format = match single(a, "--format", problems) {
         Some("json") => Format::Json,

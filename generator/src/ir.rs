@@ -35,7 +35,13 @@ pub struct CompileOptions {
     /// UNSAFE, tests only, not on the command line: budgets check without reserving and charge
     /// after the response (concurrent requests overshoot). The end-to-end test's counterexample.
     pub unsafe_budgets_charge_after: bool,
+    /// The cluster of `llmkube-budgets` when budgets are kept there (the envoy target's
+    /// `--budgets-service`); `None`: in the gateway's shared data.
+    pub budgets_cluster: Option<String>,
 }
+
+/// How long the filter waits for `llmkube-budgets` to answer a reservation before failing closed.
+const SERVICE_TIMEOUT_MS: u64 = 1000;
 
 /// One compiled ModelRouter.
 pub struct Ir {
@@ -324,6 +330,13 @@ pub fn build(
     );
     if let Some(b) = plugin.budgets.as_mut() {
         b.unsafe_charge_after = opts.unsafe_budgets_charge_after;
+        b.service = opts.budgets_cluster.clone().map(|cluster| {
+            router_core::budget::config::ServiceConfig {
+                cluster,
+                timeout_ms: SERVICE_TIMEOUT_MS,
+                fail_open: false,
+            }
+        });
         if let Err(e) = b.compile() {
             let field = crate::plugin::budget_field(spec, b, &e.path);
             diags.error(Problem::new(&label, field, e.why));

@@ -392,7 +392,26 @@ fn bad_options() {
         "options: --resolve: \"qwen3-8b\" must be NAME=HOST:PORT\n"
     );
     compile_example_with("--max-body-bytes", "0");
+    assert!(compile_example_with("--budgets-service", "budgets")
+        .starts_with("options: --budgets-service: \"budgets\""));
     // Usage errors: 2.
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy-gateway",
+            "--wasm-url",
+            "http://x/m.wasm",
+            "-f",
+            &example(),
+            "--budgets-service",
+            "b:8090",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o)
+        .starts_with("error: --budgets-service is not an option of --target envoy-gateway"));
     assert_eq!(
         run(&["compile", "-f", &example()], None).status.code(),
         Some(2)

@@ -397,3 +397,42 @@ fn endpoint_picking_backend() {
     };
     validate("endpoint-picking", full(r), opts);
 }
+
+#[test]
+fn budgets_service_cluster_by_ip_and_by_name() {
+    for host in ["127.0.0.1", "llmkube-budgets.llm.svc.cluster.local"] {
+        let opts = EnvoyOptions {
+            budgets_service: Some((host.into(), 8090)),
+            format: Format::Json,
+            wasm_dir: wasm_dir().to_path_buf(),
+            ..Default::default()
+        };
+        let out = compile_envoy(
+            &[Source {
+                name: "example".into(),
+                text: example(),
+            }],
+            &opts,
+        )
+        .unwrap();
+        let b: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let clusters = b["static_resources"]["clusters"].as_array().unwrap();
+        let c = clusters
+            .iter()
+            .find(|c| c["name"] == "llmkube-budgets")
+            .expect("the llmkube-budgets cluster");
+        let addr = &c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["socket_address"];
+        assert_eq!(
+            (addr["address"].as_str(), addr["port_value"].as_u64()),
+            (Some(host), Some(8090))
+        );
+        // The model-router's plugin configuration keeps its budgets on that cluster.
+        let plugin = b.to_string().replace("\\\"", "\"");
+        assert!(
+            plugin.contains(r#""service":{"cluster":"llmkube-budgets","timeout_ms":1000}"#),
+            "no budgets.service in the plugin configuration"
+        );
+        validate("budgets-service", example(), opts);
+    }
+}

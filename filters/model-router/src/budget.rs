@@ -16,6 +16,7 @@
 //! creating keys on the request path could lose a concurrent update. A slot is reused only once
 //! its old team's ledger has fully rolled off, so a reused slot's ledger is already empty.
 
+use crate::budget_remote::{Remote, RemoteHold};
 use crate::metrics::BudgetStats;
 use filter_edge::{self as edge, table::HostStore, Buffer, Level, Map};
 use router_core::audit::{AuditRecord, AuditTokens};
@@ -27,7 +28,8 @@ use router_core::budget::inject::{
 };
 use router_core::budget::ledger::{Hold, Wait};
 use router_core::budget::money::format_usd;
-use router_core::budget::plan::{charged, plan, Attempt};
+use router_core::budget::plan::{charged, plan, Attempt, BudgetPlan};
+use router_core::budget::remote::Admission;
 use router_core::budget::reply::{self, Refused};
 use router_core::budget::shared::{
     create_missing, SharedData, SharedError, SharedLedger, SharedLedgers,
@@ -43,6 +45,8 @@ use router_core::scan::{Fields, Span};
 pub(crate) enum LedgerBackend {
     /// This Envoy's shared data, shared by its workers.
     Local(HostStore),
+    /// `llmkube-budgets` (`budgets.service`), shared by every gateway replica.
+    Remote(Remote),
 }
 
 /// The budgets of one router, per worker VM.
@@ -82,6 +86,15 @@ pub(crate) struct Metered {
     /// The backend whose response headers came through with a 2xx.
     served: Option<usize>,
     out: Vec<u8>,
+    /// The reservation on `llmkube-budgets` (remote ledgers only).
+    remote: Option<RemoteHold>,
+}
+
+impl Metered {
+    /// The reservation was sent and its answer is still out: the request waits for it.
+    pub fn awaiting(&self) -> bool {
+        self.remote.as_ref().is_some_and(|h| h.pending.is_some())
+    }
 }
 
 /// What admission did to the request: the holds, and the body to send if it was edited.
@@ -126,9 +139,6 @@ impl Budgets {
             return Ok(None);
         };
         let compiled = config.compile().map_err(|e| format!("budgets: {e}"))?;
-        if config.service.is_some() {
-            return Err("budgets.service: the shared ledger is not supported by this build".into());
-        }
         if compiled.budgets.is_empty() {
             return Ok(None);
         }
@@ -144,17 +154,25 @@ impl Budgets {
         let budgets = Budgets {
             stats: BudgetStats::new(&compiled.budgets),
             prefix: format!("llmkube.budget|{}|", router.config.router),
-            ledgers: LedgerBackend::Local(HostStore),
+            ledgers: match &config.service {
+                Some(service) => LedgerBackend::Remote(Remote::new(&router.config.router, service)),
+                None => LedgerBackend::Local(HostStore),
+            },
             attempts,
             compiled,
         };
-        budgets.create_keys()?;
+        if matches!(budgets.ledgers, LedgerBackend::Local(_)) {
+            budgets.create_keys()?;
+        }
         Ok(Some(budgets))
     }
 
     fn data(&self) -> &HostStore {
         match &self.ledgers {
             LedgerBackend::Local(store) => store,
+            // Remote ledgers never reach shared data; the same (stateless) handle serves the
+            // paths both kinds share, which then find no local ledgers.
+            LedgerBackend::Remote(_) => &HostStore,
         }
     }
 
@@ -288,6 +306,20 @@ impl Budgets {
         ) else {
             return Ok(None);
         };
+        if let LedgerBackend::Remote(remote) = &self.ledgers {
+            audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
+            let pending = match remote.reserve(&self.compiled, &p.keys, p.amount) {
+                Ok(token) => RemoteHold {
+                    keys: p.keys.clone(),
+                    pending: Some(token),
+                    reservation: None,
+                },
+                Err(why) => {
+                    return self.store_unavailable(remote, &why).map(|()| None);
+                }
+            };
+            return Ok(Some(self.edited(r, &facts, &p, Vec::new(), Some(pending))));
+        }
         let now = now_ms();
         let mut names = Vec::with_capacity(p.keys.len());
         for key in &p.keys {
@@ -327,10 +359,22 @@ impl Budgets {
                 Held { key, shared, hold }
             })
             .collect();
-        // Body edits: ask the stream for usage; cap the completion when nothing else does.
+        Ok(Some(self.edited(r, &facts, &p, held, None)))
+    }
+
+    /// The admitted request, with its body edits: ask the stream for usage; cap the completion
+    /// when nothing else does.
+    fn edited(
+        &self,
+        r: &RequestView,
+        facts: &router_core::budget::bound::RequestFacts,
+        p: &BudgetPlan,
+        held: Vec<Held>,
+        remote: Option<RemoteHold>,
+    ) -> Admitted {
         let path = std::str::from_utf8(r.path).unwrap_or("");
         let asked = if stream_needs_asking(path) {
-            add_include_usage(r.body, r.fields, &facts)
+            add_include_usage(r.body, r.fields, facts)
         } else {
             None
         };
@@ -347,7 +391,7 @@ impl Budgets {
             Some(n) => add_max_tokens(asked.as_deref().unwrap_or(r.body), n),
             None => asked,
         };
-        Ok(Some(Admitted {
+        Admitted {
             metered: Metered {
                 held,
                 request_bytes: facts.body_bytes,
@@ -355,10 +399,90 @@ impl Budgets {
                 reader: None,
                 served: None,
                 out: Vec::new(),
+                remote,
             },
             body,
             model_span,
-        }))
+        }
+    }
+
+    /// The shared ledger gave no usable answer: 503 `budget_store_unavailable`, or with
+    /// `fail_open` the request goes on unbudgeted (`Ok`), said in the log.
+    fn store_unavailable(&self, remote: &Remote, why: &str) -> Result<(), Answer> {
+        match router_core::budget::remote::unavailable_reply(why, remote.fail_open) {
+            Some(e) => {
+                edge::log(Level::Error, &format!("model-router: budgets: {why}"));
+                Err(Answer::Unavailable(e))
+            }
+            None => {
+                edge::log(
+                    Level::Warn,
+                    &format!("model-router: budgets: {why}; admitted unbudgeted (fail_open)"),
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// The answer to a reservation call (`on_http_call_response`). `None`: not this request's
+    /// reservation. `Some(Ok)`: admitted (or fail-open), resume the request; `Some(Err)`: answer
+    /// the client instead.
+    pub fn answered(
+        &self,
+        m: &mut Metered,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+    ) -> Option<Result<(), Answer>> {
+        let (LedgerBackend::Remote(remote), Some(h)) = (&self.ledgers, m.remote.as_mut()) else {
+            return None;
+        };
+        if h.pending != Some(token) {
+            return None;
+        }
+        h.pending = None;
+        Some(match remote.answer(num_headers, body_size) {
+            Admission::Admitted { reservation } => {
+                h.reservation = Some(reservation);
+                Ok(())
+            }
+            Admission::Refused(refused) => {
+                for k in &h.keys {
+                    self.stats.refused(k.budget);
+                }
+                m.remote = None;
+                Err(Answer::Refused(refused))
+            }
+            Admission::Unavailable { why } => {
+                m.remote = None;
+                self.store_unavailable(remote, &why)
+            }
+        })
+    }
+
+    /// Sends the queued settles and releases of remote ledgers (the root's tick).
+    pub fn flush(&self) {
+        if let LedgerBackend::Remote(remote) = &self.ledgers {
+            remote.flush();
+        }
+    }
+
+    /// A settle or release answered (the root's `on_http_call_response`).
+    pub fn ended(&self, num_headers: usize, body_size: usize) {
+        if let LedgerBackend::Remote(remote) = &self.ledgers {
+            remote.ended(num_headers, body_size);
+        }
+    }
+
+    /// Ends the request's remote reservation: settles `charge`, or releases (`None`). A
+    /// reservation whose answer never came (the client left first) is left to its TTL.
+    fn end_remote(&self, m: &mut Metered, charge: Option<Amount>) {
+        let (LedgerBackend::Remote(remote), Some(h)) = (&self.ledgers, m.remote.take()) else {
+            return;
+        };
+        if let Some(id) = &h.reservation {
+            remote.end(&self.compiled, &h.keys, id, charge);
+        }
     }
 
     fn refusal(&self, refusal: &Refusal) -> Answer {
@@ -456,7 +580,7 @@ impl Budgets {
     /// estimate; anything else (refused locally, failed upstream, client gone before an answer)
     /// releases.
     pub fn end(&self, m: &mut Metered, audit: &mut AuditRecord) {
-        if m.held.is_empty() {
+        if m.held.is_empty() && m.remote.is_none() {
             return;
         }
         let streamed = m.reader.as_ref().is_some_and(|r| r.content_bytes() > 0);
@@ -470,6 +594,7 @@ impl Budgets {
             self.settle(m, usage, audit);
             return;
         }
+        self.end_remote(m, None);
         let now = now_ms();
         let names = self.names(m);
         let mut store = self.store(&names, now);
@@ -502,6 +627,12 @@ impl Budgets {
             .map(|a| a.price)
             .unwrap_or_default();
         let amount = charged(&price, &c);
+        if c.estimated {
+            for k in m.remote.iter().flat_map(|h| &h.keys) {
+                self.stats.estimated(k.budget);
+            }
+        }
+        self.end_remote(m, Some(amount));
         let now = now_ms();
         let names = self.names(m);
         let store = self.store(&names, now);

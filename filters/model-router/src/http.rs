@@ -303,6 +303,10 @@ impl Request {
             Ok(None) => {}
             Err(err) => return self.fail(&err, Outcome::AllBackendsFailed),
         }
+        if self.budget.as_ref().is_some_and(budget::Metered::awaiting) {
+            // The shared ledger's answer resumes it (`on_http_call_response`).
+            return Action::Pause;
+        }
         Action::Continue
     }
 
@@ -461,7 +465,37 @@ impl Request {
     }
 }
 
-impl Context for Request {}
+impl Context for Request {
+    /// The shared ledger answered this request's reservation: go upstream, or answer instead.
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        let Some(worker) = self.worker.clone() else {
+            return;
+        };
+        let (Some(budgets), Some(m)) = (&worker.budgets, self.budget.as_mut()) else {
+            return;
+        };
+        match budgets.answered(m, token, num_headers, body_size) {
+            None => {}
+            Some(Ok(())) => {
+                if let Err(e) = edge::resume(edge::Stream::Request) {
+                    edge::log(
+                        Level::Error,
+                        &format!("model-router: budgets: resuming the request: {e}"),
+                    );
+                }
+            }
+            Some(Err(answer)) => {
+                self.answer_budget(&answer);
+            }
+        }
+    }
+}
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {

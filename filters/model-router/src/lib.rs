@@ -11,6 +11,7 @@
 )]
 
 mod budget;
+mod budget_remote;
 mod http;
 mod metrics;
 mod pick;
@@ -61,9 +62,22 @@ struct Root {
 }
 
 impl Context for Root {
-    fn on_http_call_response(&mut self, token: u32, _headers: usize, body_size: usize, _: usize) {
+    /// The root's calls: vLLM metrics scrapes (`pick`) and the shared ledger's settles and
+    /// releases (`budget_remote`); a scrape token is claimed first.
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
         if let Some(worker) = &self.worker {
-            worker.pick.on_scrape(token, body_size, edge::now_nanos());
+            if worker.pick.on_scrape(token, body_size, edge::now_nanos()) {
+                return;
+            }
+            if let Some(budgets) = &worker.budgets {
+                budgets.ended(num_headers, body_size);
+            }
         }
     }
 }
@@ -140,6 +154,9 @@ impl RootContext for Root {
             worker.quarantine.refresh();
             worker.audit_logged.set(edge::log_enabled(Level::Info));
             worker.pick.on_tick(edge::now_nanos());
+            if let Some(budgets) = &worker.budgets {
+                budgets.flush();
+            }
         }
     }
 

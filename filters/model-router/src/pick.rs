@@ -364,21 +364,21 @@ impl Pick {
     }
 
     /// A scrape answered (root context's `on_http_call_response`).
-    pub fn on_scrape(&self, token: u32, body_size: usize, now: u64) {
+    pub fn on_scrape(&self, token: u32, body_size: usize, now: u64) -> bool {
         let Some((b, pod)) = self.scrapes.borrow_mut().remove(&token) else {
-            return;
+            return false;
         };
         let ok = edge::call_response_headers()
             .map(|h| edge::response_status(&h) == 200)
             .unwrap_or(false);
         if !ok {
-            return;
+            return true;
         }
         let Ok(body) = edge::call_response_body(body_size.min(MAX_METRICS_BYTES)) else {
-            return;
+            return true;
         };
         let Some(metrics) = parse_vllm_metrics(&body, now) else {
-            return;
+            return true;
         };
         if let Some(Some(be)) = self.backends.get(b) {
             let event = Event::Metrics {
@@ -388,6 +388,7 @@ impl Pick {
             be.picker.borrow_mut().apply(&event);
             self.send(b, &event);
         }
+        true
     }
 }
 

@@ -11,6 +11,7 @@
 //! - [`table`]: the bounded directory of team ledgers kept in shared data.
 //! - [`usage`], [`inject`]: usage from response bodies; asking streams for it.
 //! - [`wire`]: the JSON the filter and `llmkube-budgets` exchange.
+//! - [`remote`]: the calls the filter sends to `llmkube-budgets` and what their answers mean.
 //! - [`reply`]: the 429 and 503 answers.
 //! - [`plan`]: the budget step of one request: what to reserve where, what to charge.
 
@@ -21,6 +22,7 @@ pub mod inject;
 pub mod ledger;
 pub mod money;
 pub mod plan;
+pub mod remote;
 pub mod reply;
 pub mod shared;
 pub mod table;

@@ -232,6 +232,10 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
         attempt_listeners.push(attempt_listener_config(b, timeout_ms, buffer_limit, strip));
     }
 
+    if let Some((host, port)) = &opts.budgets_service {
+        clusters.push(budgets_cluster_config(host, *port));
+    }
+
     let wasm = wasm_path(opts);
     let jwt = crate::auth::jwt(&ir.router.spec);
     if let Some(c) = jwt.as_ref().filter(|_| opts.jwks_file.is_none()) {

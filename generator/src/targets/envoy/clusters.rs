@@ -176,3 +176,32 @@ pub(super) fn aggregate_cluster_config(name: &str, members: Vec<String>) -> Valu
         "cluster_type": {"name": "envoy.clusters.aggregate", "typed_config": agg},
     })
 }
+
+/// Requests in flight to `llmkube-budgets` at once: every request a gateway admits reserves and
+/// settles through it, so Envoy's default of 1024 would refuse reservations under load.
+const BUDGETS_CIRCUIT_LIMIT: u32 = 100_000;
+
+/// `llmkube-budgets` at `host:port` (`--budgets-service`): HTTP/1.1 keep-alive connections;
+/// a short connect timeout, since a reservation waits on it (the filter's own call timeout
+/// bounds the rest).
+pub(super) fn budgets_cluster_config(host: &str, port: u16) -> Value {
+    let is_ip = host.parse::<IpAddr>().is_ok();
+    let mut c = json!({
+        "name": BUDGETS_CLUSTER,
+        "type": if is_ip { "STATIC" } else { "STRICT_DNS" },
+        "connect_timeout": "1s",
+        "lb_policy": "ROUND_ROBIN",
+        "circuit_breakers": {"thresholds": [{
+            "max_connections": BUDGETS_CIRCUIT_LIMIT,
+            "max_pending_requests": BUDGETS_CIRCUIT_LIMIT,
+            "max_requests": BUDGETS_CIRCUIT_LIMIT,
+        }]},
+        "load_assignment": {"cluster_name": BUDGETS_CLUSTER, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": socket(host, port)}},
+        ]}]},
+    });
+    if !is_ip {
+        c["dns_lookup_family"] = json!("V4_PREFERRED");
+    }
+    c
+}

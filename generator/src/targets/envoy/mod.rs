@@ -79,6 +79,9 @@ pub struct EnvoyOptions {
     pub format: Format,
     /// See [`CompileOptions::unsafe_budgets_charge_after`] (tests only).
     pub unsafe_budgets_charge_after: bool,
+    /// `--budgets-service HOST:PORT`: budgets are kept by `llmkube-budgets` there (cluster
+    /// `llmkube-budgets`) instead of in this Envoy's shared data.
+    pub budgets_service: Option<(String, u16)>,
 }
 
 impl Default for EnvoyOptions {
@@ -96,6 +99,7 @@ impl Default for EnvoyOptions {
             jwks_file: None,
             format: Format::Yaml,
             unsafe_budgets_charge_after: false,
+            budgets_service: None,
         }
     }
 }
@@ -151,6 +155,10 @@ impl EnvoyOptions {
             model_header: self.model_header.clone(),
             max_body_bytes: self.max_body_bytes,
             unsafe_budgets_charge_after: self.unsafe_budgets_charge_after,
+            budgets_cluster: self
+                .budgets_service
+                .as_ref()
+                .map(|_| names::BUDGETS_CLUSTER.to_string()),
         }
     }
 }

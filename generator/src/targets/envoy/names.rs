@@ -22,6 +22,8 @@ pub fn via_cluster(name: &str) -> String {
 pub fn attempt_listener(name: &str) -> String {
     format!("attempt-{name}")
 }
+/// The cluster of the shared budget ledger `llmkube-budgets` (`--budgets-service`).
+pub const BUDGETS_CLUSTER: &str = "llmkube-budgets";
 pub fn secret_name(backend: &str) -> String {
     format!("cred-{backend}")
 }

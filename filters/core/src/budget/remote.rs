@@ -1,0 +1,339 @@
+//! The filter's side of the shared ledger `llmkube-budgets`: the calls it sends (reserve before
+//! upstream, settle or release at the end) and what each answer means for the request. Moving
+//! the bytes is the filter's job (`dispatch_http_call`); deciding on them is here.
+//!
+//! Failure policy: a reserve that gets no usable answer (timeout, connection refused, the
+//! service's own 503 when Redis is down, or an answer this code cannot read) makes the store
+//! "unavailable", which fails closed with 503 `budget_store_unavailable` unless the budgets
+//! are configured fail-open. A settle or release that fails is only logged: the hold it would
+//! have dropped expires at its TTL on the service, so nothing leaks beyond that bound.
+
+use super::admit::LedgerKey;
+use super::config::CompiledBudgets;
+use super::money::format_usd;
+use super::reply::{self, Refused};
+use super::window::Amount;
+use super::wire::{AmountJson, LedgerRef, ReserveRequest, ReserveResponse, SettleRequest};
+use crate::errors::ApiError;
+
+pub const RESERVE_PATH: &str = "/v1/reserve";
+pub const SETTLE_PATH: &str = "/v1/settle";
+pub const RELEASE_PATH: &str = "/v1/release";
+/// The `:authority` of calls to the service (Envoy routes by cluster, not by this name).
+pub const AUTHORITY: &str = "llmkube-budgets";
+/// Most bytes of a service answer the filter reads; its answers are a few hundred bytes.
+pub const MAX_REPLY_BYTES: usize = 16 * 1024;
+
+/// The headers of one call to the service.
+pub fn call_headers(path: &'static str) -> [(&'static str, &'static str); 4] {
+    [
+        (":method", "POST"),
+        (":path", path),
+        (":authority", AUTHORITY),
+        ("content-type", "application/json"),
+    ]
+}
+
+/// The wire names of `keys`, each with its budget's caps and window (the gateway's
+/// configuration is the one source of truth; the service keeps none of its own). Keys whose
+/// budget index is out of range are skipped, never guessed.
+pub fn ledger_refs(c: &CompiledBudgets, keys: &[LedgerKey]) -> Vec<LedgerRef> {
+    keys.iter()
+        .filter_map(|k| {
+            let b = c.budgets.get(k.budget)?;
+            Some(LedgerRef {
+                budget: b.name.clone(),
+                team: k.team.clone(),
+                window_s: b.window_s,
+                max_tokens: b.caps.tokens,
+                max_usd: b.caps.pico.map(format_usd),
+            })
+        })
+        .collect()
+}
+
+/// `POST /v1/reserve`: hold `amount` on every ledger of `keys`, all or nothing.
+pub fn reserve_body(
+    router: &str,
+    c: &CompiledBudgets,
+    keys: &[LedgerKey],
+    amount: Amount,
+) -> Vec<u8> {
+    let req = ReserveRequest {
+        router: router.to_string(),
+        ledgers: ledger_refs(c, keys),
+        amount: AmountJson::from_amount(amount),
+        ttl_s: Some(c.hold_ttl_s),
+    };
+    // Serialising plain strings and integers cannot fail; an empty body would only be refused
+    // by the service with a 400, which the caller reports.
+    serde_json::to_vec(&req).unwrap_or_default()
+}
+
+/// `POST /v1/settle` with the real usage (`Some`), or `POST /v1/release` (`None`): the path and
+/// the body of the call that ends a reservation.
+pub fn end_call(
+    router: &str,
+    c: &CompiledBudgets,
+    keys: &[LedgerKey],
+    reservation: &str,
+    charge: Option<Amount>,
+) -> (&'static str, Vec<u8>) {
+    let req = SettleRequest {
+        router: router.to_string(),
+        reservation: reservation.to_string(),
+        ledgers: ledger_refs(c, keys),
+        amount: charge.map(AmountJson::from_amount),
+    };
+    let path = if charge.is_some() {
+        SETTLE_PATH
+    } else {
+        RELEASE_PATH
+    };
+    (path, serde_json::to_vec(&req).unwrap_or_default())
+}
+
+/// What a reserve call's answer means for the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Held on every ledger: forward the request, settle or release `reservation` at its end.
+    Admitted { reservation: String },
+    /// No room: answer 429 `budget_exceeded` with its `Retry-After`.
+    Refused(Refused),
+    /// No usable answer; `why` names the failure (never request content).
+    Unavailable { why: String },
+}
+
+/// Reads a reserve answer: `status` is the call's `:status` (0 when the call failed or timed
+/// out and there is no response), `retry_after` its `Retry-After` header, `body` its body.
+pub fn read_reserve(status: u32, retry_after: Option<&str>, body: &[u8]) -> Admission {
+    match status {
+        0 => Admission::Unavailable {
+            why: "no answer from llmkube-budgets (timed out or unreachable)".into(),
+        },
+        200 => match serde_json::from_slice::<ReserveResponse>(body) {
+            Ok(ReserveResponse {
+                admitted: true,
+                reservation: Some(id),
+                ..
+            }) if !id.is_empty() => Admission::Admitted { reservation: id },
+            Ok(r) if !r.admitted => Admission::Refused(reply::exceeded(
+                &r.refused,
+                r.retry_after_s.unwrap_or(1),
+                r.never,
+            )),
+            _ => Admission::Unavailable {
+                why: "llmkube-budgets answered 200 with an unreadable reserve result".into(),
+            },
+        },
+        // A service (or a proxy in front of it) that answers with a plain 429: its wait counts.
+        429 => Admission::Refused(reply::exceeded(
+            &[],
+            retry_after.and_then(|v| v.trim().parse().ok()).unwrap_or(1),
+            false,
+        )),
+        // Envoy's own answer when the call outlived its timeout.
+        504 => Admission::Unavailable {
+            why: "no answer from llmkube-budgets in time (the call timed out)".into(),
+        },
+        s => Admission::Unavailable {
+            why: format!("llmkube-budgets answered {s}{}", error_detail(body)),
+        },
+    }
+}
+
+/// The fail-closed answer for an unavailable store, or `None` when the budgets fail open (the
+/// request goes on unbudgeted; the caller audits that).
+pub fn unavailable_reply(why: &str, fail_open: bool) -> Option<ApiError> {
+    (!fail_open).then(|| reply::store_unavailable(why))
+}
+
+/// Reads a settle or release answer: `Ok(holds found)`, or why it failed (for the log; the
+/// hold then expires at its TTL).
+pub fn read_end(status: u32, body: &[u8]) -> Result<u64, String> {
+    #[derive(serde::Deserialize)]
+    struct Ended {
+        ok: bool,
+        #[serde(default)]
+        holds_found: u64,
+    }
+    match status {
+        0 => Err("no answer from llmkube-budgets (timed out or unreachable)".into()),
+        200 => match serde_json::from_slice::<Ended>(body) {
+            Ok(e) if e.ok => Ok(e.holds_found),
+            _ => Err("llmkube-budgets answered 200 with an unreadable result".into()),
+        },
+        s => Err(format!(
+            "llmkube-budgets answered {s}{}",
+            error_detail(body)
+        )),
+    }
+}
+
+/// `: <message>` of an OpenAI-shaped error body, bounded; empty when there is none.
+fn error_detail(body: &[u8]) -> String {
+    let message = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_string));
+    match message {
+        Some(m) => {
+            let cut = (0..=m.len().min(200))
+                .rev()
+                .find(|&i| m.is_char_boundary(i))
+                .unwrap_or(0);
+            format!(": {}", &m[..cut])
+        }
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::config::BudgetsConfig;
+    use crate::budget::wire::validate_common;
+
+    fn compiled() -> CompiledBudgets {
+        serde_json::from_str::<BudgetsConfig>(
+            r#"{"budgets":[
+                {"name":"all","scope":"router","max_tokens":1000,"window_s":60},
+                {"name":"teams","scope":"team","max_usd":"2.5","window_s":3600}],
+              "hold_ttl_s":120}"#,
+        )
+        .unwrap()
+        .compile()
+        .unwrap()
+    }
+
+    fn keys() -> Vec<LedgerKey> {
+        vec![
+            LedgerKey {
+                budget: 0,
+                team: None,
+            },
+            LedgerKey {
+                budget: 1,
+                team: Some("alpha".into()),
+            },
+        ]
+    }
+
+    #[test]
+    fn calls_carry_every_ledger_with_its_caps_and_the_service_accepts_them() {
+        let c = compiled();
+        let body = reserve_body("ns/r", &c, &keys(), Amount::new(7, 3_000_000));
+        let r: ReserveRequest = serde_json::from_slice(&body).unwrap();
+        assert!(validate_common(&r.router, &r.ledgers).is_ok());
+        assert_eq!(r.ttl_s, Some(120));
+        assert_eq!(r.amount.parse().unwrap(), Amount::new(7, 3_000_000));
+        assert_eq!(r.ledgers[0].max_tokens, Some(1000));
+        assert_eq!(r.ledgers[0].team, None);
+        assert_eq!(r.ledgers[1].label(), "teams/alpha");
+        assert_eq!(r.ledgers[1].max_usd.as_deref(), Some("2.5"));
+        assert_eq!(r.ledgers[1].window_s, 3600);
+
+        let (path, body) = end_call("ns/r", &c, &keys(), "id1", Some(Amount::new(3, 0)));
+        assert_eq!(path, SETTLE_PATH);
+        let s: SettleRequest = serde_json::from_slice(&body).unwrap();
+        assert_eq!((s.reservation.as_str(), s.ledgers.len()), ("id1", 2));
+        assert_eq!(s.amount.unwrap().tokens, 3);
+        let (path, body) = end_call("ns/r", &c, &keys(), "id1", None);
+        assert_eq!(path, RELEASE_PATH);
+        let s: SettleRequest = serde_json::from_slice(&body).unwrap();
+        assert!(s.amount.is_none());
+        // A key naming no budget is dropped, not invented.
+        let odd = [LedgerKey {
+            budget: 9,
+            team: None,
+        }];
+        assert!(ledger_refs(&c, &odd).is_empty());
+        assert_eq!(call_headers(RESERVE_PATH)[1], (":path", "/v1/reserve"));
+    }
+
+    #[test]
+    fn reserve_answers_admit_refuse_or_make_the_store_unavailable() {
+        assert_eq!(
+            read_reserve(200, None, br#"{"admitted":true,"reservation":"abc"}"#),
+            Admission::Admitted {
+                reservation: "abc".into()
+            }
+        );
+        let Admission::Refused(r) = read_reserve(
+            200,
+            None,
+            br#"{"admitted":false,"retry_after_s":12,"refused":["teams/alpha"]}"#,
+        ) else {
+            panic!("not refused")
+        };
+        assert_eq!((r.error.status, r.retry_after_s), (429, 12));
+        assert!(
+            r.error.message.contains("teams/alpha"),
+            "{}",
+            r.error.message
+        );
+        let Admission::Refused(r) = read_reserve(
+            200,
+            None,
+            br#"{"admitted":false,"retry_after_s":60,"never":true,"refused":["all"]}"#,
+        ) else {
+            panic!("not refused")
+        };
+        assert!(r.error.message.contains("lower max_tokens"));
+        let Admission::Refused(r) = read_reserve(429, Some(" 7"), b"") else {
+            panic!("not refused")
+        };
+        assert_eq!(r.retry_after_s, 7);
+
+        let down = br#"{"error":{"message":"redis: connection refused","type":"api_error","param":null,"code":"budget_store_unavailable"}}"#;
+        let Admission::Unavailable { why } = read_reserve(503, None, down) else {
+            panic!("not unavailable")
+        };
+        assert_eq!(
+            why,
+            "llmkube-budgets answered 503: redis: connection refused"
+        );
+        let Admission::Unavailable { why } = read_reserve(504, None, b"upstream request timeout")
+        else {
+            panic!("not unavailable")
+        };
+        assert!(why.contains("timed out"), "{why}");
+        for (status, body) in [
+            (0, &b""[..]),
+            (200, b"not json"),
+            (200, br#"{"admitted":true}"#),
+            (200, br#"{"admitted":true,"reservation":""}"#),
+            (400, b""),
+            (500, b"{}"),
+        ] {
+            assert!(
+                matches!(
+                    read_reserve(status, None, body),
+                    Admission::Unavailable { .. }
+                ),
+                "{status} {body:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unavailable_fails_closed_unless_configured_open() {
+        let e = unavailable_reply("no answer", false).unwrap();
+        assert_eq!((e.status, e.code), (503, "budget_store_unavailable"));
+        assert!(e.message.contains("no answer"));
+        assert_eq!(unavailable_reply("no answer", true), None);
+    }
+
+    #[test]
+    fn settle_answers_are_read_for_the_log() {
+        assert_eq!(read_end(200, br#"{"ok":true,"holds_found":2}"#), Ok(2));
+        assert!(read_end(0, b"").unwrap_err().contains("no answer"));
+        assert!(read_end(200, b"[]").is_err());
+        let long = format!(
+            r#"{{"error":{{"message":"{}","code":"x"}}}}"#,
+            "é".repeat(300)
+        );
+        let e = read_end(400, long.as_bytes()).unwrap_err();
+        assert!(e.starts_with("llmkube-budgets answered 400: é"));
+        assert!(e.len() < 260, "{}", e.len());
+    }
+}

@@ -561,3 +561,16 @@ fn auth_is_refused_with_the_reason() {
         "{e:?}"
     );
 }
+
+#[test]
+fn budgets_are_refused_with_the_reason() {
+    let mut r = with_gateway(router());
+    r["spec"]["policy"] = json!({"budgets": [{"name": "all", "scope": "router", "maxTokens": 1000, "windowSeconds": 60}]});
+    let e = errors(&full(r), &opts(None));
+    assert!(
+        e.iter().any(|l| l.starts_with(
+            "ModelRouter/demo: spec.policy.budgets: budgets are not served by the agentgateway target yet"
+        ) && l.contains("fullDuplexStreamed")),
+        "{e:?}"
+    );
+}

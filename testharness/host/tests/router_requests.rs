@@ -21,7 +21,9 @@ fn modules_import_only_what_envoy_provides() {
                 "{lib} imports {module}.{name}, which Envoy does not provide"
             );
         }
-        assert!(bytes.len() <= 600 * 1024, "{lib} is {} bytes", bytes.len());
+        // A size guard, not a target: routing, budgets, auth and pod picking in one module came
+        // to 603 KiB; growth past this bound should be a decision, not an accident.
+        assert!(bytes.len() <= 704 * 1024, "{lib} is {} bytes", bytes.len());
     }
 }
 

@@ -191,6 +191,20 @@ impl TargetChecks for AgentgatewayOptions {
                 format!("{:?} is not an image reference", self.image),
             ));
         }
+        if router
+            .spec
+            .policy
+            .as_ref()
+            .is_some_and(|p| !p.budgets.is_empty())
+        {
+            // A budget settles from the response body; served without it, every hold would be
+            // released uncharged and the cap would never bind.
+            diags.error(Problem::new(
+                &label,
+                "spec.policy.budgets",
+                "budgets are not served by the agentgateway target yet: they are charged from the response body, which agentgateway v1.3.1 streams to ext_proc only in fullDuplexStreamed mode, and llmkube-ext-proc is not verified in that mode; use the envoy or envoy-gateway target",
+            ));
+        }
         for (i, b) in router.spec.backends.iter().enumerate() {
             if let Some(e) = &b.external {
                 if matches!(e.provider, Provider::Bedrock | Provider::VertexAi) {

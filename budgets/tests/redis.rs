@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{http, wait_healthy, Binary, Cluster, InProcess, Redis};
+use common::{http, wait_healthy, Binary, Cluster, InProcess};
 use llmkube_budgets::store::{RedisStore, Reserve};
 use router_core::budget::money::{format_usd, parse_usd};
 use router_core::budget::wire::LedgerRef;
@@ -26,7 +26,7 @@ fn unique(tag: &str) -> String {
 /// same clock: both must give the answers the table states.
 #[test]
 fn lua_and_core_agree_on_the_shared_table_of_cases() {
-    let Some(redis) = Redis::start() else { return };
+    let Some(redis) = common::redis() else { return };
     let table: Value = serde_json::from_str(include_str!("cases.json")).unwrap();
     let rt = rt();
     rt.block_on(async {
@@ -129,7 +129,7 @@ fn ledger(budget: &str, team: Option<&str>, window_s: u64, max_tokens: u64) -> V
 /// 64 clients at once, each reserving 10 tokens, holding its reservation a while, then settling
 /// 10, against a cap of 100. Returns the tokens spent in the window afterwards.
 fn concurrent_run(hold: bool) -> Option<u64> {
-    let redis = Redis::start()?;
+    let redis = common::redis()?;
     let svc = InProcess::start(&redis.url(), hold);
     let router = unique("concurrency");
     let ledgers = json!([ledger("all", None, 3600, 100)]);
@@ -193,7 +193,7 @@ fn without_holding_the_same_run_overshoots() {
 
 #[test]
 fn status_has_the_seed_shape_with_teams() {
-    let Some(redis) = Redis::start() else { return };
+    let Some(redis) = common::redis() else { return };
     let svc = InProcess::start(&redis.url(), true);
     let router = unique("status");
     let charge = |l: Value, tokens: u64, usd: &str| {
@@ -279,7 +279,7 @@ fn status_has_the_seed_shape_with_teams() {
 
 #[test]
 fn a_refusal_holds_nothing_on_the_other_ledgers() {
-    let Some(redis) = Redis::start() else { return };
+    let Some(redis) = common::redis() else { return };
     let svc = InProcess::start(&redis.url(), true);
     let router = unique("all-or-nothing");
     let big = ledger("big", None, 60, 1000);
@@ -303,7 +303,7 @@ fn a_refusal_holds_nothing_on_the_other_ledgers() {
 
 #[test]
 fn abandoned_reservations_expire_on_redis_time() {
-    let Some(redis) = Redis::start() else { return };
+    let Some(redis) = common::redis() else { return };
     let svc = InProcess::start(&redis.url(), true);
     let router = unique("expiry");
     let l = json!([ledger("b", None, 60, 10)]);
@@ -322,7 +322,7 @@ fn abandoned_reservations_expire_on_redis_time() {
 
 #[test]
 fn windows_roll_on_redis_time_and_retry_after_is_honest() {
-    let Some(redis) = Redis::start() else { return };
+    let Some(redis) = common::redis() else { return };
     let svc = InProcess::start(&redis.url(), true);
     let router = unique("roll");
     let l = json!([ledger("b", None, 2, 10)]);
@@ -343,7 +343,7 @@ fn windows_roll_on_redis_time_and_retry_after_is_honest() {
 
 #[test]
 fn redis_down_is_a_distinct_503_and_recovery_needs_no_restart() {
-    let Some(mut redis) = Redis::start() else {
+    let Some(mut redis) = common::redis() else {
         return;
     };
     let svc = InProcess::start(&redis.url(), true);
@@ -351,13 +351,13 @@ fn redis_down_is_a_distinct_503_and_recovery_needs_no_restart() {
     let req =
         json!({"router": router, "ledgers": [ledger("b", None, 60, 100)], "amount": {"tokens": 1}});
     assert_eq!(http(svc.addr, "POST", "/v1/reserve", Some(&req)).0, 200);
-    redis.kill();
+    redis.stop();
     let (s, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
     assert_eq!(s, 503, "{v}");
     assert_eq!(v["error"]["code"], "budget_store_unavailable");
     assert_eq!(v["error"]["type"], "api_error");
     assert_eq!(http(svc.addr, "GET", "/healthz", None).0, 503);
-    redis.restart();
+    redis.start_again();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let (s, _) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
@@ -381,7 +381,7 @@ fn redis_down_is_a_distinct_503_and_recovery_needs_no_restart() {
 
 #[test]
 fn restarting_the_service_or_redis_loses_nothing() {
-    let Some(mut redis) = Redis::start() else {
+    let Some(mut redis) = common::redis() else {
         return;
     };
     let port = common::free_port();
@@ -416,7 +416,7 @@ fn restarting_the_service_or_redis_loses_nothing() {
     assert_eq!(held["admitted"], true);
     let status = bin.terminate();
     assert!(status.success(), "clean exit on SIGTERM: {status:?}");
-    redis.restart();
+    redis.start_again();
     let bin = Binary::start(&args);
     wait_healthy(addr);
     let (_, st) = http(addr, "GET", &format!("/v1/status?router={}", router), None);

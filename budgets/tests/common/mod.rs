@@ -4,7 +4,6 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,118 +15,12 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "llmkube-budgets-{tag}-{}-{}",
-        std::process::id(),
-        free_port()
-    ));
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
-}
+/// The e2e fixtures' `redis-server` (one implementation for both suites).
+pub use e2e::budgets::Redis;
 
-pub struct Redis {
-    child: Option<Child>,
-    pub port: u16,
-    dir: PathBuf,
-    extra: Vec<String>,
-}
-
-impl Redis {
-    /// Starts `redis-server`, or returns `None` (after saying so loudly) when it is not installed
-    /// and this is not CI. Under `CI=true` a missing redis-server fails the test.
-    pub fn start() -> Option<Redis> {
-        Redis::start_with(&[])
-    }
-
-    /// [`Redis::start`] with more `redis-server` arguments.
-    pub fn start_with(extra: &[&str]) -> Option<Redis> {
-        let found = Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok();
-        if !found {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("redis-server is not installed (CI=true): scripts/setup.sh installs it");
-            }
-            eprintln!("\n!!! SKIPPING: redis-server is not installed (apt-get install redis-server; scripts/setup.sh does it) !!!\n");
-            return None;
-        }
-        let dir = temp_dir("redis");
-        let mut r = Redis {
-            child: None,
-            port: free_port(),
-            dir,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
-        r.spawn();
-        Some(r)
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .arg("--dir")
-            .arg(&self.dir)
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .args(["--daemonize", "no", "--loglevel", "warning"])
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("redis-server starts");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.ping() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("redis-server did not answer PING on port {}", self.port);
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    pub fn ping(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-        let mut buf = [0u8; 7];
-        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
-    }
-
-    /// Kills the server (SIGKILL: nothing flushed beyond what `appendfsync always` wrote).
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Starts it again on the same port and data dir.
-    pub fn restart(&mut self) {
-        self.kill();
-        self.spawn();
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A Redis for one test, or `None` outside CI when redis-server is not installed.
+pub fn redis() -> Option<Redis> {
+    Redis::start_if_installed(&[])
 }
 
 /// A Redis Cluster of three masters (slots spread by `redis-cli --cluster create`).
@@ -139,7 +32,7 @@ impl Cluster {
     pub fn start() -> Option<Cluster> {
         let mut nodes = Vec::new();
         for _ in 0..3 {
-            nodes.push(Redis::start_with(&[
+            nodes.push(Redis::start_if_installed(&[
                 "--cluster-enabled",
                 "yes",
                 "--cluster-node-timeout",

@@ -4,6 +4,7 @@
 //! atomic Lua script per ledger operation and its server `TIME` as the one clock. See README.md
 //! for the wire format and docs/budgets.md for the semantics.
 
+pub mod args;
 pub mod conn;
 pub mod server;
 pub mod status;
@@ -44,37 +45,17 @@ impl Flags {
         let mut check_only = false;
         let mut cluster = false;
         let mut timeout_ms = store::DEFAULT_TIMEOUT_MS;
-        let mut it = args.into_iter();
-        while let Some(a) = it.next() {
-            let (name, inline) = match a.split_once('=') {
-                Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
-                _ => (a.clone(), None),
-            };
-            let mut value = |flag: &str| {
-                inline
-                    .clone()
-                    .or_else(|| it.next())
-                    .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-            };
-            match name.as_str() {
-                "--listen" => listen = Some(value("--listen")?),
-                "--redis" => redis = Some(value("--redis")?),
+        args::each_flag(args, USAGE, |flag, value| {
+            match flag {
+                "--listen" => listen = Some(value()?),
+                "--redis" => redis = Some(value()?),
                 "--unsafe-check-only" => check_only = true,
                 "--cluster" => cluster = true,
-                "--redis-timeout-ms" => {
-                    let v = value("--redis-timeout-ms")?;
-                    timeout_ms = v
-                        .parse()
-                        .ok()
-                        .filter(|&t| (10..=60_000).contains(&t))
-                        .ok_or_else(|| {
-                            format!("--redis-timeout-ms {v:?}: milliseconds, 10 to 60000")
-                        })?;
-                }
-                "-h" | "--help" => return Err(USAGE.to_string()),
-                other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+                "--redis-timeout-ms" => timeout_ms = args::millis(flag, &value()?, 10, 60_000)?,
+                _ => return Ok(false),
             }
-        }
+            Ok(true)
+        })?;
         let listen = listen.ok_or_else(|| format!("--listen is required\n{USAGE}"))?;
         let redis = redis.ok_or_else(|| format!("--redis is required\n{USAGE}"))?;
         if listen.parse::<std::net::SocketAddr>().is_err() {

@@ -27,34 +27,16 @@ pub struct StatusFlags {
 impl StatusFlags {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<StatusFlags, String> {
         let (mut service, mut router, mut json, mut timeout_ms) = (None, None, false, 2000);
-        let mut it = args.into_iter();
-        while let Some(a) = it.next() {
-            let (name, inline) = match a.split_once('=') {
-                Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
-                _ => (a.clone(), None),
-            };
-            let mut value = |flag: &str| {
-                inline
-                    .clone()
-                    .or_else(|| it.next())
-                    .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-            };
-            match name.as_str() {
-                "--service" => service = Some(value("--service")?),
-                "--router" => router = Some(value("--router")?),
+        crate::args::each_flag(args, USAGE, |flag, value| {
+            match flag {
+                "--service" => service = Some(value()?),
+                "--router" => router = Some(value()?),
                 "--json" => json = true,
-                "--timeout-ms" => {
-                    let v = value("--timeout-ms")?;
-                    timeout_ms = v
-                        .parse()
-                        .ok()
-                        .filter(|&t| (1..=60_000).contains(&t))
-                        .ok_or_else(|| format!("--timeout-ms {v:?}: milliseconds, 1 to 60000"))?;
-                }
-                "-h" | "--help" => return Err(USAGE.to_string()),
-                other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+                "--timeout-ms" => timeout_ms = crate::args::millis(flag, &value()?, 1, 60_000)?,
+                _ => return Ok(false),
             }
-        }
+            Ok(true)
+        })?;
         let service = service.ok_or_else(|| format!("--service is required\n{USAGE}"))?;
         let router = router.ok_or_else(|| format!("--router is required\n{USAGE}"))?;
         if service

@@ -25,6 +25,8 @@ usage:
       envoy-gateway options: --wasm-url URL | --wasm-image REF [--wasm-sha256 HEX]
                      [--wasm-dir DIR] [--gateway-listener NAME] [--resolve ...] [--endpoints ...]
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
+                     [--budgets-service HOST:PORT |
+                      --budgets-redis-secret NAME[/KEY] --budgets-image REF]
       agentgateway options: -o DIR [--listen ADDR:PORT] [--ext-proc HOST:PORT]
                      [--ext-proc-image REF] [--wasm-dir DIR] [--wasm-sha256 HEX]
                      [--resolve ...] [--router NAME] [--model-header NAME] [--max-body-bytes N]
@@ -59,6 +61,8 @@ const VALUE_FLAGS: &[&str] = &[
     "--ext-proc",
     "--ext-proc-image",
     "--budgets-service",
+    "--budgets-redis-secret",
+    "--budgets-image",
     "--body",
     "--header",
     "--path",
@@ -205,6 +209,9 @@ const TARGET_FLAGS: &[(Target, &[&str])] = &[
             "--wasm-image",
             "--wasm-sha256",
             "--gateway-listener",
+            "--budgets-service",
+            "--budgets-redis-secret",
+            "--budgets-image",
         ],
     ),
     (
@@ -588,6 +595,17 @@ fn gateway_options(a: &Args, common: CompileOptions, problems: &mut Vec<Problem>
     }
     if let Some(l) = single(a, "--gateway-listener", problems) {
         o.listener = l.to_string();
+    }
+    match crate::targets::envoy_gateway::budgets::from_flags(
+        single(a, "--budgets-service", problems),
+        single(a, "--budgets-redis-secret", problems),
+        single(a, "--budgets-image", problems),
+    ) {
+        Ok(b) => o.budgets = b,
+        Err(p) => {
+            problems.push(p);
+            return Compile::Invalid;
+        }
     }
     Compile::EnvoyGateway(o)
 }

@@ -399,19 +399,16 @@ fn bad_options() {
         &[
             "compile",
             "--target",
-            "envoy-gateway",
-            "--wasm-url",
-            "http://x/m.wasm",
+            "envoy",
             "-f",
             &example(),
-            "--budgets-service",
-            "b:8090",
+            "--budgets-image",
+            "ghcr.io/example/llmkube-budgets:1",
         ],
         None,
     );
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o)
-        .starts_with("error: --budgets-service is not an option of --target envoy-gateway"));
+    assert!(stderr(&o).starts_with("error: --budgets-image is not an option of --target envoy"));
     assert_eq!(
         run(&["compile", "-f", &example()], None).status.code(),
         Some(2)

@@ -7,7 +7,7 @@ mod common;
 use common::crds::{documents, Crds, Report};
 use common::*;
 use llmkube_gen::targets::envoy_gateway::{
-    compile_envoy_gateway, compile_envoy_gateway_diag, GatewayOptions, WasmSource,
+    budgets, compile_envoy_gateway, compile_envoy_gateway_diag, GatewayOptions, WasmSource,
 };
 use llmkube_gen::{compile_envoy, CompileOptions, Diagnostics, EnvoyOptions, Source};
 use router_core::config::PluginConfig;
@@ -210,15 +210,20 @@ fn crd_checks_catch_unknown_fields_bad_values_and_cel_violations() {
     );
 }
 
+/// The input as the envoy target reads it: it inlines credentials under the ModelRouter's key
+/// names (the plugin config does not depend on them).
+fn for_envoy(text: &str) -> String {
+    text.replace("  apiKey: sk-openai", "  OPENAI_API_KEY: sk-openai")
+        .replace("  apiKey: sk-ant", "  ANTHROPIC_API_KEY: sk-ant")
+}
+
 #[test]
 fn extension_policy_config_is_the_envoy_targets_plugin_config() {
     for (name, text) in corpus() {
         let docs = compile_docs(&text, &opts());
         // The envoy target inlines credentials under the ModelRouter's key names; the plugin
         // config does not depend on them.
-        let envoy_text = text
-            .replace("  apiKey: sk-openai", "  OPENAI_API_KEY: sk-openai")
-            .replace("  apiKey: sk-ant", "  ANTHROPIC_API_KEY: sk-ant");
+        let envoy_text = for_envoy(&text);
         let envoy = compile_envoy(
             &src(&envoy_text),
             &EnvoyOptions {
@@ -643,5 +648,242 @@ fn common_options_apply_to_this_target() {
     assert_eq!(
         cloud["spec"]["tls"],
         json!({"sni": "api.openai.com", "wellKnownCACertificates": "System"})
+    );
+}
+
+/// The walkthrough example with a router budget and a team budget.
+fn budgets_example() -> String {
+    example().replace(
+        "  policy:\n",
+        "  policy:\n    budgets:\n      - {name: monthly, scope: router, maxTokens: 1000000, windowSeconds: 3600}\n      - {name: per-team, scope: team, headerKey: x-team, maxTokens: 50000}\n",
+    )
+}
+
+fn deploy_budgets() -> GatewayOptions {
+    GatewayOptions {
+        budgets: budgets::from_flags(
+            None,
+            Some("redis-url"),
+            Some("ghcr.io/example/llmkube-budgets:1"),
+        )
+        .unwrap(),
+        ..opts()
+    }
+}
+
+/// Core Kubernetes kinds (no CRD in shared/crds): the document must deserialise into
+/// k8s-openapi's type and serialise back to itself, so an unknown or misspelt field (dropped by
+/// the typed round trip) or a wrongly typed value fails.
+fn check_core(d: &Value) -> Result<bool, String> {
+    fn round<T: serde::de::DeserializeOwned + serde::Serialize>(d: &Value) -> Result<bool, String> {
+        let t: T = serde_json::from_value(d.clone()).map_err(|e| e.to_string())?;
+        let back = serde_json::to_value(&t).map_err(|e| e.to_string())?;
+        if back != *d {
+            return Err(format!("not what k8s-openapi reads: {d}\nread as: {back}"));
+        }
+        Ok(true)
+    }
+    use k8s_openapi::api::{
+        apps::v1::Deployment, core::v1::Service, networking::v1::NetworkPolicy,
+    };
+    match (d["apiVersion"].as_str(), d["kind"].as_str()) {
+        (Some("apps/v1"), Some("Deployment")) => round::<Deployment>(d),
+        (Some("v1"), Some("Service")) => round::<Service>(d),
+        (Some("networking.k8s.io/v1"), Some("NetworkPolicy")) => round::<NetworkPolicy>(d),
+        _ => Ok(false),
+    }
+}
+
+/// Every document: core kinds through k8s-openapi, the rest against its CRD (schema, unknown
+/// fields, CEL).
+fn check_all(docs: &[Value]) -> Vec<String> {
+    let crds = Crds::load();
+    let mut report = Report::default();
+    for d in docs {
+        match check_core(d) {
+            Ok(true) => {}
+            Ok(false) => crds.check(d, &mut report),
+            Err(e) => report.errors.push(e),
+        }
+    }
+    report.errors
+}
+
+#[test]
+fn shared_budgets_deploy_the_ledger_and_add_its_cluster() {
+    let docs = compile_docs(&budgets_example(), &deploy_budgets());
+    assert!(check_all(&docs).is_empty(), "{:#?}", check_all(&docs));
+    // The filter calls the router's own cluster.
+    let cluster = "llmkube-budgets/llm/llm-router";
+    let eep = of_kind(&docs, "EnvoyExtensionPolicy")[0];
+    let cfg: PluginConfig =
+        serde_json::from_value(eep["spec"]["wasm"][0]["config"].clone()).unwrap();
+    let service = cfg.budgets.as_ref().unwrap().service.as_ref().unwrap();
+    assert_eq!(service.cluster, cluster);
+    // ... which the EnvoyPatchPolicy adds whole, at the generated Service.
+    let patch = of_kind(&docs, "EnvoyPatchPolicy")[0];
+    let add: Vec<&Value> = patch["spec"]["jsonPatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] == "type.googleapis.com/envoy.config.cluster.v3.Cluster")
+        .collect();
+    assert_eq!(add.len(), 1);
+    assert_eq!(add[0]["name"], cluster);
+    assert_eq!(add[0]["operation"]["op"], "add");
+    assert_eq!(add[0]["operation"]["path"], "");
+    let c = &add[0]["operation"]["value"];
+    assert_eq!(c["name"], cluster);
+    assert_eq!(c["type"], "STRICT_DNS");
+    let addr = &c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+        ["socket_address"];
+    assert_eq!(
+        (addr["address"].as_str(), addr["port_value"].as_u64()),
+        (
+            Some("llmkube-llm-router-budgets.llm.svc.cluster.local"),
+            Some(8080)
+        )
+    );
+    // The same plugin config as the envoy target's with --budgets-service, but for the name.
+    let envoy = compile_envoy(
+        &src(&for_envoy(&budgets_example())),
+        &EnvoyOptions {
+            wasm_dir: "/opt/wasm".into(),
+            format: llmkube_gen::Format::Json,
+            budgets_service: Some(("llmkube-budgets".into(), 8080)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut envoy_cfg = envoy::plugin_of(&serde_json::from_str(&envoy).unwrap());
+    envoy_cfg
+        .budgets
+        .as_mut()
+        .unwrap()
+        .service
+        .as_mut()
+        .unwrap()
+        .cluster = cluster.into();
+    assert_eq!(
+        serde_json::to_value(&cfg).unwrap(),
+        serde_json::to_value(&envoy_cfg).unwrap()
+    );
+    // The Deployment reads the Redis URL from the Secret; no URL is written anywhere.
+    let dep = of_kind(&docs, "Deployment")[0];
+    assert_eq!(dep["metadata"]["name"], "llmkube-llm-router-budgets");
+    assert_eq!(dep["metadata"]["namespace"], "llm");
+    let ctr = &dep["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(ctr["image"], "ghcr.io/example/llmkube-budgets:1");
+    assert_eq!(
+        ctr["args"],
+        json!([
+            "--listen",
+            "0.0.0.0:8080",
+            "--redis",
+            "$(LLMKUBE_BUDGETS_REDIS)"
+        ])
+    );
+    assert_eq!(
+        ctr["env"],
+        json!([{"name": "LLMKUBE_BUDGETS_REDIS", "valueFrom": {"secretKeyRef": {"name": "redis-url", "key": "url", "optional": false}}}])
+    );
+    assert_eq!(ctr["readinessProbe"]["httpGet"]["path"], "/healthz");
+    assert!(ctr.get("livenessProbe").is_none());
+    let out = compile_envoy_gateway(&src(&budgets_example()), &deploy_budgets()).unwrap();
+    assert!(!out.contains("redis://"));
+    let svc = of_kind(&docs, "Service")[0];
+    assert_eq!(svc["spec"]["ports"][0]["port"], 8080);
+    assert_eq!(
+        svc["spec"]["selector"],
+        dep["spec"]["template"]["metadata"]["labels"]
+    );
+    // Only this Gateway's Envoy pods reach it.
+    let np = of_kind(&docs, "NetworkPolicy")[0];
+    assert_eq!(
+        np["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"],
+        json!({"gateway.envoyproxy.io/owning-gateway-name": "ai-gateway", "gateway.envoyproxy.io/owning-gateway-namespace": "envoy-gateway-system"})
+    );
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"],
+        svc["spec"]["selector"]
+    );
+}
+
+#[test]
+fn shared_budgets_at_a_running_service_add_only_the_cluster() {
+    let o = GatewayOptions {
+        budgets: budgets::from_flags(Some("10.0.0.7:9090"), None, None).unwrap(),
+        ..opts()
+    };
+    let docs = compile_docs(&budgets_example(), &o);
+    assert!(check_all(&docs).is_empty(), "{:#?}", check_all(&docs));
+    for kind in ["Deployment", "Service", "NetworkPolicy"] {
+        assert!(of_kind(&docs, kind).is_empty(), "{kind}");
+    }
+    let patch = of_kind(&docs, "EnvoyPatchPolicy")[0];
+    let c = patch["spec"]["jsonPatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "type.googleapis.com/envoy.config.cluster.v3.Cluster")
+        .unwrap();
+    let c = &c["operation"]["value"];
+    assert_eq!(c["type"], "STATIC");
+    assert_eq!(
+        c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["socket_address"],
+        json!({"address": "10.0.0.7", "port_value": 9090})
+    );
+    // Without a shared ledger: budgets embedded, no cluster.
+    let docs = compile_docs(&budgets_example(), &opts());
+    let eep = of_kind(&docs, "EnvoyExtensionPolicy")[0];
+    let cfg: PluginConfig =
+        serde_json::from_value(eep["spec"]["wasm"][0]["config"].clone()).unwrap();
+    assert!(cfg.budgets.unwrap().service.is_none());
+    let patch = of_kind(&docs, "EnvoyPatchPolicy")[0];
+    assert!(!patch
+        .to_string()
+        .contains("envoy.config.cluster.v3.Cluster"));
+}
+
+#[test]
+fn shared_budgets_refusals() {
+    let e = |s: Option<&str>, r: Option<&str>, i: Option<&str>| {
+        budgets::from_flags(s, r, i).unwrap_err().to_string()
+    };
+    assert!(e(Some("a:1"), Some("s"), Some("i"))
+        .starts_with("options: --budgets-service: give --budgets-service"));
+    assert!(e(None, Some("s"), None)
+        .starts_with("options: --budgets-image: is required with --budgets-redis-secret"));
+    assert!(e(None, None, Some("i"))
+        .starts_with("options: --budgets-redis-secret: is required with --budgets-image"));
+    assert!(e(None, Some("Bad_Name"), Some("i")).contains("must be NAME or NAME/KEY"));
+    assert!(e(None, Some("s/a b"), Some("i")).contains("must be NAME or NAME/KEY"));
+    assert!(e(Some("nope"), None, None).starts_with("options: --budgets-service: \"nope\""));
+    assert_eq!(
+        budgets::from_flags(None, Some("redis/REDIS_URL"), Some("img")).unwrap(),
+        Some(budgets::BudgetsService::Deploy {
+            image: "img".into(),
+            secret: "redis".into(),
+            key: "REDIS_URL".into()
+        })
+    );
+    // A router without budgets: warned, nothing emitted for them.
+    let mut diags = Diagnostics::default();
+    let out = compile_envoy_gateway_diag(&src(&example()), &deploy_budgets(), &mut diags).unwrap();
+    assert!(
+        diags.warnings.iter().any(|w| w.to_string()
+            == "ModelRouter/llm-router: spec.policy.budgets: is not set: the budgets service flags are ignored and nothing is emitted for them"),
+        "{:?}",
+        diags.warnings
+    );
+    assert!(!out.contains("kind: Deployment") && !out.contains("llmkube-budgets"));
+    // A Service name must be a DNS label.
+    let long = budgets_example().replace("name: llm-router", &format!("name: {}", "r".repeat(60)));
+    let errs = compile_err(&long, &deploy_budgets());
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("the budgets Service would be named")),
+        "{errs:?}"
     );
 }

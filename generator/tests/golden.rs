@@ -133,3 +133,42 @@ fn envoy_target_matches_its_golden_files() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The walkthrough example with budgets on the shared ledger the generator deploys
+/// (`--budgets-redis-secret redis-url --budgets-image ghcr.io/example/llmkube-budgets:1`).
+#[test]
+fn envoy_gateway_shared_budgets_match_their_golden_files() {
+    let input = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../envoy-examples/envoy-gateway/router.yaml"
+    ))
+    .unwrap()
+    .replace(
+        "  policy:\n",
+        "  policy:\n    budgets:\n      - {name: monthly, scope: router, maxTokens: 1000000, windowSeconds: 3600}\n      - {name: per-team, scope: team, headerKey: x-team, maxTokens: 50000}\n",
+    );
+    assert!(input.contains("name: per-team"));
+    let o = GatewayOptions {
+        wasm_sha256: Some("0".repeat(64)),
+        budgets: llmkube_gen::targets::envoy_gateway::budgets::from_flags(
+            None,
+            Some("redis-url"),
+            Some("ghcr.io/example/llmkube-budgets:1"),
+        )
+        .unwrap(),
+        ..GatewayOptions::new(WasmSource::Http(
+            "https://wasm.example.internal/llmkube_model_router.wasm".into(),
+        ))
+    };
+    let case = "envoy-gateway-budgets";
+    let src = [Source {
+        name: format!("{case}/input.yaml"),
+        text: input.clone(),
+    }];
+    let out = compile_envoy_gateway(&src, &o).unwrap_or_else(|e| panic!("{e:?}"));
+    let failures: Vec<String> = [("input.yaml", input.as_str()), ("envoy-gateway.yaml", &out)]
+        .into_iter()
+        .filter_map(|(file, text)| golden::check(case, file, text).err())
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -233,7 +233,7 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
     }
 
     if let Some((host, port)) = &opts.budgets_service {
-        clusters.push(budgets_cluster_config(host, *port));
+        clusters.push(budgets_cluster_config(BUDGETS_CLUSTER, host, *port));
     }
 
     let wasm = wasm_path(opts);

@@ -181,13 +181,14 @@ pub(super) fn aggregate_cluster_config(name: &str, members: Vec<String>) -> Valu
 /// settles through it, so Envoy's default of 1024 would refuse reservations under load.
 const BUDGETS_CIRCUIT_LIMIT: u32 = 100_000;
 
-/// `llmkube-budgets` at `host:port` (`--budgets-service`): HTTP/1.1 keep-alive connections;
-/// a short connect timeout, since a reservation waits on it (the filter's own call timeout
-/// bounds the rest).
-pub(super) fn budgets_cluster_config(host: &str, port: u16) -> Value {
+/// The cluster `name` of `llmkube-budgets` at `host:port` (`--budgets-service`; the
+/// envoy-gateway target adds it under its own name): HTTP/1.1 keep-alive connections; a short
+/// connect timeout, since a reservation waits on it (the filter's own call timeout bounds the
+/// rest).
+pub(crate) fn budgets_cluster_config(name: &str, host: &str, port: u16) -> Value {
     let is_ip = host.parse::<IpAddr>().is_ok();
     let mut c = json!({
-        "name": BUDGETS_CLUSTER,
+        "name": name,
         "type": if is_ip { "STATIC" } else { "STRICT_DNS" },
         "connect_timeout": "1s",
         "lb_policy": "ROUND_ROBIN",
@@ -196,7 +197,7 @@ pub(super) fn budgets_cluster_config(host: &str, port: u16) -> Value {
             "max_pending_requests": BUDGETS_CIRCUIT_LIMIT,
             "max_requests": BUDGETS_CIRCUIT_LIMIT,
         }]},
-        "load_assignment": {"cluster_name": BUDGETS_CLUSTER, "endpoints": [{"lb_endpoints": [
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": socket(host, port)}},
         ]}]},
     });

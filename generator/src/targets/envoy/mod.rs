@@ -41,6 +41,7 @@ use crate::targets::{checks, front_end, Target, TargetChecks};
 use crate::{Diagnostics, Problem};
 
 pub use crate::render::Format;
+pub(crate) use clusters::budgets_cluster_config;
 pub use names::*;
 
 pub const WASM_FILE: &str = "llmkube_model_router.wasm";

@@ -90,7 +90,9 @@ pub(super) fn http_route_refs(routes: &[String]) -> Vec<Value> {
 ///   request headers to read the body and stamps the route key afterwards; without it Envoy never
 ///   calls the body callback and the request hangs;
 /// - `include_attempt_count_in_response` on the virtual hosts: the filter reads the attempt count
-///   of the response (`x-envoy-attempt-count`) for its failover accounting, as in the envoy target.
+///   of the response (`x-envoy-attempt-count`) for its failover accounting, as in the envoy target;
+/// - the shared budget ledger's cluster, when budgets are kept by `llmkube-budgets`
+///   ([`super::budgets`]).
 fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef) -> Value {
     let listener = names::xds_listener(&gw.namespace, &gw.name, &opts.listener);
     let policies = ir.routes.len().div_ceil(super::names::MAX_RULES_PER_ROUTE);
@@ -111,6 +113,7 @@ fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef) -> Value {
         })
         .collect();
     patches.extend(super::security::local_reply_patch(ir, &listener));
+    patches.extend(super::budgets::cluster_patch(ir, opts.budgets.as_ref()));
     patches.push(json!({
         "type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
         "name": listener,

@@ -10,9 +10,12 @@
 //!   passive and active health checks (the quarantine);
 //! - [`backends`]: AIServiceBackend + Backend per backend, BackendSecurityPolicy per external
 //!   credential (a Secret reference: no credential value is ever written);
-//! - [`security`]: the SecurityPolicy verifying `policy.auth.jwt` on the routes.
+//! - [`security`]: the SecurityPolicy verifying `policy.auth.jwt` on the routes;
+//! - [`budgets`]: the shared ledger `llmkube-budgets` (its cluster, and optionally its
+//!   Deployment, Service and NetworkPolicy).
 
 mod backends;
+pub mod budgets;
 mod extension;
 pub mod names;
 mod routing;
@@ -50,6 +53,9 @@ pub struct GatewayOptions {
     pub wasm_dir: PathBuf,
     /// `--gateway-listener`: the Gateway listener (sectionName) serving the router.
     pub listener: String,
+    /// `--budgets-service` / `--budgets-redis-secret` + `--budgets-image`: budgets kept by
+    /// `llmkube-budgets`; `None`: in each Envoy's shared data.
+    pub budgets: Option<budgets::BudgetsService>,
 }
 
 impl GatewayOptions {
@@ -60,6 +66,7 @@ impl GatewayOptions {
             wasm_sha256: None,
             wasm_dir: super::envoy::default_wasm_dir(),
             listener: DEFAULT_LISTENER.to_string(),
+            budgets: None,
         }
     }
 }
@@ -79,7 +86,13 @@ pub fn compile_envoy_gateway_diag(
     diags: &mut Diagnostics,
 ) -> Option<String> {
     let sha256 = module_sha256(opts, diags);
-    let ir = front_end(sources, &opts.common, opts, diags)?;
+    let mut common = opts.common.clone();
+    // The ledger's cluster is named after the router, known once the IR is built.
+    if opts.budgets.is_some() {
+        common.budgets_cluster = Some(String::new());
+    }
+    let mut ir = front_end(sources, &common, opts, diags)?;
+    budgets::name_cluster(&mut ir);
     let sha256 = sha256?;
     let docs = documents(&ir, opts, &sha256);
     crate::render::render_documents(&docs, diags)
@@ -98,6 +111,7 @@ pub fn documents(ir: &Ir, opts: &GatewayOptions, sha256: &str) -> Vec<Value> {
     docs.extend(routing::traffic_policies(ir, &route_names));
     docs.extend(extension::documents(ir, opts, &gw, &route_names, sha256));
     docs.extend(security::documents(ir, &route_names));
+    docs.extend(budgets::documents(ir, opts.budgets.as_ref(), &gw));
     docs
 }
 
@@ -220,6 +234,7 @@ impl TargetChecks for GatewayOptions {
         routing::check(ir, diags);
         backends::check(ir, diags);
         security::check(ir, diags);
+        budgets::check(ir, self.budgets.as_ref(), diags);
     }
 }
 

@@ -68,3 +68,14 @@ pub fn xds_listener(gateway_namespace: &str, gateway: &str, section: &str) -> St
 pub fn wasm_filter(namespace: &str, policy: &str, index: usize) -> String {
     format!("envoy.filters.http.wasm/envoyextensionpolicy/{namespace}/{policy}/wasm/{index}")
 }
+
+/// The Envoy cluster of the router's shared budget ledger, added by its EnvoyPatchPolicy (Envoy
+/// Gateway's own cluster names contain `/` too, but never start with `llmkube-`).
+pub fn budgets_cluster(ir: &Ir) -> String {
+    format!("llmkube-budgets/{}/{}", ir.namespace, router_name(ir))
+}
+
+/// The Deployment and Service of `llmkube-budgets` the generator emits for the router.
+pub fn budgets_service(ir: &Ir) -> String {
+    format!("llmkube-{}-budgets", router_name(ir))
+}

@@ -887,3 +887,72 @@ fn shared_budgets_refusals() {
         "{errs:?}"
     );
 }
+
+/// One-backend rules: a per-try timeout and no retry; the EnvoyPatchPolicy removes the
+/// `retry_on` Envoy Gateway writes by default from exactly their xDS routes (named as its
+/// translator names them), and from no other.
+#[test]
+fn one_backend_routes_carry_no_retry_conditions() {
+    let text = dataplane_docs(with_gateway(dataplane_router()));
+    let docs = compile_docs(&text, &opts());
+    let patch = of_kind(&docs, "EnvoyPatchPolicy")[0];
+    let removals: Vec<&Value> = patch["spec"]["jsonPatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["operation"]["op"] == "remove")
+        .collect();
+    assert!(!removals.is_empty());
+    let regexes: Vec<regex::Regex> = removals
+        .iter()
+        .map(|p| {
+            assert_eq!(
+                p["type"],
+                "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+            );
+            assert_eq!(p["name"], "envoy-gateway-system/ai-gateway/http");
+            assert_eq!(p["operation"]["path"], "/route/retry_policy/retry_on");
+            let jp = p["operation"]["jsonPath"].as_str().unwrap();
+            let re = jp
+                .strip_prefix("$.virtual_hosts[*].routes[?(@.name =~ /")
+                .and_then(|r| r.strip_suffix("/)]"))
+                .unwrap_or_else(|| panic!("{jp}"));
+            assert!(!re.contains('/'), "a / would end the JSONPath regex: {re}");
+            regex::Regex::new(re).unwrap()
+        })
+        .collect();
+    let policies = of_kind(&docs, "BackendTrafficPolicy");
+    let mut singles = 0;
+    for r in of_kind(&docs, "AIGatewayRoute") {
+        let route = r["metadata"]["name"].as_str().unwrap();
+        for (i, rule) in r["spec"]["rules"].as_array().unwrap().iter().enumerate() {
+            let single = rule["backendRefs"].as_array().unwrap().len() == 1;
+            singles += single as usize;
+            for host in ["ai_example_com", "*"] {
+                let xds = format!("httproute/llm/{route}/rule/{i}/match/0/{host}");
+                let hits = regexes.iter().filter(|re| re.is_match(&xds)).count();
+                assert_eq!(hits, single as usize, "{xds}");
+                let other = format!("httproute/llm/{route}x/rule/{i}/match/0/{host}");
+                assert!(!regexes.iter().any(|re| re.is_match(&other)), "{other}");
+            }
+            let btp = policies
+                .iter()
+                .find(|p| {
+                    p["spec"]["targetRefs"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|t| t["name"] == route && t["sectionName"] == rule["name"])
+                })
+                .unwrap();
+            let retry = &btp["spec"]["retry"];
+            assert_eq!(
+                retry["numRetries"],
+                rule["backendRefs"].as_array().unwrap().len() - 1
+            );
+            assert_eq!(retry.get("retryOn").is_none(), single, "{retry}");
+            assert!(retry["perRetry"]["timeout"].is_string());
+        }
+    }
+    assert!(singles > 0);
+}

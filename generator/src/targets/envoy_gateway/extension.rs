@@ -23,7 +23,7 @@ pub(super) fn documents(
     sha256: &str,
 ) -> Vec<Value> {
     let mut docs = extension_policies(ir, opts, routes, sha256);
-    docs.push(patch_policy(ir, opts, gw));
+    docs.push(patch_policy(ir, opts, gw, routes));
     docs.push(client_traffic_policy(ir, opts, gw));
     docs
 }
@@ -92,8 +92,9 @@ pub(super) fn http_route_refs(routes: &[String]) -> Vec<Value> {
 /// - `include_attempt_count_in_response` on the virtual hosts: the filter reads the attempt count
 ///   of the response (`x-envoy-attempt-count`) for its failover accounting, as in the envoy target;
 /// - the shared budget ledger's cluster, when budgets are kept by `llmkube-budgets`
-///   ([`super::budgets`]).
-fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef) -> Value {
+///   ([`super::budgets`]);
+/// - no `retry_on` on one-backend routes ([`super::routing::retry_on_patches`]).
+fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef, routes: &[String]) -> Value {
     let listener = names::xds_listener(&gw.namespace, &gw.name, &opts.listener);
     let policies = ir.routes.len().div_ceil(super::names::MAX_RULES_PER_ROUTE);
     let policies = policies.div_ceil(MAX_TARGET_REFS).max(1);
@@ -114,6 +115,7 @@ fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef) -> Value {
         .collect();
     patches.extend(super::security::local_reply_patch(ir, &listener));
     patches.extend(super::budgets::cluster_patch(ir, opts.budgets.as_ref()));
+    patches.extend(super::routing::retry_on_patches(ir, routes, &listener));
     patches.push(json!({
         "type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
         "name": listener,

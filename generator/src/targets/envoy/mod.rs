@@ -42,6 +42,7 @@ use crate::{Diagnostics, Problem};
 
 pub use crate::render::Format;
 pub(crate) use clusters::budgets_cluster_config;
+pub(crate) use pick::{is_picked, original_dst_cluster_named, plugin_with_picks};
 pub use names::*;
 
 pub const WASM_FILE: &str = "llmkube_model_router.wasm";

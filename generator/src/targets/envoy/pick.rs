@@ -19,7 +19,7 @@ use crate::model::{BalancingMode, Resolution};
 use crate::{Diagnostics, Problem};
 
 /// Whether the filter picks backend `i`'s pods.
-pub(super) fn is_picked(ir: &Ir, i: usize) -> bool {
+pub(crate) fn is_picked(ir: &Ir, i: usize) -> bool {
     let endpoint = matches!(
         ir.backends[i].kind,
         BackendKind::Service {
@@ -36,6 +36,16 @@ pub(super) fn is_picked(ir: &Ir, i: usize) -> bool {
 
 /// The plugin config with each picked backend's pods and balancing.
 pub(super) fn plugin_json(ir: &Ir) -> String {
+    let plugin = plugin_with_picks(ir, &|b| backend_cluster(b));
+    serde_json::to_string(&plugin).unwrap_or_else(|_| ir.plugin_json.clone())
+}
+
+/// The plugin config with each picked backend's pods and balancing; a vLLM backend's metrics
+/// are scraped through `cluster(backend name)`, its `ORIGINAL_DST` cluster.
+pub(crate) fn plugin_with_picks(
+    ir: &Ir,
+    cluster: &dyn Fn(&str) -> String,
+) -> router_core::config::PluginConfig {
     let mut plugin = ir.plugin.clone();
     for (i, b) in ir.backends.iter().enumerate() {
         if !is_picked(ir, i) {
@@ -66,19 +76,28 @@ pub(super) fn plugin_json(ir: &Ir) -> String {
                     .and_then(|t| parse_duration(t).ok())
                     .map(|d| d.as_millis().min(u64::MAX as u128) as u64),
             }),
-            scrape_cluster: vllm.then(|| backend_cluster(&b.name)),
+            scrape_cluster: vllm.then(|| cluster(&b.name)),
             scrape_ms: vllm.then_some(DEFAULT_SCRAPE_MS),
         });
     }
-    serde_json::to_string(&plugin).unwrap_or_else(|_| ir.plugin_json.clone())
+    plugin
 }
 
 /// `backend-<b>` of a picked backend: the pod is the one named in the request's header. No
 /// health check or outlier detection (hosts exist only once named): the filter quarantines
 /// failing pods itself and never names one it quarantined.
 pub(super) fn original_dst_cluster(ir: &Ir, i: usize, buffer_limit: u64) -> Value {
+    original_dst_cluster_named(&backend_cluster(&ir.backends[i].name), ir, i, buffer_limit)
+}
+
+/// [`original_dst_cluster`] under another name (the envoy-gateway target adds it by patch).
+pub(crate) fn original_dst_cluster_named(
+    name: &str,
+    ir: &Ir,
+    i: usize,
+    buffer_limit: u64,
+) -> Value {
     let b = &ir.backends[i];
-    let name = backend_cluster(&b.name);
     json!({
         "name": name,
         "type": "ORIGINAL_DST",

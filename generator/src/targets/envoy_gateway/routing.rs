@@ -192,23 +192,40 @@ fn is_single(p: &RoutePlan) -> bool {
 /// retry condition Envoy's router keeps a copy of every request body it forwards, for a retry
 /// that `num_retries: 0` never makes (docs/benchmarks.md: 14 % more CPU per request); the envoy
 /// target emits no `retry_on` there for the same reason.
+pub(super) fn retry_on_patches(ir: &Ir, route_names: &[String], listener: &str) -> Vec<Value> {
+    let singles: Vec<usize> = (0..ir.routes.len())
+        .filter(|&i| is_single(&ir.routes[i]))
+        .collect();
+    rule_route_paths(ir, route_names, &singles)
+        .into_iter()
+        .map(|path| {
+            json!({
+                "type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+                "name": listener,
+                "operation": {"op": "remove", "jsonPath": path, "path": "/route/retry_policy/retry_on"},
+            })
+        })
+        .collect()
+}
+
+/// JSONPaths selecting, within the listener's RouteConfiguration, the xDS routes of the route
+/// plans `plans` (indexes into `ir.routes`): one per HTTPRoute holding some of them.
 ///
 /// Envoy Gateway names the xDS route of match `j` of rule `i` of HTTPRoute `ns/name`
 /// `httproute/<ns>/<name>/rule/<i>/match/<j>/<hostname, dots as underscores>`
-/// (`internal/gatewayapi/helpers.go` `irRouteName`, `route.go`); one patch per HTTPRoute selects
-/// its one-backend rules by that name. The regular expression has no `/` (it would end the
-/// JSONPath regex literal): `.` stands for each separator, and the names' dots are escaped.
-pub(super) fn retry_on_patches(ir: &Ir, route_names: &[String], listener: &str) -> Vec<Value> {
-    let mut singles: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    for (i, p) in ir.routes.iter().enumerate() {
-        if is_single(p) {
-            singles
-                .entry(i / MAX_RULES_PER_ROUTE)
-                .or_default()
-                .push((i % MAX_RULES_PER_ROUTE).to_string());
-        }
+/// (`internal/gatewayapi/helpers.go` `irRouteName`, `route.go`), and Envoy AI Gateway keeps
+/// the AIGatewayRoute's rules in order in its HTTPRoute. The regular expression has no `/` (it
+/// would end the JSONPath regex literal): `.` stands for each separator, and the names' dots
+/// are escaped.
+pub(super) fn rule_route_paths(ir: &Ir, route_names: &[String], plans: &[usize]) -> Vec<String> {
+    let mut by_route: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for &i in plans {
+        by_route
+            .entry(i / MAX_RULES_PER_ROUTE)
+            .or_default()
+            .push((i % MAX_RULES_PER_ROUTE).to_string());
     }
-    singles
+    by_route
         .into_iter()
         .filter_map(|(route, rules)| {
             let name = route_names.get(route)?;
@@ -218,15 +235,7 @@ pub(super) fn retry_on_patches(ir: &Ir, route_names: &[String], listener: &str) 
                 name.replace('.', "\\."),
                 rules.join("|")
             );
-            Some(json!({
-                "type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
-                "name": listener,
-                "operation": {
-                    "op": "remove",
-                    "jsonPath": format!("$.virtual_hosts[*].routes[?(@.name =~ /{re}/)]"),
-                    "path": "/route/retry_policy/retry_on",
-                },
-            }))
+            Some(format!("$.virtual_hosts[*].routes[?(@.name =~ /{re}/)]"))
         })
         .collect()
 }

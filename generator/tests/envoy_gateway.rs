@@ -956,3 +956,144 @@ fn one_backend_routes_carry_no_retry_conditions() {
     }
     assert!(singles > 0);
 }
+
+fn picked(mut r: Value) -> Value {
+    r["spec"]["backends"][0]["resolution"] = json!("endpoint");
+    r["spec"]["backends"][0]["balancing"] =
+        json!({"mode": "LoadAware", "prefixAffinity": {"blockBytes": 512}});
+    r["spec"]["rules"] = json!([
+        {"name": "r0", "match": {"models": ["qwen3-*"]}, "route": {"backends": ["local-a"]}},
+        {"name": "r2", "match": {"models": ["other"]}, "route": {"backends": ["local-b"]}}
+    ]);
+    r
+}
+
+fn pods() -> CompileOptions {
+    CompileOptions {
+        endpoints: [(
+            "isvc-a".to_string(),
+            vec![
+                ("10.0.0.1".to_string(), 8000),
+                ("10.0.0.2".to_string(), 8000),
+            ],
+        )]
+        .into(),
+        ..Default::default()
+    }
+}
+
+/// A LoadAware `resolution: endpoint` backend: the filter gets its pods (the envoy target's
+/// pick config), and the EnvoyPatchPolicy adds its ORIGINAL_DST cluster on the filter's header
+/// and points exactly the xDS routes of its one-backend rules at it.
+#[test]
+fn picked_backends_get_an_original_dst_cluster_on_the_filters_header() {
+    let o = GatewayOptions {
+        common: pods(),
+        ..opts()
+    };
+    let text = full(picked(with_gateway(router())));
+    let docs = compile_docs(&text, &o);
+    assert!(check_all(&docs).is_empty(), "{:#?}", check_all(&docs));
+    let cluster = "llmkube-pick/llm/demo/local-a";
+    let eep = of_kind(&docs, "EnvoyExtensionPolicy")[0];
+    let cfg: PluginConfig =
+        serde_json::from_value(eep["spec"]["wasm"][0]["config"].clone()).unwrap();
+    let pick = cfg.backends[0]
+        .pick
+        .as_ref()
+        .expect("pods in the plugin config");
+    assert_eq!(pick.endpoints, ["10.0.0.1:8000", "10.0.0.2:8000"]);
+    assert_eq!(pick.scrape_cluster.as_deref(), Some(cluster));
+    assert!(cfg.backends[1].pick.is_none());
+    // The envoy target's pick config, but for the cluster's name.
+    let envoy = compile_envoy(
+        &src(&for_envoy(&text)),
+        &EnvoyOptions {
+            wasm_dir: "/opt/wasm".into(),
+            format: llmkube_gen::Format::Json,
+            ..EnvoyOptions::with_common(pods())
+        },
+    )
+    .unwrap();
+    let mut envoy_cfg = envoy::plugin_of(&serde_json::from_str(&envoy).unwrap());
+    envoy_cfg.backends[0].pick.as_mut().unwrap().scrape_cluster = Some(cluster.into());
+    assert_eq!(
+        serde_json::to_value(&cfg).unwrap(),
+        serde_json::to_value(&envoy_cfg).unwrap()
+    );
+    let patches = of_kind(&docs, "EnvoyPatchPolicy")[0]["spec"]["jsonPatches"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let add = patches
+        .iter()
+        .find(|p| p["name"] == cluster && p["operation"]["op"] == "add")
+        .expect("the ORIGINAL_DST cluster");
+    let c = &add["operation"]["value"];
+    assert_eq!(c["name"], cluster);
+    assert_eq!(c["type"], "ORIGINAL_DST");
+    assert_eq!(c["lb_policy"], "CLUSTER_PROVIDED");
+    assert_eq!(
+        c["original_dst_lb_config"],
+        json!({"use_http_header": true, "http_header_name": "x-gateway-destination-endpoint"})
+    );
+    let replace: Vec<&Value> = patches
+        .iter()
+        .filter(|p| p["operation"]["op"] == "replace")
+        .collect();
+    assert!(replace
+        .iter()
+        .all(|p| p["operation"]["path"] == "/route/cluster" && p["operation"]["value"] == cluster));
+    let regexes: Vec<regex::Regex> = replace
+        .iter()
+        .map(|p| {
+            let jp = p["operation"]["jsonPath"].as_str().unwrap();
+            let re = jp
+                .strip_prefix("$.virtual_hosts[*].routes[?(@.name =~ /")
+                .and_then(|r| r.strip_suffix("/)]"))
+                .unwrap();
+            regex::Regex::new(re).unwrap()
+        })
+        .collect();
+    let mut sent = 0;
+    for r in of_kind(&docs, "AIGatewayRoute") {
+        let route = r["metadata"]["name"].as_str().unwrap();
+        for (i, rule) in r["spec"]["rules"].as_array().unwrap().iter().enumerate() {
+            let refs: Vec<&str> = rule["backendRefs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b["name"].as_str().unwrap())
+                .collect();
+            let to_pick = refs == ["llmkube-demo-local-a"];
+            sent += to_pick as usize;
+            let xds = format!("httproute/llm/{route}/rule/{i}/match/0/*");
+            assert_eq!(regexes.iter().any(|re| re.is_match(&xds)), to_pick, "{xds}");
+        }
+    }
+    assert!(
+        sent >= 2,
+        "r0 and the default route go to the picked backend"
+    );
+    // Without LoadAware: no pick, no patch.
+    let mut rr = picked(with_gateway(router()));
+    rr["spec"]["backends"][0]["balancing"] = json!({"mode": "RoundRobin"});
+    let docs = compile_docs(&full(rr), &o);
+    assert!(!docs.iter().any(|d| d.to_string().contains("llmkube-pick/")));
+}
+
+#[test]
+fn a_picked_backend_sharing_an_order_is_refused() {
+    let mut r = picked(with_gateway(router()));
+    r["spec"]["rules"][1]["route"]["backends"] = json!(["local-a", "cloud"]);
+    let o = GatewayOptions {
+        common: pods(),
+        ..opts()
+    };
+    let e = compile_err(&full(r), &o);
+    assert!(
+        e.iter().any(|e| e.starts_with("ModelRouter/demo: spec.rules[1].route.backends: backend local-a has its pods picked by the gateway")
+            && e.contains("must be alone in its orders")),
+        "{e:?}"
+    );
+}

@@ -42,8 +42,8 @@ use crate::{Diagnostics, Problem};
 
 pub use crate::render::Format;
 pub(crate) use clusters::budgets_cluster_config;
-pub(crate) use pick::{is_picked, original_dst_cluster_named, plugin_with_picks};
 pub use names::*;
+pub(crate) use pick::{is_picked, original_dst_cluster_named, plugin_with_picks};
 
 pub const WASM_FILE: &str = "llmkube_model_router.wasm";
 /// The upstream filter (per attempt: fail-closed guard, model rewrite, attempt marker).

@@ -31,7 +31,7 @@ pub(super) fn documents(
 /// The plugin config as the JSON value `spec.wasm[].config` holds; Envoy Gateway passes it to the
 /// module re-serialised, and the filter reads it as the same `PluginConfig`.
 pub fn plugin_config_value(ir: &Ir) -> Value {
-    serde_json::to_value(&ir.plugin).unwrap_or(Value::Null)
+    serde_json::to_value(super::pick::plugin_config(ir)).unwrap_or(Value::Null)
 }
 
 /// The module on the HTTPRoutes Envoy AI Gateway makes of our AIGatewayRoutes (their final
@@ -93,7 +93,9 @@ pub(super) fn http_route_refs(routes: &[String]) -> Vec<Value> {
 ///   of the response (`x-envoy-attempt-count`) for its failover accounting, as in the envoy target;
 /// - the shared budget ledger's cluster, when budgets are kept by `llmkube-budgets`
 ///   ([`super::budgets`]);
-/// - no `retry_on` on one-backend routes ([`super::routing::retry_on_patches`]).
+/// - no `retry_on` on one-backend routes ([`super::routing::retry_on_patches`]);
+/// - the `ORIGINAL_DST` cluster of each backend whose pods the filter picks, and its rules'
+///   routes pointed at it ([`super::pick`]).
 fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef, routes: &[String]) -> Value {
     let listener = names::xds_listener(&gw.namespace, &gw.name, &opts.listener);
     let policies = ir.routes.len().div_ceil(super::names::MAX_RULES_PER_ROUTE);
@@ -116,6 +118,7 @@ fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef, routes: &[Strin
     patches.extend(super::security::local_reply_patch(ir, &listener));
     patches.extend(super::budgets::cluster_patch(ir, opts.budgets.as_ref()));
     patches.extend(super::routing::retry_on_patches(ir, routes, &listener));
+    patches.extend(super::pick::patches(ir, routes, &listener));
     patches.push(json!({
         "type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
         "name": listener,

@@ -11,6 +11,7 @@
 //! - [`backends`]: AIServiceBackend + Backend per backend, BackendSecurityPolicy per external
 //!   credential (a Secret reference: no credential value is ever written);
 //! - [`security`]: the SecurityPolicy verifying `policy.auth.jwt` on the routes;
+//! - [`pick`]: endpoint picking, the `ORIGINAL_DST` cluster of each picked backend;
 //! - [`budgets`]: the shared ledger `llmkube-budgets` (its cluster, and optionally its
 //!   Deployment, Service and NetworkPolicy).
 
@@ -18,6 +19,7 @@ mod backends;
 pub mod budgets;
 mod extension;
 pub mod names;
+mod pick;
 mod routing;
 mod security;
 
@@ -235,6 +237,7 @@ impl TargetChecks for GatewayOptions {
         backends::check(ir, diags);
         security::check(ir, diags);
         budgets::check(ir, self.budgets.as_ref(), diags);
+        pick::check(ir, diags);
     }
 }
 

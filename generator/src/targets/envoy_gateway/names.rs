@@ -79,3 +79,13 @@ pub fn budgets_cluster(ir: &Ir) -> String {
 pub fn budgets_service(ir: &Ir) -> String {
     format!("llmkube-{}-budgets", router_name(ir))
 }
+
+/// The `ORIGINAL_DST` cluster of a backend whose pods the filter picks, added by the router's
+/// EnvoyPatchPolicy.
+pub fn pick_cluster(ir: &Ir, backend: &str) -> String {
+    format!(
+        "llmkube-pick/{}/{}/{backend}",
+        ir.namespace,
+        router_name(ir)
+    )
+}

@@ -547,7 +547,7 @@ fn refusals_and_warnings() {
         e.len() == 1 && e[0].contains("would be longer than 253 characters"),
         "{e:?}"
     );
-    // Shadow rules are served without copies, with a warning.
+    // Shadow copies to an external backend are not sent, with a warning.
     let mut diags = Diagnostics::default();
     compile_envoy_gateway_diag(
         &src(&dataplane_docs(with_gateway(dataplane_router()))),
@@ -556,9 +556,9 @@ fn refusals_and_warnings() {
     )
     .unwrap();
     assert!(
-        diags.warnings.iter().any(|w| w
-            .to_string()
-            .contains("spec.rules[3].route.strategy: shadow copies are not sent")),
+        diags.warnings.iter().any(|w| w.to_string().contains(
+            "spec.rules[3].route.strategy: shadow copies to external backend(s) cloud are not sent"
+        )),
         "{:?}",
         diags.warnings
     );
@@ -1096,4 +1096,76 @@ fn a_picked_backend_sharing_an_order_is_refused() {
             && e.contains("must be alone in its orders")),
         "{e:?}"
     );
+}
+
+/// Shadow rules: each shadow route key's xDS route (and no other) gets mirror policies to the
+/// patch-added clusters of its local mirrored backends, marked as shadow copies; no copy goes
+/// to an external backend.
+#[test]
+fn shadow_rules_mirror_to_local_backends() {
+    let text = dataplane_docs(with_gateway(dataplane_router()));
+    let docs = compile_docs(&text, &opts());
+    let patches = of_kind(&docs, "EnvoyPatchPolicy")[0]["spec"]["jsonPatches"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let shadow_cluster = "llmkube-shadow/llm/dp/local-b";
+    let add = patches
+        .iter()
+        .find(|p| p["name"] == shadow_cluster)
+        .expect("the shadow cluster");
+    assert_eq!(add["operation"]["op"], "add");
+    assert_eq!(add["operation"]["path"], "");
+    let c = &add["operation"]["value"];
+    assert_eq!(c["name"], shadow_cluster);
+    assert_eq!(c["circuit_breakers"]["thresholds"][0]["max_requests"], 4);
+    assert!(!patches.iter().any(|p| p["name"]
+        .as_str()
+        .is_some_and(|n| n.starts_with("llmkube-shadow/") && n.ends_with("/cloud"))));
+    let mirrors: Vec<(regex::Regex, Value)> = patches
+        .iter()
+        .filter(|p| p["operation"]["path"] == "/route/request_mirror_policies")
+        .map(|p| {
+            let jp = p["operation"]["jsonPath"].as_str().unwrap();
+            let re = jp
+                .strip_prefix("$.virtual_hosts[*].routes[?(@.name =~ /")
+                .and_then(|r| r.strip_suffix("/)]"))
+                .unwrap();
+            (
+                regex::Regex::new(re).unwrap(),
+                p["operation"]["value"].clone(),
+            )
+        })
+        .collect();
+    let mut shadowed = 0;
+    for r in of_kind(&docs, "AIGatewayRoute") {
+        let route = r["metadata"]["name"].as_str().unwrap();
+        for (i, rule) in r["spec"]["rules"].as_array().unwrap().iter().enumerate() {
+            let key = rule["matches"][0]["headers"][0]["value"].as_str().unwrap();
+            let xds = format!("httproute/llm/{route}/rule/{i}/match/0/*");
+            let hit: Vec<&Value> = mirrors
+                .iter()
+                .filter(|(re, _)| re.is_match(&xds))
+                .map(|(_, v)| v)
+                .collect();
+            // `sh/<primary>,<mirrors...>`: the local mirrors of the key, in order.
+            let expected: Vec<Value> = key
+                .strip_prefix("sh/")
+                .map(|o| o.split(',').skip(1).filter(|b| *b != "cloud").collect::<Vec<_>>())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|b| {
+                    json!({"cluster": format!("llmkube-shadow/llm/dp/{b}"),
+                        "request_headers_mutations": [{"append": {"header": {"key": "x-llmkube-shadow", "value": "true"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}]})
+                })
+                .collect();
+            if expected.is_empty() {
+                assert!(hit.is_empty(), "{key}");
+            } else {
+                shadowed += 1;
+                assert_eq!(hit, [&json!(expected)], "{key}");
+            }
+        }
+    }
+    assert!(shadowed > 0);
 }

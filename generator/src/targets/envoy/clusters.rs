@@ -157,7 +157,24 @@ pub(super) fn shadow_cluster_config(
     buffer_limit: u64,
     ca_file: &str,
 ) -> Value {
-    let mut c = endpoint_cluster(&shadow_cluster(&b.name), b, buffer_limit, ca_file);
+    shadow_cluster_named(
+        &shadow_cluster(&b.name),
+        b,
+        max_requests,
+        buffer_limit,
+        ca_file,
+    )
+}
+
+/// [`shadow_cluster_config`] under another name (the envoy-gateway target adds it by patch).
+pub(crate) fn shadow_cluster_named(
+    name: &str,
+    b: &Backend,
+    max_requests: u32,
+    buffer_limit: u64,
+    ca_file: &str,
+) -> Value {
+    let mut c = endpoint_cluster(name, b, buffer_limit, ca_file);
     c["circuit_breakers"] = json!({"thresholds": [{"max_requests": max_requests}]});
     c
 }

@@ -41,7 +41,7 @@ use crate::targets::{checks, front_end, Target, TargetChecks};
 use crate::{Diagnostics, Problem};
 
 pub use crate::render::Format;
-pub(crate) use clusters::budgets_cluster_config;
+pub(crate) use clusters::{budgets_cluster_config, shadow_cluster_named};
 pub use names::*;
 pub(crate) use pick::{is_picked, original_dst_cluster_named, plugin_with_picks};
 

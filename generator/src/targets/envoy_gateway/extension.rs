@@ -95,7 +95,8 @@ pub(super) fn http_route_refs(routes: &[String]) -> Vec<Value> {
 ///   ([`super::budgets`]);
 /// - no `retry_on` on one-backend routes ([`super::routing::retry_on_patches`]);
 /// - the `ORIGINAL_DST` cluster of each backend whose pods the filter picks, and its rules'
-///   routes pointed at it ([`super::pick`]).
+///   routes pointed at it ([`super::pick`]);
+/// - shadow clusters and mirror policies ([`super::shadow`]).
 fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef, routes: &[String]) -> Value {
     let listener = names::xds_listener(&gw.namespace, &gw.name, &opts.listener);
     let policies = ir.routes.len().div_ceil(super::names::MAX_RULES_PER_ROUTE);
@@ -119,6 +120,7 @@ fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef, routes: &[Strin
     patches.extend(super::budgets::cluster_patch(ir, opts.budgets.as_ref()));
     patches.extend(super::routing::retry_on_patches(ir, routes, &listener));
     patches.extend(super::pick::patches(ir, routes, &listener));
+    patches.extend(super::shadow::patches(ir, routes, &listener));
     patches.push(json!({
         "type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
         "name": listener,

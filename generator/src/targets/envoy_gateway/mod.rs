@@ -11,6 +11,7 @@
 //! - [`backends`]: AIServiceBackend + Backend per backend, BackendSecurityPolicy per external
 //!   credential (a Secret reference: no credential value is ever written);
 //! - [`security`]: the SecurityPolicy verifying `policy.auth.jwt` on the routes;
+//! - [`shadow`]: mirrored copies of shadow rules to local backends;
 //! - [`pick`]: endpoint picking, the `ORIGINAL_DST` cluster of each picked backend;
 //! - [`budgets`]: the shared ledger `llmkube-budgets` (its cluster, and optionally its
 //!   Deployment, Service and NetworkPolicy).
@@ -22,6 +23,7 @@ pub mod names;
 mod pick;
 mod routing;
 mod security;
+mod shadow;
 
 use std::path::PathBuf;
 
@@ -238,6 +240,7 @@ impl TargetChecks for GatewayOptions {
         security::check(ir, diags);
         budgets::check(ir, self.budgets.as_ref(), diags);
         pick::check(ir, diags);
+        shadow::check(ir, diags);
     }
 }
 

@@ -89,3 +89,12 @@ pub fn pick_cluster(ir: &Ir, backend: &str) -> String {
         router_name(ir)
     )
 }
+
+/// The cluster shadow copies to a local backend go to, added by the router's EnvoyPatchPolicy.
+pub fn shadow_cluster(ir: &Ir, backend: &str) -> String {
+    format!(
+        "llmkube-shadow/{}/{}/{backend}",
+        ir.namespace,
+        router_name(ir)
+    )
+}

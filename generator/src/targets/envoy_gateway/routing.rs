@@ -19,20 +19,12 @@ const EG_API: &str = "gateway.envoyproxy.io/v1alpha1";
 /// Same triggers as the envoy target's `retry_on`.
 const RETRY_TRIGGERS: [&str; 4] = ["5xx", "reset", "connect-failure", "refused-stream"];
 
-/// What this target cannot express the way the envoy target does, as warnings: a shadow rule
-/// serves its primary order without the copies, and an order whose attempts need different
-/// response-header timeouts gets the largest of them for every attempt (Envoy Gateway sets one
-/// per-try timeout per route rule).
+/// What this target cannot express the way the envoy target does, as a warning: an order whose
+/// attempts need different response-header timeouts gets the largest of them for every attempt
+/// (Envoy Gateway sets one per-try timeout per route rule).
 pub(super) fn check(ir: &Ir, diags: &mut Diagnostics) {
     for (i, r) in ir.router.spec.rules.iter().enumerate() {
         let plans = ir.rule_plans(&r.name);
-        if plans.iter().any(|p| !p.mirrors.is_empty()) {
-            diags.warn(Problem::new(
-                &ir.label,
-                format!("spec.rules[{i}].route.strategy"),
-                "shadow copies are not sent by the envoy-gateway target yet; requests are served by the primary order only",
-            ));
-        }
         if let Some(p) = plans.iter().find(|p| p.per_backend_timeouts()) {
             diags.warn(Problem::new(
                 &ir.label,

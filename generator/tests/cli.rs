@@ -409,6 +409,38 @@ fn bad_options() {
     );
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).starts_with("error: --budgets-image is not an option of --target envoy"));
+    // envoy-gateway takes the budgets flags; giving both ways is a problem (exit 1).
+    let eg_example = format!(
+        "{}/../envoy-examples/envoy-gateway/router.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let eg = |extra: &[&str]| {
+        let mut args = vec![
+            "compile",
+            "--target",
+            "envoy-gateway",
+            "--wasm-url",
+            "http://x/m.wasm",
+            "--wasm-sha256",
+            "0000000000000000000000000000000000000000000000000000000000000000",
+            "-f",
+            eg_example.as_str(),
+        ];
+        args.extend(extra);
+        run(&args, None)
+    };
+    let o = eg(&["--budgets-service", "llmkube-budgets.llm:8080"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = eg(&[
+        "--budgets-service",
+        "b:1",
+        "--budgets-redis-secret",
+        "r",
+        "--budgets-image",
+        "i",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("options: --budgets-service: give --budgets-service"));
     assert_eq!(
         run(&["compile", "-f", &example()], None).status.code(),
         Some(2)

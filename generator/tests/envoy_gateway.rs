@@ -807,6 +807,18 @@ fn shared_budgets_deploy_the_ledger_and_add_its_cluster() {
         np["spec"]["podSelector"]["matchLabels"],
         svc["spec"]["selector"]
     );
+    // The core-kind check is not vacuous: a misspelt field and a wrongly typed value fail it.
+    let mut typo = dep.clone();
+    typo["spec"]["replica"] = json!(2);
+    assert!(check_core(&typo).is_err());
+    let mut typo = dep.clone();
+    typo["spec"]["template"]["spec"]["containers"][0]["envFrom"] =
+        json!([{"secretRef": {"name": "x"}, "prefx": "A"}]);
+    assert!(check_core(&typo).is_err());
+    let mut wrong = svc.clone();
+    wrong["spec"]["ports"][0]["port"] = json!("8080");
+    assert!(check_core(&wrong).is_err());
+    assert_eq!(check_core(svc), Ok(true));
 }
 
 #[test]

@@ -900,6 +900,18 @@ fn shared_budgets_refusals() {
     );
 }
 
+/// The regular expression of a patch selecting xDS routes by name (a JSONPath regex literal,
+/// which a `/` would end).
+fn route_regex(patch: &Value) -> regex::Regex {
+    let jp = patch["operation"]["jsonPath"].as_str().unwrap();
+    let re = jp
+        .strip_prefix("$.virtual_hosts[*].routes[?(@.name =~ /")
+        .and_then(|r| r.strip_suffix("/)]"))
+        .unwrap_or_else(|| panic!("{jp}"));
+    assert!(!re.contains('/'), "a / would end the JSONPath regex: {re}");
+    regex::Regex::new(re).unwrap()
+}
+
 /// One-backend rules: a per-try timeout and no retry; the EnvoyPatchPolicy removes the
 /// `retry_on` Envoy Gateway writes by default from exactly their xDS routes (named as its
 /// translator names them), and from no other.
@@ -924,13 +936,7 @@ fn one_backend_routes_carry_no_retry_conditions() {
             );
             assert_eq!(p["name"], "envoy-gateway-system/ai-gateway/http");
             assert_eq!(p["operation"]["path"], "/route/retry_policy/retry_on");
-            let jp = p["operation"]["jsonPath"].as_str().unwrap();
-            let re = jp
-                .strip_prefix("$.virtual_hosts[*].routes[?(@.name =~ /")
-                .and_then(|r| r.strip_suffix("/)]"))
-                .unwrap_or_else(|| panic!("{jp}"));
-            assert!(!re.contains('/'), "a / would end the JSONPath regex: {re}");
-            regex::Regex::new(re).unwrap()
+            route_regex(p)
         })
         .collect();
     let policies = of_kind(&docs, "BackendTrafficPolicy");
@@ -1056,17 +1062,7 @@ fn picked_backends_get_an_original_dst_cluster_on_the_filters_header() {
     assert!(replace
         .iter()
         .all(|p| p["operation"]["path"] == "/route/cluster" && p["operation"]["value"] == cluster));
-    let regexes: Vec<regex::Regex> = replace
-        .iter()
-        .map(|p| {
-            let jp = p["operation"]["jsonPath"].as_str().unwrap();
-            let re = jp
-                .strip_prefix("$.virtual_hosts[*].routes[?(@.name =~ /")
-                .and_then(|r| r.strip_suffix("/)]"))
-                .unwrap();
-            regex::Regex::new(re).unwrap()
-        })
-        .collect();
+    let regexes: Vec<regex::Regex> = replace.iter().map(|p| route_regex(p)).collect();
     let mut sent = 0;
     for r in of_kind(&docs, "AIGatewayRoute") {
         let route = r["metadata"]["name"].as_str().unwrap();
@@ -1137,17 +1133,7 @@ fn shadow_rules_mirror_to_local_backends() {
     let mirrors: Vec<(regex::Regex, Value)> = patches
         .iter()
         .filter(|p| p["operation"]["path"] == "/route/request_mirror_policies")
-        .map(|p| {
-            let jp = p["operation"]["jsonPath"].as_str().unwrap();
-            let re = jp
-                .strip_prefix("$.virtual_hosts[*].routes[?(@.name =~ /")
-                .and_then(|r| r.strip_suffix("/)]"))
-                .unwrap();
-            (
-                regex::Regex::new(re).unwrap(),
-                p["operation"]["value"].clone(),
-            )
-        })
+        .map(|p| (route_regex(p), p["operation"]["value"].clone()))
         .collect();
     let mut shadowed = 0;
     for r in of_kind(&docs, "AIGatewayRoute") {

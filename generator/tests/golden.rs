@@ -172,3 +172,44 @@ fn envoy_gateway_shared_budgets_match_their_golden_files() {
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A LoadAware `resolution: endpoint` backend picked by the filter (its ORIGINAL_DST cluster and
+/// routes by EnvoyPatchPolicy), with the pods given as `--endpoints isvc-a=10.0.0.1:8000,10.0.0.2:8000`.
+#[test]
+fn envoy_gateway_endpoint_picking_matches_its_golden_files() {
+    let mut r = router();
+    r["spec"]["gatewayRef"] = json!({"name": "ai-gateway", "namespace": "envoy-gateway-system"});
+    r["spec"]["backends"][0]["resolution"] = json!("endpoint");
+    r["spec"]["backends"][0]["balancing"] =
+        json!({"mode": "LoadAware", "prefixAffinity": {"blockBytes": 512}});
+    let input = full(r);
+    let o = GatewayOptions {
+        wasm_sha256: Some("0".repeat(64)),
+        common: CompileOptions {
+            endpoints: [(
+                "isvc-a".to_string(),
+                vec![
+                    ("10.0.0.1".to_string(), 8000),
+                    ("10.0.0.2".to_string(), 8000),
+                ],
+            )]
+            .into(),
+            ..Default::default()
+        },
+        ..GatewayOptions::new(WasmSource::Http(
+            "https://wasm.example.internal/llmkube_model_router.wasm".into(),
+        ))
+    };
+    let case = "envoy-gateway-pick";
+    let src = [Source {
+        name: format!("{case}/input.yaml"),
+        text: input.clone(),
+    }];
+    let out = compile_envoy_gateway(&src, &o).unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(out.contains("ORIGINAL_DST"));
+    let failures: Vec<String> = [("input.yaml", input.as_str()), ("envoy-gateway.yaml", &out)]
+        .into_iter()
+        .filter_map(|(file, text)| golden::check(case, file, text).err())
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

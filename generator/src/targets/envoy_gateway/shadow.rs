@@ -12,7 +12,10 @@
 //! `failClosed`) gets a key whose order, hence whose mirrors, holds no cloud backend. Copies to
 //! an external backend are not sent here: its credentials and API translation live in the
 //! clusters Envoy AI Gateway builds (its upstream filters), which a patch-added cluster lacks;
-//! that is warned about.
+//! that is warned about. Envoy AI Gateway after v1.1.0 (its main branch) adds
+//! `AIGatewayRoute.spec.rules[].mirrors`, mirrored through clusters its extension server builds
+//! with those filters (`internal/controller/ai_gateway_route.go`, `newHTTPRoute`); not in the
+//! v1.1.0 CRD in shared/crds, and without a way to mark the copy, so not used yet.
 
 use router_core::headers::SHADOW_HEADER;
 use serde_json::{json, Value};

@@ -11,6 +11,13 @@
 //! - Envoy AI Gateway turns an AIGatewayRoute into an HTTPRoute of the same name and namespace
 //!   (`internal/controller/ai_gateway_route.go`), its rules in order plus a final
 //!   `route-not-found` rule matching every path.
+//! - match `j` of rule `i` of HTTPRoute `<ns>/<name>` becomes the xDS route
+//!   `httproute/<ns>/<name>/rule/<i>/match/<j>/<hostname with dots as underscores>`
+//!   (`internal/gatewayapi/helpers.go` `irRouteName`, `route.go`), routed to the cluster
+//!   `httproute/<ns>/<name>/rule/<i>` (`irRouteDestinationName`);
+//! - an EnvoyPatchPolicy JSON patch with `op: add` and an empty `path` adds a whole xDS resource
+//!   (`internal/xds/translator/jsonpatch.go`); the clusters added that way are named here
+//!   `llmkube-<purpose>/<router ns>/<router>[/<backend>]`, which no Envoy Gateway name starts with.
 
 use crate::ir::Ir;
 

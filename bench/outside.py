@@ -19,7 +19,7 @@ envoy-examples/router.yaml, so every request meets the generated route table and
     the generated table has it there, else with it (L0-rb, L2-rb). With any `retry_on` Envoy's
     router keeps a copy of the body for a retry. L0-ka / L2-ka: keep-alive at every size.
 With --compare-wasm PATH: arm L2b, the generated chain with that build of the model/rule filter
-(its own VM), next to L2 in the same Envoy.
+(its own VM), next to L2 in the same Envoy (a before → after of a filter change).
 With --perf: `perf record -g` on Envoy per arm instead of the timed run.
 Results: bench/results/outside.json and the `bench:outside` section of docs/benchmarks.md.
 """
@@ -314,7 +314,8 @@ def run(a, started: dt.datetime, mach: dict, envoy_version: str, commit: str) ->
         "arms": {x["key"]: x["title"] for x in arms},
         "summary": summarize(runs, arms, sizes, reps), "envoy_stats": stats, "runs": runs,
     }
-    partial = bool(a.sizes or a.compare_wasm)
+    # L2b (--compare-wasm) is one more arm of a full run: the before of a change, side by side.
+    partial = bool(a.sizes)
     name = "outside-partial" if partial else "outside"
     (B.RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     md = render(result)
@@ -345,6 +346,13 @@ def summarize(runs: list, arms: list[dict], sizes: list[int], reps: int) -> list
                                            for r, b in zip(rs, base)]),
                 })
     return cells
+
+
+def paired(res: dict, size: int, v: str) -> float:
+    """Median over reps of L2 − L2b CPU per request (the same rep's runs)."""
+    by = {(r["listener"], r["rep"]): r["cpu_us_per_request"] for r in res["runs"]
+          if r["size"] == size and r["variant"] == v}
+    return B.med([by[("L2", k)] - by[("L2b", k)] for k in range(res["params"]["reps"])])
 
 
 def render(res: dict) -> str:
@@ -399,6 +407,22 @@ def render(res: dict) -> str:
                      f"{B.slope([x for x, _ in pts], [y for _, y in pts]):.3f} µs/KiB; "
                      "json_to_metadata: "
                      f"{B.slope([s / B.KIB for s in p['sizes'] for _ in p['variants']], [cell('L1', s, v)[what] for s in p['sizes'] for v in p['variants']]):.3f} µs/KiB")
+    if "L2b" in res["arms"] and len(big) >= 2:
+        L += ["", f"The other build (L2b, {res['arms']['L2b']}) in the same run, added over L0 "
+              "(p50 / CPU µs), and its slopes:", "",
+              "| body | model | L2b | L2 (this build) | L2 − L2b, paired per rep, CPU µs |",
+              "|---|---|--:|--:|--:|"]
+        for size in p["sizes"]:
+            for v in p["variants"]:
+                o, b = cell("L2", size, v), cell("L2b", size, v)
+                L.append(f"| {B.size_label(size)} | {v} | {B.fmt_us(b['added_p50_us'])} / "
+                         f"{B.fmt_us(b['added_cpu_us'])} | {B.fmt_us(o['added_p50_us'])} / "
+                         f"{B.fmt_us(o['added_cpu_us'])} | {B.fmt_us(paired(res, size, v))} |")
+        for what in ("added_p50_us", "added_cpu_us"):
+            pts = [(s / B.KIB, cell("L2b", s, v)[what]) for s in p["sizes"] for v in p["variants"]]
+            L.append("")
+            L.append(f"Slope of L2b over all sizes ({'p50' if 'p50' in what else 'CPU'}): "
+                     f"{B.slope([x for x, _ in pts], [y for _, y in pts]):.3f} µs/KiB")
     if "L0-404" in res["arms"]:
         L += ["", "Ours over L0-404, the baseline of a run whose L0/L1 requests carry no "
               "`x-llmkube-route` (they get the catch-all 404 and never send the body upstream; "

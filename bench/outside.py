@@ -18,6 +18,8 @@ envoy-examples/router.yaml, so every request meets the generated route table and
     with the other retry setting for routes that never retry: without `retry_on` (L0-nr, L2-nr) if
     the generated table has it there, else with it (L0-rb, L2-rb). With any `retry_on` Envoy's
     router keeps a copy of the body for a retry. L0-ka / L2-ka: keep-alive at every size.
+With --compare-wasm PATH: arm L2b, the generated chain with that build of the model/rule filter
+(its own VM), next to L2 in the same Envoy (a before → after of a filter change).
 With --perf: `perf record -g` on Envoy per arm instead of the timed run.
 Results: bench/results/outside.json and the `bench:outside` section of docs/benchmarks.md.
 """
@@ -115,7 +117,20 @@ def routes_buffer_for_retry(route_config: dict) -> bool:
                for vh in route_config["virtual_hosts"] for r in vh["routes"])
 
 
-def build(gen: dict, up_port: int, ab: bool) -> tuple[dict, list[dict]]:
+def with_wasm(filters: list[dict], wasm: Path) -> list[dict]:
+    """The chain with the model/rule filter's module replaced by `wasm` (own VM: --compare-wasm)."""
+    out = copy.deepcopy(filters)
+    for f in out:
+        vm = f.get("typed_config", {}).get("config", {}).get("vm_config", {})
+        local = vm.get("code", {}).get("local", {})
+        if local.get("filename", "").endswith("llmkube_model_router.wasm"):
+            local["filename"] = str(wasm)
+            vm["vm_id"] = vm.get("vm_id", "") + "-b"
+    return out
+
+
+def build(gen: dict, up_port: int, ab: bool,
+          compare: Path | None = None) -> tuple[dict, list[dict]]:
     """The bootstrap and its arms: {key, title, port, header (sent by the client)}."""
     cfg = copy.deepcopy(gen)
     point_at(cfg, up_port)
@@ -135,6 +150,9 @@ def build(gen: dict, up_port: int, ab: bool) -> tuple[dict, list[dict]]:
          ROUTE_KEY),
         ("L2", "generated filter chain", own, routes, ""),
     ]
+    if compare:
+        variants.append(("L2b", f"generated filter chain, {compare.name}",
+                         with_wasm(own, compare), routes, ""))
     if ab:
         variants.append(
             ("L0-404", "native buffer, no route header (catch-all 404)", [buf, router], routes, ""))
@@ -249,14 +267,15 @@ def run(a, started: dt.datetime, mach: dict, envoy_version: str, commit: str) ->
     env = None
     runs = []
     try:
-        cfg, arms = build(gen, up.port, a.ab)
+        compare = a.compare_wasm.resolve() if a.compare_wasm else None
+        cfg, arms = build(gen, up.port, a.ab, compare)
         env = B.Envoy(a.envoy, cfg, B.OUT, "outside", 1)
         verify(arms, bs)
         print(f"== outside method: envoy pid {env.pid}; "
               + ", ".join(f"{x['key']}=:{x['port']}" for x in arms), flush=True)
         reps, dur = a.reps or 3, a.duration or 3
         if a.perf:
-            keys = ("L0", "L0-rb", "L0-nr", "L2", "L2-rb", "L2-nr") if a.ab else ("L0", "L1", "L2")
+            keys = ("L0", "L0-rb", "L0-nr", "L2", "L2-rb", "L2-nr") if a.ab else ("L0", "L1", "L2", "L2b")
             prof = profile(env, [x for x in arms if x["key"] in keys], bs, max(sizes), dur, a.wrk)
             (B.RESULTS / "outside-perf.json").write_text(json.dumps(prof, indent=1) + "\n")
             return
@@ -295,12 +314,14 @@ def run(a, started: dt.datetime, mach: dict, envoy_version: str, commit: str) ->
         "arms": {x["key"]: x["title"] for x in arms},
         "summary": summarize(runs, arms, sizes, reps), "envoy_stats": stats, "runs": runs,
     }
-    name = "outside" if not a.sizes else "outside-partial"
+    # L2b (--compare-wasm) is one more arm of a full run: the before of a change, side by side.
+    partial = bool(a.sizes)
+    name = "outside-partial" if partial else "outside"
     (B.RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     md = render(result)
     print()
     print(md)
-    if not a.no_doc and not a.sizes:
+    if not a.no_doc and not partial:
         B.write_doc("outside", md)
 
 
@@ -325,6 +346,13 @@ def summarize(runs: list, arms: list[dict], sizes: list[int], reps: int) -> list
                                            for r, b in zip(rs, base)]),
                 })
     return cells
+
+
+def paired(res: dict, size: int, v: str) -> float:
+    """Median over reps of L2 − L2b CPU per request (the same rep's runs)."""
+    by = {(r["listener"], r["rep"]): r["cpu_us_per_request"] for r in res["runs"]
+          if r["size"] == size and r["variant"] == v}
+    return B.med([by[("L2", k)] - by[("L2b", k)] for k in range(res["params"]["reps"])])
 
 
 def render(res: dict) -> str:
@@ -379,6 +407,22 @@ def render(res: dict) -> str:
                      f"{B.slope([x for x, _ in pts], [y for _, y in pts]):.3f} µs/KiB; "
                      "json_to_metadata: "
                      f"{B.slope([s / B.KIB for s in p['sizes'] for _ in p['variants']], [cell('L1', s, v)[what] for s in p['sizes'] for v in p['variants']]):.3f} µs/KiB")
+    if "L2b" in res["arms"] and len(big) >= 2:
+        L += ["", f"The other build (L2b, {res['arms']['L2b']}) in the same run, added over L0 "
+              "(p50 / CPU µs), and its slopes:", "",
+              "| body | model | L2b | L2 (this build) | L2 − L2b, paired per rep, CPU µs |",
+              "|---|---|--:|--:|--:|"]
+        for size in p["sizes"]:
+            for v in p["variants"]:
+                o, b = cell("L2", size, v), cell("L2b", size, v)
+                L.append(f"| {B.size_label(size)} | {v} | {B.fmt_us(b['added_p50_us'])} / "
+                         f"{B.fmt_us(b['added_cpu_us'])} | {B.fmt_us(o['added_p50_us'])} / "
+                         f"{B.fmt_us(o['added_cpu_us'])} | {B.fmt_us(paired(res, size, v))} |")
+        for what in ("added_p50_us", "added_cpu_us"):
+            pts = [(s / B.KIB, cell("L2b", s, v)[what]) for s in p["sizes"] for v in p["variants"]]
+            L.append("")
+            L.append(f"Slope of L2b over all sizes ({'p50' if 'p50' in what else 'CPU'}): "
+                     f"{B.slope([x for x, _ in pts], [y for _, y in pts]):.3f} µs/KiB")
     if "L0-404" in res["arms"]:
         L += ["", "Ours over L0-404, the baseline of a run whose L0/L1 requests carry no "
               "`x-llmkube-route` (they get the catch-all 404 and never send the body upstream; "

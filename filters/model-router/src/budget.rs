@@ -285,6 +285,13 @@ impl Budgets {
         }
     }
 
+    /// Whether any budget applies to a request of `rule` with these headers: without one,
+    /// admission has nothing to do and the body need not be read back.
+    pub fn applies(&self, rule: Option<&str>, headers: &RequestHeaders) -> bool {
+        !router_core::budget::admit::applicable(&self.compiled.budgets, rule, |h| headers.first(h))
+            .is_empty()
+    }
+
     /// Admission. `Ok(None)`: no budget applies, the request goes as it is.
     pub fn admit(
         &self,

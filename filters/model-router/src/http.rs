@@ -220,8 +220,8 @@ impl Request {
         Ok((method, path, length))
     }
 
-    /// Carries out the request plan for the scanned body (`body_len` bytes; the body itself only
-    /// when the audit policy wants it in the record or budgets apply).
+    /// Carries out the request plan for the scanned body (`body_len` bytes; the body itself when
+    /// it arrived whole or the audit policy wants it in the record).
     fn route(
         &mut self,
         worker: &Worker,
@@ -279,7 +279,8 @@ impl Request {
         self.audit.rule = forward.rule_name().map(str::to_string);
         self.rule_index = forward.decision.rule;
         self.backend_index = Some(forward.decision.backend());
-        if let Some(action) = self.budget_step(worker, &mut forward, body, budget_fields.as_ref()) {
+        let fields = budget_fields.as_ref();
+        if let Some(action) = self.budget_step(worker, &mut forward, body, body_len, fields) {
             return action;
         }
         self.phase = Phase::Forwarded(Routed {
@@ -312,15 +313,32 @@ impl Request {
 
     /// The budget step, once routing has decided: reserve on the request's budgets or answer
     /// (429/503) before anything goes upstream; carry out its body edits. `None`: go on.
+    /// A body that arrived in pieces (`body` is `None`) is read back whole only when a budget
+    /// applies: a request no budget covers pays nothing for them.
     fn budget_step(
         &mut self,
         worker: &Worker,
         forward: &mut Forward,
         body: Option<&[u8]>,
+        body_len: usize,
         fields: Option<&Fields>,
     ) -> Option<Action> {
-        let (Some(budgets), Some(body), Some(fields)) = (&worker.budgets, body, fields) else {
+        let (Some(budgets), Some(fields)) = (&worker.budgets, fields) else {
             return None;
+        };
+        if !budgets.applies(forward.rule_name(), &self.headers) {
+            return None;
+        }
+        let read_back;
+        let body = match body {
+            Some(b) => b,
+            None => match edge::buffer(Buffer::RequestBody, 0, body_len) {
+                Ok(b) => {
+                    read_back = b.unwrap_or_default();
+                    &read_back
+                }
+                Err(e) => return Some(self.internal(&format!("reading the request body: {e}"))),
+            },
         };
         let view = RequestView {
             rule: forward.rule_name(),
@@ -454,12 +472,12 @@ impl Request {
         if len == 0 {
             return self.refuse(Refusal::invalid(ApiError::empty_body()));
         }
-        // Only the audit policy and budgets read the body; one that arrived in pieces is read
-        // back whole.
-        let body = if worker.router.config.audit.include_request_body || worker.budgets.is_some() {
-            whole.or_else(|| edge::buffer(Buffer::RequestBody, 0, len).ok().flatten())
+        // The audit policy may want the body in its record; one that arrived in pieces is read
+        // back whole. (Budgets read it back themselves, only for a request a budget applies to.)
+        let body = if whole.is_none() && worker.router.config.audit.include_request_body {
+            edge::buffer(Buffer::RequestBody, 0, len).ok().flatten()
         } else {
-            None
+            whole
         };
         self.route(&worker, scanned, len, body.as_deref())
     }

@@ -149,3 +149,35 @@ fn a_stream_in_tiny_pieces_is_charged_its_usage_and_loses_the_chunk_it_did_not_a
     );
     assert!(!audit[0].contains("usage_estimated"));
 }
+
+#[test]
+fn a_body_in_pieces_is_held_and_edited_as_a_whole_one_where_a_budget_applies() {
+    let head = [(":authority", "gw"), ("content-type", "application/json")];
+    let red = [head[0], head[1], ("x-llmkube-team", "red")];
+    let mut h =
+        with_budgets(json!([{"name": "t", "scope": "team", "max_tokens": 480, "window_s": 60}]));
+    // The hold is the whole body's (437: its 81 bytes and its max_tokens), though the filter
+    // saw the body nine bytes at a time.
+    let first = send_body(&mut h, &red, BODY, 9);
+    assert!(first.local_response.is_none(), "admitted");
+    assert_eq!(first.forwarded_body, BODY.as_bytes());
+    let second = send_body(&mut h, &red, BODY, 9);
+    assert_eq!(error_of(&second), (429, "budget_exceeded".into()));
+    h.log_and_done(second.stream).unwrap();
+    // No team header: no budget applies (red's is full), the request goes as it is.
+    let plain = send_body(&mut h, &head, BODY, 9);
+    assert!(plain.local_response.is_none());
+    assert_eq!(plain.forwarded_body, BODY.as_bytes());
+    // Settling the first frees red's budget for the next.
+    usage_json(&mut h, &first);
+    assert!(send_body(&mut h, &red, BODY, 9).local_response.is_none());
+
+    let mut h =
+        with_budgets(json!([{"name": "t", "scope": "team", "max_tokens": 100000, "window_s": 60}]));
+    let body = r#"{"model":"qwen3-8b","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let req = send_body(&mut h, &red, body, 5);
+    let sent: Value = serde_json::from_slice(&req.forwarded_body).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    assert_eq!(sent["max_tokens"], 4096);
+    assert_eq!(sent["messages"][0]["content"], "hi");
+}

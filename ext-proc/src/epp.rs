@@ -10,7 +10,9 @@
 //! - the pod goes out both ways the protocol names: the `x-gateway-destination-endpoint` header
 //!   and the dynamic metadata `envoy.lb` → `x-gateway-destination-endpoint`, the same value;
 //! - a candidate subset the proxy sends (`envoy.lb.subset_hint` →
-//!   `x-gateway-destination-endpoint-subset`) is a bound: a pick outside it is never answered;
+//!   `x-gateway-destination-endpoint-subset`) bounds the pick: it reaches the filter as the
+//!   stream property `llmkube.endpoint_subset`, and the pick weighs only those pods (an empty
+//!   list, or none eligible, is 503); a pick outside it would never be answered either;
 //! - a request the filter passes without naming a pod (no endpoint-picked backend on its order,
 //!   or every pod quarantined) is answered 503, so the proxy never routes it by itself;
 //! - the response phases reach the filter (status, usage) as on the wasm path, and the pick's
@@ -132,8 +134,20 @@ impl<'p> Picker<'p> {
         }
         match &msg.request {
             Some(Rq::RequestHeaders(h)) if self.held.is_none() => {
+                let eos = h.end_of_stream;
+                let mut msg = msg;
                 self.subset = subset(&msg.metadata_context, &self.settings.subset_namespace);
-                if h.end_of_stream {
+                match &self.subset {
+                    Some(list) if list.is_empty() => {
+                        return vec![self.unavailable(
+                        "no_eligible_pod",
+                        "the gateway allowed no pod for this request (an empty candidate subset)",
+                    )]
+                    }
+                    Some(list) => bound_to(&mut msg, list),
+                    None => {}
+                }
+                if eos {
                     let first = self.inner.handle(msg).await;
                     return self.decide(first, None);
                 }
@@ -396,6 +410,25 @@ fn destination(m: &HeaderMutation) -> Option<String> {
     })?;
     let pod = set.trim();
     (!pod.is_empty() && pod.parse::<std::net::SocketAddr>().is_ok()).then(|| pod.to_string())
+}
+
+/// The attribute (a stream property for the filter, `llmkube.endpoint_subset`) that bounds the
+/// filter's pick to the proxy's candidates; whatever else named it is dropped first.
+pub const SUBSET_ATTRIBUTE: &str = "llmkube.endpoint_subset";
+
+fn bound_to(msg: &mut ProcessingRequest, candidates: &[String]) {
+    for s in msg.attributes.values_mut() {
+        s.fields.remove(SUBSET_ATTRIBUTE);
+    }
+    let mut ours = Struct::default();
+    ours.fields.insert(
+        SUBSET_ATTRIBUTE.into(),
+        Value {
+            kind: Some(value::Kind::StringValue(candidates.join(","))),
+        },
+    );
+    msg.attributes
+        .insert("llmkube.endpoint_picker".into(), ours);
 }
 
 /// The proxy's candidate list, when it sent one (an empty list allows nothing).

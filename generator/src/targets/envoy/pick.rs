@@ -19,7 +19,7 @@ use crate::model::{BalancingMode, Resolution};
 use crate::{Diagnostics, Problem};
 
 /// Whether the filter picks backend `i`'s pods.
-pub(super) fn is_picked(ir: &Ir, i: usize) -> bool {
+pub(crate) fn is_picked(ir: &Ir, i: usize) -> bool {
     let endpoint = matches!(
         ir.backends[i].kind,
         BackendKind::Service {
@@ -35,7 +35,7 @@ pub(super) fn is_picked(ir: &Ir, i: usize) -> bool {
 }
 
 /// The plugin config with each picked backend's pods and balancing.
-pub(super) fn plugin_json(ir: &Ir) -> String {
+pub(crate) fn plugin_json(ir: &Ir) -> String {
     let mut plugin = ir.plugin.clone();
     for (i, b) in ir.backends.iter().enumerate() {
         if !is_picked(ir, i) {

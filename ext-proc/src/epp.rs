@@ -135,6 +135,12 @@ impl<'p> Picker<'p> {
         match &msg.request {
             Some(Rq::RequestHeaders(h)) if self.held.is_none() => {
                 let eos = h.end_of_stream;
+                if !eos && !full_duplex(&msg) {
+                    return vec![self.unavailable(
+                        "fail_closed",
+                        "the endpoint picker needs the request body FULL_DUPLEX_STREAMED (processing_mode.request_body_mode); the gateway sends it otherwise, so the pod cannot be picked",
+                    )];
+                }
                 let mut msg = msg;
                 self.subset = subset(&msg.metadata_context, &self.settings.subset_namespace);
                 match &self.subset {
@@ -355,6 +361,17 @@ impl<'p> Picker<'p> {
     }
 }
 
+/// Whether the proxy streams the request body without waiting for the headers answer: what
+/// it says on its first message (`protocol_config`), or, when it says nothing (older proxies),
+/// assumed, as the protocol requires that mode. Holding the headers answer in any other mode
+/// would stall the proxy until its message timeout.
+fn full_duplex(msg: &ProcessingRequest) -> bool {
+    use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+    msg.protocol_config
+        .as_ref()
+        .is_none_or(|p| p.request_body_mode == BodySendMode::FullDuplexStreamed as i32)
+}
+
 fn is_immediate(r: &ProcessingResponse) -> bool {
     matches!(
         r.response,
@@ -480,6 +497,23 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_proxy_that_says_it_buffers_the_body_is_not_full_duplex() {
+        use envoy_types::pb::envoy::service::ext_proc::v3::ProtocolConfiguration;
+        let mut msg = ProcessingRequest::default();
+        assert!(full_duplex(&msg), "unsaid: the protocol's mode");
+        msg.protocol_config = Some(ProtocolConfiguration {
+            request_body_mode: 4,
+            ..Default::default()
+        });
+        assert!(full_duplex(&msg));
+        msg.protocol_config = Some(ProtocolConfiguration {
+            request_body_mode: 1,
+            ..Default::default()
+        });
+        assert!(!full_duplex(&msg));
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! FULL_DUPLEX_STREAMED, the body streamed in chunks before any answer, the destination read from
 //! the headers answer. The model-router module picks among two pods.
 
+mod support;
+
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
@@ -12,52 +14,21 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::google::protobuf::{value, ListValue, Struct, Value};
 use sha2::{Digest, Sha256};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::free_addr;
 use tokio::sync::mpsc;
 use tonic::Streaming;
 
 const PODS: [&str; 2] = ["10.0.0.1:8000", "10.0.0.2:8000"];
 const GAUGE: &str = "llmkube_pick_in_flight_backend_pods";
 
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
-
 /// The model-router filter, built (release, wasm32-wasip1) if it is not up to date.
 fn router_wasm() -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-wasip1",
-            "-p",
-            "llmkube-model-router",
-        ])
-        .env("CARGO_TARGET_DIR", target_dir())
-        .output()
-        .expect("running cargo");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    target_dir().join("wasm32-wasip1/release/llmkube_model_router.wasm")
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    support::filter_wasm("llmkube-model-router", "llmkube_model_router.wasm")
 }
 
 fn plugin_config() -> serde_json::Value {

@@ -16,43 +16,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::headers_msg;
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
+use support::{free_addr, headers_msg};
 
 /// The probe filter, built (release, wasm32-wasip1) if it is not up to date.
 fn probe_wasm() -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-wasip1",
-            "-p",
-            "probe-filter",
-        ])
-        .env("CARGO_TARGET_DIR", target_dir())
-        .output()
-        .expect("running cargo");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    target_dir().join("wasm32-wasip1/release/probe_filter.wasm")
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    support::filter_wasm("probe-filter", "probe_filter.wasm")
 }
 
 struct Server {

@@ -63,8 +63,13 @@ fn picked_router() -> Value {
 }
 
 fn picked() -> String {
+    picked_docs(picked_router())
+}
+
+/// `router` with the objects a picked router references.
+fn picked_docs(router: Value) -> String {
     common::docs(&[
-        picked_router(),
+        router,
         isvc("isvc-a", Some(8000)),
         isvc("isvc-b", None),
         isvc("isvc-pods", Some(8000)),
@@ -532,14 +537,7 @@ fn refusals_name_the_field_and_the_reason() {
     // A pod set without LoadAware: agentgateway has nothing to spread it.
     let mut r = picked_router();
     r["spec"]["backends"][3]["balancing"] = json!({"mode": "RoundRobin"});
-    let text = common::docs(&[
-        r,
-        isvc("isvc-a", Some(8000)),
-        isvc("isvc-b", None),
-        isvc("isvc-pods", Some(8000)),
-        secret(),
-    ]);
-    let e = errors(&text, &opts(Some(4096)));
+    let e = errors(&picked_docs(r), &opts(Some(4096)));
     assert!(
         e.iter().any(|e| e.starts_with(
             "ModelRouter/demo: spec.backends[3].balancing.mode: \"pods\" has resolution: endpoint without balancing.mode LoadAware"
@@ -549,14 +547,7 @@ fn refusals_name_the_field_and_the_reason() {
     // Failover across a picked backend.
     let mut r = picked_router();
     r["spec"]["rules"][0]["route"]["backends"] = json!(["pods", "cloud"]);
-    let text = common::docs(&[
-        r,
-        isvc("isvc-a", Some(8000)),
-        isvc("isvc-b", None),
-        isvc("isvc-pods", Some(8000)),
-        secret(),
-    ]);
-    let e = errors(&text, &opts(Some(4096)));
+    let e = errors(&picked_docs(r), &opts(Some(4096)));
     assert!(
         e.iter().any(|e| e.starts_with(
             "ModelRouter/demo: spec.rules[0].route.backends: failover across \"pods\", whose pods are picked"

@@ -55,7 +55,11 @@ pub(super) fn picked_route<'a>(ir: &'a Ir, p: &RoutePlan) -> Option<&'a Backend>
 }
 
 pub(super) fn any_picked(ir: &Ir) -> bool {
-    ir.backends.iter().any(is_picked)
+    picked_backends(ir).next().is_some()
+}
+
+fn picked_backends(ir: &Ir) -> impl Iterator<Item = &Backend> {
+    ir.backends.iter().filter(|b| is_picked(b))
 }
 
 /// Where the picker listens: the `--ext-proc` host, the next port.
@@ -128,9 +132,7 @@ pub(super) fn refusals(ir: &Ir, diags: &mut Diagnostics) {
 /// Top-level `services` of the standalone config: the logical Service of each picked backend
 /// (agentgateway requires one for a `service` backend; passthrough needs no endpoints).
 pub(super) fn standalone_services(ir: &Ir) -> Vec<Value> {
-    ir.backends
-        .iter()
-        .filter(|b| is_picked(b))
+    picked_backends(ir)
         .map(|b| {
             let (svc, port) = service_of(b);
             json!({
@@ -203,9 +205,7 @@ pub(super) fn pools(
     picker_port: u16,
     metadata: impl Fn(&str) -> Value,
 ) -> Vec<Value> {
-    ir.backends
-        .iter()
-        .filter(|b| is_picked(b))
+    picked_backends(ir)
         .map(|b| {
             let (svc, port) = service_of(b);
             json!({

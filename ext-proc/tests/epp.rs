@@ -13,11 +13,9 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use envoy_types::pb::google::protobuf::{value, ListValue, Struct, Value};
 use sha2::{Digest, Sha256};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::free_addr;
 use tokio::sync::mpsc;
@@ -52,10 +50,9 @@ fn plugin_config() -> serde_json::Value {
 }
 
 struct Server {
-    child: Child,
+    process: support::Process,
     addr: SocketAddr,
     metrics: SocketAddr,
-    log: Arc<Mutex<String>>,
 }
 
 impl Server {
@@ -82,45 +79,17 @@ impl Server {
             "endpoint_picker": {}
         });
         std::fs::write(&cfg, config.to_string()).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_llmkube-ext-proc"))
-            .args([
-                "--listen",
-                &addr.to_string(),
-                "--metrics",
-                &metrics.to_string(),
-                "--config",
-            ])
-            .arg(&cfg)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = log.clone();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut l = sink.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
         let s = Server {
-            child,
+            process: support::Process::start(&cfg, addr, metrics),
             addr,
             metrics,
-            log,
         };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !s.log().contains("ready on") {
-            assert!(Instant::now() < deadline, "not ready:\n{}", s.log());
-            std::thread::sleep(Duration::from_millis(10));
-        }
         assert!(s.log().contains("endpoint picker"), "{}", s.log());
         s
     }
 
     fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.process.log()
     }
 
     fn in_flight(&self) -> f64 {
@@ -164,16 +133,6 @@ impl Server {
             .unwrap()
             .into_inner();
         (tx, answers)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("--- server log ---\n{}", self.log());
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

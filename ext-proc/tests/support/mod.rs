@@ -62,3 +62,76 @@ pub fn free_addr() -> std::net::SocketAddr {
         .local_addr()
         .unwrap()
 }
+
+/// A running `llmkube-ext-proc` on `addr` (metrics on `metrics`) with config file `cfg`, its
+/// stderr collected; killed on drop (its log printed when the test failed).
+pub struct Process {
+    child: std::process::Child,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Process {
+    /// Starts the server and waits for its ready line.
+    pub fn start(
+        cfg: &std::path::Path,
+        addr: std::net::SocketAddr,
+        metrics: std::net::SocketAddr,
+    ) -> Process {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_llmkube-ext-proc"))
+            .args([
+                "--listen",
+                &addr.to_string(),
+                "--metrics",
+                &metrics.to_string(),
+                "--config",
+            ])
+            .arg(cfg)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = log.clone();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let p = Process { child, log };
+        p.wait_log("ready on", 1);
+        p
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits (up to a minute) until `needle` is in the log `times` times.
+    pub fn wait_log(&self, needle: &str, times: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.log().matches(needle).count() < times {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {needle:?} x{times}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- server log ---\n{}", self.log());
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

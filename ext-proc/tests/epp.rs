@@ -383,3 +383,45 @@ async fn the_picker_answers_as_the_endpoint_picker_protocol_says() {
     assert_eq!(status, 400, "{text}");
     drop(tx);
 }
+
+/// The server's module instances share one picture (the filter's shared queues): a session
+/// placed on one instance stays on its pod when its next request runs on the other instance.
+/// Each session is first forced onto a pod by a subset, so a second instance that knew nothing
+/// would place it by its own hash instead: with four sessions on alternating pods, at least one
+/// of them would move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_instance_of_the_picker_sees_where_a_session_went() {
+    let server = Server::start();
+    // An instance learns the others' queues on its root tick (every 100 ms); picks before the
+    // first tick stay on their instance, as on Envoy's workers.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let prompt = |i: usize| chat("m", &format!("session prompt {i} ").repeat(20));
+    for i in 0..4 {
+        let session = format!("chat-{i}");
+        let forced = PODS[i % 2];
+        let sid = [("x-session-id", session.as_str())];
+        // Nothing else open: the stream runs on the first instance.
+        let (tx, mut answers) = server.open().await;
+        send_request(&tx, request_headers(&sid, Some(&[forced])), &prompt(i)).await;
+        assert_eq!(
+            destination(&answers.message().await.unwrap().unwrap()),
+            forced
+        );
+        drop(tx);
+        drop(answers);
+        server.wait_in_flight(0.0).await;
+        // A request held open on the first instance sends the next stream to the second.
+        let (hold, mut held) = server.open().await;
+        send_request(&hold, request_headers(&[], None), &chat("m", "hold")).await;
+        destination(&held.message().await.unwrap().unwrap());
+        let (tx, mut answers) = server.open().await;
+        send_request(&tx, request_headers(&sid, None), &prompt(i + 10)).await;
+        assert_eq!(
+            destination(&answers.message().await.unwrap().unwrap()),
+            forced,
+            "session {session} moved when its request ran on the other instance"
+        );
+        drop((tx, answers, hold, held));
+        server.wait_in_flight(0.0).await;
+    }
+}

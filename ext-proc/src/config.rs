@@ -36,6 +36,9 @@ struct File {
     /// `HOST:PORT` of the Prometheus endpoint (`--metrics` overrides it).
     #[serde(default)]
     metrics: Option<String>,
+    /// Answer as an Inference Extension endpoint picker (see `epp.rs`).
+    #[serde(default)]
+    endpoint_picker: Option<crate::epp::SettingsFile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,6 +83,7 @@ pub struct Config {
     pub max_calls_in_flight: usize,
     pub max_callout_response_bytes: usize,
     pub metrics: Option<SocketAddr>,
+    pub endpoint_picker: Option<crate::epp::Settings>,
 }
 
 /// A callout's timeout when its cluster names none.
@@ -192,6 +196,7 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
         max_calls_in_flight,
         max_callout_response_bytes,
         metrics,
+        endpoint_picker: file.endpoint_picker.map(crate::epp::SettingsFile::settings),
     })
 }
 

@@ -4,6 +4,7 @@
 
 mod callout;
 mod config;
+mod epp;
 mod metrics;
 mod phases;
 mod pool;

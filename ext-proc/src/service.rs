@@ -30,6 +30,8 @@ const TICK_AT_MOST_EVERY: Duration = Duration::from_millis(50);
 struct Processor {
     pool: Arc<Pool>,
     streams: Arc<Semaphore>,
+    /// Endpoint-picker mode, with the filter's body limit.
+    picker: Option<(Arc<crate::epp::Settings>, usize)>,
 }
 
 type Out = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
@@ -54,6 +56,13 @@ impl ExternalProcessor for Processor {
         let mut inbound = request.into_inner();
         let pool = self.pool.clone();
         let (tx, rx) = mpsc::channel(4);
+        if let Some((settings, max_body)) = self.picker.clone() {
+            tokio::spawn(async move {
+                let _permit = permit;
+                crate::epp::run(&pool, &settings, max_body, inbound, tx).await;
+            });
+            return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
+        }
         tokio::spawn(async move {
             let _permit = permit;
             let mut exchange = Exchange::new(&pool);
@@ -111,16 +120,21 @@ pub async fn serve(
     let service = ExternalProcessorServer::new(Processor {
         pool: pool.clone(),
         streams,
+        picker: cfg
+            .endpoint_picker
+            .clone()
+            .map(|s| (Arc::new(s), cfg.max_body_bytes)),
     })
     .max_decoding_message_size(max_message)
     .max_encoding_message_size(max_message);
     eprintln!(
-        "llmkube-ext-proc: ready on {bound}: {} ({} instances of root_id {}, up to {} streams, {} callout clusters){metrics_line}",
+        "llmkube-ext-proc: ready on {bound}: {} ({} instances of root_id {}, up to {} streams, {} callout clusters){}{metrics_line}",
         cfg.module_path.display(),
         pool.instances(),
         cfg.root_id,
         cfg.max_streams,
         cfg.clusters.len(),
+        if cfg.endpoint_picker.is_some() { ", endpoint picker" } else { "" },
     );
     let stop = async {
         let mut term =

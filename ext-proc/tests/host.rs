@@ -10,56 +10,22 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_response, ProcessingRequest, ProcessingResponse,
 };
 use sha2::{Digest, Sha256};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::headers_msg;
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
-}
+use support::{free_addr, headers_msg};
 
 /// The probe filter, built (release, wasm32-wasip1) if it is not up to date.
 fn probe_wasm() -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-wasip1",
-            "-p",
-            "probe-filter",
-        ])
-        .env("CARGO_TARGET_DIR", target_dir())
-        .output()
-        .expect("running cargo");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    target_dir().join("wasm32-wasip1/release/probe_filter.wasm")
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    support::filter_wasm("probe-filter", "probe_filter.wasm")
 }
 
 struct Server {
-    child: Child,
+    process: support::Process,
     addr: SocketAddr,
     metrics: SocketAddr,
-    log: Arc<Mutex<String>>,
 }
 
 impl Server {
@@ -86,52 +52,15 @@ impl Server {
             ),
         )
         .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_llmkube-ext-proc"))
-            .args([
-                "--listen",
-                &addr.to_string(),
-                "--metrics",
-                &metrics.to_string(),
-                "--config",
-            ])
-            .arg(&cfg)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = log.clone();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut l = sink.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
-        let s = Server {
-            child,
+        Server {
+            process: support::Process::start(&cfg, addr, metrics),
             addr,
             metrics,
-            log,
-        };
-        s.wait_log("ready on", 1);
-        s
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        }
     }
 
     fn wait_log(&self, needle: &str, times: usize) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.log().matches(needle).count() < times {
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?} x{times}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.process.wait_log(needle, times)
     }
 
     fn scrape(&self) -> String {
@@ -169,16 +98,6 @@ impl Server {
             .unwrap()
             .into_inner();
         (answers.message().await.unwrap().unwrap(), tx)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("--- server log ---\n{}", self.log());
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

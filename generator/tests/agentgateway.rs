@@ -25,6 +25,56 @@ fn opts(max_body: Option<u64>) -> AgentgatewayOptions {
         wasm_sha256: Some(FAKE_SHA.into()),
         ..Default::default()
     }
+    .with_pods()
+}
+
+/// The pods of `isvc-pods` (only a `resolution: endpoint` backend reads them).
+trait WithPods {
+    fn with_pods(self) -> Self;
+}
+impl WithPods for AgentgatewayOptions {
+    fn with_pods(mut self) -> Self {
+        self.common.endpoints = [(
+            "isvc-pods".to_string(),
+            vec![
+                ("10.0.0.1".to_string(), 8000),
+                ("10.0.0.2".to_string(), 8000),
+            ],
+        )]
+        .into();
+        self
+    }
+}
+
+/// A router with a picked backend (`resolution: endpoint`, LoadAware) beside plain ones.
+fn picked_router() -> Value {
+    let mut r = with_gateway(router());
+    r["spec"]["backends"].as_array_mut().unwrap().push(json!({
+        "name": "pods", "tier": "local", "inferenceServiceRef": {"name": "isvc-pods"},
+        "resolution": "endpoint",
+        "balancing": {"mode": "LoadAware", "prefixAffinity": {"blockBytes": 256},
+                      "sessionAffinity": {"headers": ["x-session-id"]}}
+    }));
+    r["spec"]["rules"] = json!([
+        {"name": "picked", "match": {"models": ["qwen3-*"]}, "route": {"backends": ["pods"]}},
+        {"name": "fo", "match": {"models": ["fo"]}, "route": {"backends": ["local-a", "cloud"]}}
+    ]);
+    r
+}
+
+fn picked() -> String {
+    picked_docs(picked_router())
+}
+
+/// `router` with the objects a picked router references.
+fn picked_docs(router: Value) -> String {
+    common::docs(&[
+        router,
+        isvc("isvc-a", Some(8000)),
+        isvc("isvc-b", None),
+        isvc("isvc-pods", Some(8000)),
+        secret(),
+    ])
 }
 
 fn src(text: &str) -> Vec<Source> {
@@ -83,6 +133,7 @@ fn corpus() -> Vec<(&'static str, String, Option<u64>)> {
             dataplane_docs(with_gateway(reference_example(None))),
             Some(4096),
         ),
+        ("picked", picked(), Some(RETRY_REPLAY_LIMIT)),
     ]
 }
 
@@ -483,15 +534,24 @@ fn refusals_name_the_field_and_the_reason() {
             .any(|e| e.starts_with("ModelRouter/dp: spec.agentGatewayRef: is required")),
         "{e:?}"
     );
-    // Pod picking is not generated.
-    let mut r = with_gateway(router());
-    r["spec"]["backends"][0]["resolution"] = json!("endpoint");
-    let mut o = opts(Some(4096));
-    o.common.endpoints = [("isvc-a".to_string(), vec![("10.0.0.1".to_string(), 8000)])].into();
-    let e = errors(&full(r), &o);
+    // A pod set without LoadAware: agentgateway has nothing to spread it.
+    let mut r = picked_router();
+    r["spec"]["backends"][3]["balancing"] = json!({"mode": "RoundRobin"});
+    let e = errors(&picked_docs(r), &opts(Some(4096)));
     assert!(
-        e.iter()
-            .any(|e| e.contains("spec.backends[0].resolution: endpoint")),
+        e.iter().any(|e| e.starts_with(
+            "ModelRouter/demo: spec.backends[3].balancing.mode: \"pods\" has resolution: endpoint without balancing.mode LoadAware"
+        )),
+        "{e:?}"
+    );
+    // Failover across a picked backend.
+    let mut r = picked_router();
+    r["spec"]["rules"][0]["route"]["backends"] = json!(["pods", "cloud"]);
+    let e = errors(&picked_docs(r), &opts(Some(4096)));
+    assert!(
+        e.iter().any(|e| e.starts_with(
+            "ModelRouter/demo: spec.rules[0].route.backends: failover across \"pods\", whose pods are picked"
+        )),
         "{e:?}"
     );
     // Signing providers.
@@ -573,4 +633,99 @@ fn budgets_are_refused_with_the_reason() {
         ) && l.contains("fullDuplexStreamed")),
         "{e:?}"
     );
+}
+
+#[test]
+fn a_picked_backend_is_a_service_whose_pod_the_endpoint_picker_names() {
+    let out = compile(&picked(), &opts(Some(RETRY_REPLAY_LIMIT)));
+    let cfg = yaml(file(&out, "agentgateway.yaml"));
+    // The logical Service agentgateway requires for a service backend, without endpoints.
+    assert_eq!(
+        cfg["services"],
+        json!([{"name": "isvc-pods", "namespace": "llm",
+                "hostname": "isvc-pods.llm.svc.cluster.local", "vips": [], "ports": {"8000": 8000}}])
+    );
+    let routes = listener(&cfg)["routes"].as_array().unwrap();
+    let picked: Vec<&Value> = routes
+        .iter()
+        .filter(|r| r["backends"][0].get("service").is_some())
+        .collect();
+    assert_eq!(picked.len(), 1, "{routes:#?}");
+    let b = &picked[0]["backends"][0];
+    assert_eq!(
+        b["service"],
+        json!({"name": "llm/isvc-pods.llm.svc.cluster.local", "port": 8000})
+    );
+    // The picker listens on the --ext-proc port plus one; passthrough: it names only the pods
+    // its plugin config lists.
+    assert_eq!(
+        b["policies"]["inferenceRouting"],
+        json!({"endpointPicker": {"host": "127.0.0.1:50052"}, "destinationMode": "passthrough"})
+    );
+    assert!(picked[0]["policies"].get("retry").is_none());
+    // Every other route keeps its AI backend.
+    assert!(routes
+        .iter()
+        .filter(|r| r["name"] != "no-route" && r["backends"][0].get("service").is_none())
+        .all(|r| r["backends"][0].get("ai").is_some()));
+
+    // The picker's config: the gateway-level server's, in endpoint-picker mode, with the pods
+    // (only the picker picks; the gateway-level pass routes).
+    let server = yaml(file(&out, "ext-proc.yaml"));
+    let mut picker = yaml(file(&out, "endpoint-picker.yaml"));
+    assert_eq!(picker["endpoint_picker"], json!({}));
+    let pick = picker["plugin_config"]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "pods")
+        .unwrap()["pick"]
+        .clone();
+    assert_eq!(pick["endpoints"], json!(["10.0.0.1:8000", "10.0.0.2:8000"]));
+    assert!(pick.get("scrape_cluster").is_none(), "{pick}");
+    assert!(!server["plugin_config"].to_string().contains("10.0.0.2"));
+    let obj = picker.as_object_mut().unwrap();
+    obj.remove("endpoint_picker");
+    obj.remove("plugin_config");
+    let mut rest = server.clone();
+    rest.as_object_mut().unwrap().remove("plugin_config");
+    assert_eq!(picker, rest);
+
+    // Kubernetes: an InferencePool of the pods, its picker the llmkube-epp Service.
+    let docs = common::crds::documents(file(&out, "kubernetes.yaml"));
+    let pool = docs.iter().find(|d| d["kind"] == "InferencePool").unwrap();
+    assert_eq!(
+        pool["spec"],
+        json!({"selector": {"matchLabels": {"inference.llmkube.dev/service": "isvc-pods"}},
+               "targetPorts": [{"number": 8000}],
+               "endpointPickerRef": {"name": "llmkube-epp-demo", "port": {"number": 50051},
+                                     "failureMode": "FailClose"}})
+    );
+    let cm = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "llmkube-epp-demo")
+        .unwrap();
+    assert!(cm["data"]["ext-proc.yaml"]
+        .as_str()
+        .unwrap()
+        .contains("endpoint_picker"));
+    assert!(docs
+        .iter()
+        .any(|d| d["kind"] == "Service" && d["metadata"]["name"] == "llmkube-epp-demo"));
+    let refs: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "HTTPRoute")
+        .flat_map(|d| d["spec"]["rules"].as_array().unwrap())
+        .map(|r| &r["backendRefs"][0])
+        .collect();
+    assert!(
+        refs.contains(&&json!({"group": "inference.networking.k8s.io",
+        "kind": "InferencePool", "name": "llmkube-demo-pods"}))
+    );
+    // No AgentgatewayBackend for the picked route key.
+    let backends = docs
+        .iter()
+        .filter(|d| d["kind"] == "AgentgatewayBackend")
+        .count();
+    assert_eq!(backends + 1, refs.len());
 }

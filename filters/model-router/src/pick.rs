@@ -44,6 +44,9 @@ const SCRAPE_TIMEOUT: Duration = Duration::from_millis(800);
 /// Scrape answers still awaited; more means the pods stopped answering, and old tokens go.
 const MAX_SCRAPES: usize = 4096;
 const SESSION_EXPIRY_NS: u64 = 1_000_000_000;
+/// Comma-separated `ip:port` candidates the pick must stay within (see `router_core::pick`'s
+/// `subset`).
+const SUBSET_PROPERTY: [&str; 2] = ["llmkube", "endpoint_subset"];
 
 struct Backend {
     name: String,
@@ -232,7 +235,16 @@ impl Pick {
             session,
             avoid: None,
         };
-        let ticket = match picker.pick(&req, now) {
+        // The candidates an endpoint picker's proxy allows (set by llmkube-ext-proc in picker
+        // mode; Envoy has no such property, so a client can never set it).
+        let choice = match edge::property(&SUBSET_PROPERTY).ok().flatten() {
+            Some(list) => {
+                let allowed = picker.subset_mask(&String::from_utf8_lossy(&list));
+                picker.pick_within(&req, &allowed, now)
+            }
+            None => picker.pick(&req, now),
+        };
+        let ticket = match choice {
             Choice::Pod(t) => t,
             Choice::NoEligiblePod => {
                 return if position + 1 == decision.order.len() {

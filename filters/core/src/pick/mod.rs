@@ -19,6 +19,7 @@ pub mod codec;
 pub mod events;
 pub mod load;
 pub mod session;
+mod subset;
 pub mod table;
 pub mod usage;
 pub mod wire;
@@ -159,6 +160,8 @@ pub struct Picker {
     pub(crate) quarantine: Quarantine,
     fails: Vec<u8>,
     cursor: u64,
+    /// The pods the pick in progress may use (empty: all); see `subset.rs`.
+    only: Vec<bool>,
 }
 
 impl Picker {
@@ -185,6 +188,7 @@ impl Picker {
             quarantine: Quarantine::new(n),
             fails: vec![0; n],
             cursor: 0,
+            only: Vec::new(),
             pods,
             cfg,
         }
@@ -258,7 +262,9 @@ impl Picker {
     }
 
     fn eligible(&self, i: usize, now: u64, avoid: Option<usize>) -> bool {
-        Some(i) != avoid && !self.quarantine.is_quarantined(i, now)
+        Some(i) != avoid
+            && (self.only.is_empty() || self.only.get(i) == Some(&true))
+            && !self.quarantine.is_quarantined(i, now)
     }
 
     /// Picks a pod for `req` and charges it; the ticket must go back to [`Picker::release`].

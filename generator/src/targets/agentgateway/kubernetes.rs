@@ -91,7 +91,22 @@ pub(super) fn documents(ir: &Ir, opts: &AgentgatewayOptions, sha256: &str) -> Ve
     let gw = gateway(ir);
     let mut docs = server(ir, opts, sha256);
     docs.extend(ext_proc_policy(ir, &gw));
-    docs.extend(ir.routes.iter().enumerate().map(|(i, p)| backend(ir, i, p)));
+    if super::picked::any_picked(ir) {
+        let name = picker_name(ir);
+        let module = format!("{IMAGE_WASM_DIR}/{}", super::super::envoy::WASM_FILE);
+        let config = super::picked::picker_config(ir, &module, sha256);
+        docs.extend(server_named(ir, opts, &name, &config));
+        docs.extend(super::picked::pools(ir, &name, EXT_PROC_PORT, |n| {
+            metadata(n, &ir.namespace, ir)
+        }));
+    }
+    docs.extend(
+        ir.routes
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| super::picked::picked_route(ir, p).is_none())
+            .map(|(i, p)| backend(ir, i, p)),
+    );
     docs.extend(routes(ir, &gw));
     docs.extend(traffic_policies(ir));
     docs
@@ -100,11 +115,21 @@ pub(super) fn documents(ir: &Ir, opts: &AgentgatewayOptions, sha256: &str) -> Ve
 /// ConfigMap (the server's config, the module pinned as built into the image), Deployment and
 /// Service of `llmkube-ext-proc`.
 fn server(ir: &Ir, opts: &AgentgatewayOptions, sha256: &str) -> Vec<Value> {
-    let name = server_name(ir);
-    let ns = &ir.namespace;
     let module = format!("{IMAGE_WASM_DIR}/{}", super::super::envoy::WASM_FILE);
-    let config =
-        serde_norway::to_string(&ext_proc::config(ir, &module, sha256)).unwrap_or_default();
+    let config = ext_proc::config(ir, &module, sha256);
+    server_named(ir, opts, &server_name(ir), &config)
+}
+
+/// The endpoint picker's server (`resolution: endpoint` backends).
+fn picker_name(ir: &Ir) -> String {
+    format!("llmkube-epp-{}", router_name(ir))
+}
+
+/// ConfigMap, Deployment and Service of one `llmkube-ext-proc` named `name`.
+fn server_named(ir: &Ir, opts: &AgentgatewayOptions, name: &str, config: &Value) -> Vec<Value> {
+    let name = name.to_string();
+    let ns = &ir.namespace;
+    let config = serde_norway::to_string(config).unwrap_or_default();
     let labels =
         json!({"app.kubernetes.io/name": "llmkube-ext-proc", "app.kubernetes.io/instance": name});
     let mut cm_meta = metadata(&name, ns, ir);
@@ -272,7 +297,10 @@ fn routes(ir: &Ir, gw: &Gateway) -> Vec<Value> {
             json!({
                 "name": rule_name(i),
                 "matches": [{"headers": [{"name": ROUTE_HEADER, "type": "Exact", "value": p.key}]}],
-                "backendRefs": [{"group": "agentgateway.dev", "kind": "AgentgatewayBackend", "name": backend_name(ir, i)}],
+                "backendRefs": [match super::picked::picked_route(ir, p) {
+                    Some(b) => super::picked::pool_ref(ir, b),
+                    None => json!({"group": "agentgateway.dev", "kind": "AgentgatewayBackend", "name": backend_name(ir, i)}),
+                }],
             })
         })
         .collect();

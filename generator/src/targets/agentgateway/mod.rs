@@ -16,6 +16,7 @@
 
 mod ext_proc;
 mod kubernetes;
+mod picked;
 mod standalone;
 
 use std::net::SocketAddr;
@@ -44,6 +45,9 @@ pub const IMAGE_WASM_DIR: &str = "/opt/llmkube/wasm";
 pub const DEFAULT_IMAGE: &str = "ghcr.io/llmkube/llmkube-ext-proc:latest";
 /// The three files written to `-o DIR`, in this order.
 pub const FILES: [&str; 3] = ["agentgateway.yaml", "ext-proc.yaml", "kubernetes.yaml"];
+/// The fourth, when a backend has its pods picked: the endpoint picker's `llmkube-ext-proc`
+/// config (it listens on the `--ext-proc` port plus one).
+pub const PICKER_FILE: &str = "endpoint-picker.yaml";
 /// Decision headers only the gateway needs: removed before a request leaves for a backend.
 pub const INTERNAL_HEADERS: [&str; 4] = [
     ROUTE_HEADER,
@@ -115,11 +119,20 @@ pub fn compile_agentgateway_diag(
     )?;
     let manifests =
         crate::render::render_documents(&kubernetes::documents(&ir, opts, &sha256), diags)?;
-    Some(vec![
+    let mut out = vec![
         (FILES[0], standalone),
         (FILES[1], server),
         (FILES[2], manifests),
-    ])
+    ];
+    if picked::any_picked(&ir) {
+        let picker = crate::render::render(
+            &picked::picker_config(&ir, &module.to_string_lossy(), &sha256),
+            crate::render::Format::Yaml,
+            diags,
+        )?;
+        out.push((PICKER_FILE, picker));
+    }
+    Some(out)
 }
 
 /// One attempt of a route key, as both renderings need it.
@@ -224,21 +237,7 @@ impl TargetChecks for AgentgatewayOptions {
 
 /// What agentgateway v1.3.1 cannot serve with the envoy target's guarantees.
 fn refusals(ir: &Ir, diags: &mut Diagnostics) {
-    for (i, b) in ir.router.spec.backends.iter().enumerate() {
-        if matches!(
-            ir.backends.get(i).map(|b| &b.kind),
-            Some(crate::ir::BackendKind::Service {
-                resolution: Resolution::Endpoint,
-                ..
-            })
-        ) {
-            diags.error(Problem::new(
-                &ir.label,
-                format!("spec.backends[{i}].resolution"),
-                format!("endpoint (pod picking for {:?}) is not served by the agentgateway target yet: agentgateway takes x-gateway-destination-endpoint only from an inferenceRouting endpoint picker on a service backend, which this target does not generate; use resolution: service", b.name),
-            ));
-        }
-    }
+    picked::refusals(ir, diags);
     for (i, r) in ir.router.spec.rules.iter().enumerate() {
         let plans = ir.rule_plans(&r.name);
         if plans.iter().any(|p| !p.mirrors.is_empty()) {

@@ -27,14 +27,14 @@ pub(super) fn config(ir: &Ir, opts: &AgentgatewayOptions) -> Value {
         .routes
         .iter()
         .enumerate()
-        .map(|(i, p)| route(ir, i, p))
+        .map(|(i, p)| route(ir, i, p, opts))
         .collect();
     routes.push(json!({
         "name": "no-route",
         "matches": [{"path": {"pathPrefix": "/"}}],
         "policies": {"directResponse": {"status": 404, "body": no_route_body()}},
     }));
-    json!({
+    let mut cfg = json!({
         "binds": [{
             "port": opts.listen.port(),
             "listeners": [{
@@ -48,7 +48,12 @@ pub(super) fn config(ir: &Ir, opts: &AgentgatewayOptions) -> Value {
                 "routes": routes,
             }],
         }],
-    })
+    });
+    let services = super::picked::standalone_services(ir);
+    if !services.is_empty() {
+        cfg["services"] = json!(services);
+    }
+    cfg
 }
 
 /// The filter reads the whole request (model, messages) and the response status; it needs no
@@ -64,7 +69,7 @@ pub(super) fn processing_options() -> Value {
     })
 }
 
-fn route(ir: &Ir, index: usize, p: &RoutePlan) -> Value {
+fn route(ir: &Ir, index: usize, p: &RoutePlan, opts: &AgentgatewayOptions) -> Value {
     let mut policies = json!({
         "requestHeaderModifier": {"remove": INTERNAL_HEADERS},
     });
@@ -75,15 +80,21 @@ fn route(ir: &Ir, index: usize, p: &RoutePlan) -> Value {
             "condition": RETRY_CONDITION,
         });
     }
-    let groups: Vec<Value> = attempts(ir, p)
-        .iter()
-        .map(|a| json!({"providers": [provider(ir, a)]}))
-        .collect();
+    let backend = match super::picked::picked_route(ir, p) {
+        Some(b) => super::picked::standalone_backend(ir, b, opts),
+        None => {
+            let groups: Vec<Value> = attempts(ir, p)
+                .iter()
+                .map(|a| json!({"providers": [provider(ir, a)]}))
+                .collect();
+            json!({"ai": {"groups": groups}})
+        }
+    };
     json!({
         "name": format!("route-{index}"),
         "matches": [{"headers": [{"name": ROUTE_HEADER, "value": {"exact": p.key}}]}],
         "policies": policies,
-        "backends": [{"ai": {"groups": groups}}],
+        "backends": [backend],
     })
 }
 

@@ -28,7 +28,7 @@ mod clusters;
 mod filters;
 pub mod jwt;
 pub mod names;
-mod pick;
+pub(crate) mod pick;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

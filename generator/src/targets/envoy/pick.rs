@@ -35,7 +35,7 @@ pub(crate) fn is_picked(ir: &Ir, i: usize) -> bool {
 }
 
 /// The plugin config with each picked backend's pods and balancing.
-pub(super) fn plugin_json(ir: &Ir) -> String {
+pub(crate) fn plugin_json(ir: &Ir) -> String {
     let plugin = plugin_with_picks(ir, &|b| backend_cluster(b));
     serde_json::to_string(&plugin).unwrap_or_else(|_| ir.plugin_json.clone())
 }

@@ -8,8 +8,8 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use router_core::budget::admit::DEFAULT_HOLD_TTL_S;
 use router_core::budget::wire::{
-    validate_common, validate_reservation, LedgerRef, LedgerState, ReserveRequest,
-    ReserveResponse, SettleRequest, SettleResponse, MAX_TTL_S,
+    validate_common, validate_reservation, LedgerRef, LedgerState, ReserveRequest, ReserveResponse,
+    SettleRequest, SettleResponse, MAX_TTL_S,
 };
 use router_core::errors::ApiError;
 use std::sync::Arc;

@@ -540,7 +540,8 @@ fn a_release_before_its_reserve_leaves_no_hold() {
     let router = unique("release-first");
     let l = json!([ledger("b", None, 60, 100)]);
     let reserve = |id: &str| {
-        let req = json!({"router": router, "ledgers": l, "amount": {"tokens": 30}, "reservation": id});
+        let req =
+            json!({"router": router, "ledgers": l, "amount": {"tokens": 30}, "reservation": id});
         http(svc.addr, "POST", "/v1/reserve", Some(&req)).1
     };
     let release = |id: &str| {
@@ -552,7 +553,11 @@ fn a_release_before_its_reserve_leaves_no_hold() {
     let v = reserve("gw1-1");
     assert_eq!(v["admitted"], true, "{v}");
     assert_eq!(v["reservation"], "gw1-1");
-    assert_eq!(svc_tokens(&svc, &router, "b"), (0, 0), "the late reserve held nothing");
+    assert_eq!(
+        svc_tokens(&svc, &router, "b"),
+        (0, 0),
+        "the late reserve held nothing"
+    );
     // The same id again (a retried call) holds once; its release drops it.
     reserve("gw1-2");
     reserve("gw1-2");
@@ -560,7 +565,8 @@ fn a_release_before_its_reserve_leaves_no_hold() {
     assert_eq!(release("gw1-2").1["holds_found"], 1);
     assert_eq!(svc_tokens(&svc, &router, "b"), (0, 0));
     // An id the service cannot keep is refused, not truncated.
-    let bad = json!({"router": router, "ledgers": l, "amount": {"tokens": 1}, "reservation": "a b"});
+    let bad =
+        json!({"router": router, "ledgers": l, "amount": {"tokens": 1}, "reservation": "a b"});
     assert_eq!(http(svc.addr, "POST", "/v1/reserve", Some(&bad)).0, 400);
 }
 
@@ -571,33 +577,51 @@ fn settles_apply_once_and_answers_carry_the_ledgers() {
     let Some(redis) = common::redis() else { return };
     let svc = InProcess::start(&redis.url(), true);
     let router = unique("settle-once");
-    let l = json!([ledger("b", None, 60, 100), ledger("t", Some("alpha"), 60, 50)]);
-    let req = json!({"router": router, "ledgers": l, "amount": {"tokens": 30}, "reservation": "s-1"});
+    let l = json!([
+        ledger("b", None, 60, 100),
+        ledger("t", Some("alpha"), 60, 50)
+    ]);
+    let req =
+        json!({"router": router, "ledgers": l, "amount": {"tokens": 30}, "reservation": "s-1"});
     let (_, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
     assert_eq!(v["admitted"], true, "{v}");
     assert_eq!(v["ledgers"][0]["tokens_reserved"], 30, "{v}");
     assert_eq!(v["ledgers"][1]["team"], "alpha", "{v}");
-    let settle = json!({"router": router, "ledgers": l, "reservation": "s-1", "amount": {"tokens": 12}});
+    let settle =
+        json!({"router": router, "ledgers": l, "reservation": "s-1", "amount": {"tokens": 12}});
     for round in 0..3 {
         let (s, v) = http(svc.addr, "POST", "/v1/settle", Some(&settle));
         assert_eq!(s, 200, "{v}");
         assert_eq!(v["holds_found"], if round == 0 { 2 } else { 0 }, "{v}");
         for state in v["ledgers"].as_array().unwrap() {
-            assert_eq!((&state["tokens_used"], &state["tokens_reserved"]), (&json!(12), &json!(0)), "{v}");
+            assert_eq!(
+                (&state["tokens_used"], &state["tokens_reserved"]),
+                (&json!(12), &json!(0)),
+                "{v}"
+            );
         }
     }
     assert_eq!(svc_tokens(&svc, &router, "b"), (12, 0));
     // A refusal's answer shows the ledgers too, with nothing held by the refused request.
-    let big = json!({"router": router, "ledgers": l, "amount": {"tokens": 45}, "reservation": "s-2"});
+    let big =
+        json!({"router": router, "ledgers": l, "amount": {"tokens": 45}, "reservation": "s-2"});
     let (_, v) = http(svc.addr, "POST", "/v1/reserve", Some(&big));
     assert_eq!(v["admitted"], false, "{v}");
-    assert_eq!(v["ledgers"][0]["tokens_reserved"], 0, "the other ledger's hold was undone: {v}");
+    assert_eq!(
+        v["ledgers"][0]["tokens_reserved"], 0,
+        "the other ledger's hold was undone: {v}"
+    );
     assert_eq!(v["ledgers"][0]["tokens_used"], 12, "{v}");
 }
 
 /// (tokensUsed, tokensReserved) of a router budget from the service's status.
 fn svc_tokens(svc: &InProcess, router: &str, budget: &str) -> (u64, u64) {
-    let (_, st) = http(svc.addr, "GET", &format!("/v1/status?router={router}"), None);
+    let (_, st) = http(
+        svc.addr,
+        "GET",
+        &format!("/v1/status?router={router}"),
+        None,
+    );
     st["budgetUtilization"]
         .as_array()
         .into_iter()

@@ -461,7 +461,10 @@ impl Budgets {
         }
         h.pending = None;
         let (admission, states) = remote.answer(num_headers, body_size);
-        self.stats.record_all(&router_core::budget::remote::gauges(&self.compiled, &states));
+        self.stats.record_all(&router_core::budget::remote::gauges(
+            &self.compiled,
+            &states,
+        ));
         Some(match admission {
             Admission::Admitted { .. } => Ok(()),
             Admission::Refused(refused) => {

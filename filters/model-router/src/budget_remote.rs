@@ -22,8 +22,8 @@ use filter_edge::{self as edge, HttpCall, Level};
 use router_core::budget::admit::LedgerKey;
 use router_core::budget::config::{CompiledBudgets, ServiceConfig};
 use router_core::budget::remote::{self, Admission, MAX_REPLY_BYTES, RESERVE_PATH};
-use router_core::budget::wire::{LedgerState, SettleResponse};
 use router_core::budget::window::Amount;
+use router_core::budget::wire::{LedgerState, SettleResponse};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -191,7 +191,10 @@ impl Remote {
             if end.sends == 1 {
                 edge::log(
                     Level::Warn,
-                    &format!("model-router: budgets: {} failed ({why}); sending it again", end.path),
+                    &format!(
+                        "model-router: budgets: {} failed ({why}); sending it again",
+                        end.path
+                    ),
                 );
             }
             self.queue(end);
@@ -209,7 +212,12 @@ impl Remote {
     /// A settle or release answered (root `on_http_call_response`): the service's answer, or
     /// `None` when the token is not one of these calls or the call failed (then it is sent
     /// again, or logged).
-    pub fn ended(&self, token: u32, num_headers: usize, body_size: usize) -> Option<SettleResponse> {
+    pub fn ended(
+        &self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+    ) -> Option<SettleResponse> {
         let end = {
             let mut sent = self.sent.borrow_mut();
             let i = sent.iter().position(|(t, _)| *t == token)?;

@@ -302,7 +302,11 @@ mod tests {
         let s: SettleRequest = serde_json::from_slice(&body).unwrap();
         assert_eq!((s.reservation.as_str(), s.ledgers.len()), ("id1", 2));
         assert_eq!(s.amount.unwrap().tokens, 3);
-        assert_eq!(s.ttl_s, Some(120), "the ended id is remembered for the hold's ttl");
+        assert_eq!(
+            s.ttl_s,
+            Some(120),
+            "the ended id is remembered for the hold's ttl"
+        );
         let (path, body) = end_call("ns/r", &c, &keys(), "id1", None);
         assert_eq!(path, RELEASE_PATH);
         let s: SettleRequest = serde_json::from_slice(&body).unwrap();
@@ -401,8 +405,15 @@ mod tests {
         let (a, states) = read_reserve(200, None, body);
         assert!(matches!(a, Admission::Admitted { .. }));
         let g = gauges(&c, &states);
-        assert_eq!(g.len(), 2, "unknown budgets and bad amounts are skipped: {g:?}");
-        assert_eq!((g[0].key.budget, g[0].spent.tokens, g[0].held_tokens), (0, 40, 7));
+        assert_eq!(
+            g.len(),
+            2,
+            "unknown budgets and bad amounts are skipped: {g:?}"
+        );
+        assert_eq!(
+            (g[0].key.budget, g[0].spent.tokens, g[0].held_tokens),
+            (0, 40, 7)
+        );
         assert_eq!(g[1].key, keys()[1]);
         assert_eq!(g[1].spent.pico, 250_000_000_000);
         let refused = br#"{"admitted":false,"retry_after_s":3,"refused":["all"],"ledgers":[

@@ -119,8 +119,7 @@ pub struct SettleResponse {
 
 /// A reservation id: 1 to 64 printable ASCII bytes.
 pub fn validate_reservation(id: &str) -> Result<(), String> {
-    if id.is_empty() || id.len() > MAX_RESERVATION_ID || !id.bytes().all(|b| b.is_ascii_graphic())
-    {
+    if id.is_empty() || id.len() > MAX_RESERVATION_ID || !id.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(format!(
             "reservation: must be 1 to {MAX_RESERVATION_ID} printable ASCII bytes"
         ));

@@ -564,6 +564,17 @@ fn a_release_before_its_reserve_leaves_no_hold() {
     assert_eq!(svc_tokens(&svc, &router, "b"), (0, 30));
     assert_eq!(release("gw1-2").1["holds_found"], 1);
     assert_eq!(svc_tokens(&svc, &router, "b"), (0, 0));
+    // A tombstone lives the hold's ttl, then goes (Redis keeps no ended ids beyond it).
+    let short = json!({"router": router, "ledgers": l, "reservation": "gw1-3", "ttl_s": 1});
+    assert_eq!(http(svc.addr, "POST", "/v1/release", Some(&short)).0, 200);
+    std::thread::sleep(Duration::from_millis(1100));
+    reserve("gw1-3");
+    assert_eq!(
+        svc_tokens(&svc, &router, "b"),
+        (0, 30),
+        "the expired tombstone blocks nothing"
+    );
+    release("gw1-3");
     // An id the service cannot keep is refused, not truncated.
     let bad =
         json!({"router": router, "ledgers": l, "amount": {"tokens": 1}, "reservation": "a b"});

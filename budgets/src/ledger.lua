@@ -5,8 +5,13 @@
 --
 -- KEYS[1] <ledger>:w  HASH  t<bucket> = tokens, u<bucket> = pico-USD spent in that bucket;
 --                           ht, hu = tokens and pico-USD held by reservations
--- KEYS[2] <ledger>:r  HASH  reservation id -> "<tokens> <pico>"
+-- KEYS[2] <ledger>:r  HASH  reservation id -> "<tokens> <pico>", or "-" once it ended
 -- KEYS[3] <ledger>:x  ZSET  reservation id scored by its expiry (ms)
+--
+-- Reservation ids are chosen by the gateway, so a release can be sent for a reservation whose
+-- answer never came back (the client left). An ended id stays as a tombstone ("-") for the
+-- hold ttl: a reserve arriving after its release holds nothing, and a settle repeated (a retry
+-- whose first answer was lost) charges once.
 -- ARGV[1] op: reserve | check | settle | release | status
 -- ARGV[2] now in ms, or -1 for Redis server TIME (the one clock every gateway shares)
 -- ARGV[3] bucket width ms, ARGV[4] window ms
@@ -64,12 +69,12 @@ local held_p = P(redis.call('HGET', W, 'hu'))
 local expired = redis.call('ZRANGEBYSCORE', X, '-inf', now)
 for _, rid in ipairs(expired) do
   local h = redis.call('HGET', R, rid)
-  if h then
-    local sp = string.find(h, ' ')
+  local sp = h and string.find(h, ' ')
+  if sp then
     held_t = math.max(0, held_t - tonumber(string.sub(h, 1, sp - 1)))
     held_p = psub(held_p, P(string.sub(h, sp + 1)))
-    redis.call('HDEL', R, rid)
   end
+  if h then redis.call('HDEL', R, rid) end
   redis.call('ZREM', X, rid)
 end
 
@@ -137,10 +142,18 @@ local function wait_s()
   return 1
 end
 
+-- Every answer carries the ledger as it is after the operation (the gateway's gauges).
+local function answer(a, b)
+  return {a, b, istr(spent_t), pstr(spent_p), istr(held_t), pstr(held_p)}
+end
+
 if op == 'reserve' or op == 'check' then
   if #expired > 0 then save_held() end
+  local prior = (op == 'reserve') and redis.call('HGET', R, id)
+  if prior == '-' then return answer(2, 0) end
+  if prior then return answer(1, 0) end
   if not fits(spent_t + held_t, padd(spent_p, held_p)) then
-    return {0, wait_s()}
+    return answer(0, wait_s())
   end
   if op == 'reserve' then
     held_t = held_t + amt_t
@@ -150,18 +163,22 @@ if op == 'reserve' or op == 'check' then
     redis.call('ZADD', X, now + ttl, id)
     keep_keys()
   end
-  return {1, 0}
+  return answer(1, 0)
 elseif op == 'settle' or op == 'release' then
-  local found = 0
   local h = redis.call('HGET', R, id)
+  if h == '-' then
+    if #expired > 0 then save_held() end
+    return answer(0, 1)
+  end
+  local found = 0
   if h then
     found = 1
     local sp = string.find(h, ' ')
     held_t = math.max(0, held_t - tonumber(string.sub(h, 1, sp - 1)))
     held_p = psub(held_p, P(string.sub(h, sp + 1)))
-    redis.call('HDEL', R, id)
-    redis.call('ZREM', X, id)
   end
+  redis.call('HSET', R, id, '-')
+  redis.call('ZADD', X, now + ttl, id)
   save_held()
   if op == 'settle' and (amt_t > 0 or amt_p[1] > 0 or amt_p[2] > 0) then
     -- Charged at settle time: it rolls off no earlier than it should.
@@ -169,9 +186,11 @@ elseif op == 'settle' or op == 'release' then
     redis.call('HINCRBY', W, 't' .. istr(k), istr(amt_t))
     local cur = P(redis.call('HGET', W, 'u' .. istr(k)))
     redis.call('HSET', W, 'u' .. istr(k), pstr(padd(cur, amt_p)))
+    spent_t = spent_t + amt_t
+    spent_p = padd(spent_p, amt_p)
   end
   keep_keys()
-  return {found, 0}
+  return answer(found, 0)
 elseif op == 'status' then
   if #expired > 0 then save_held() end
   return {istr(spent_t), pstr(spent_p), istr(held_t), pstr(held_p)}

@@ -1,6 +1,6 @@
 //! The HTTP/1.1 JSON service: reserve, settle, release, status (README.md has the wire format).
 
-use crate::store::{Clock, RedisStore, Reserve, StoreError};
+use crate::store::{Clock, LedgerUse, RedisStore, Reserve, StoreError};
 use bytes::Bytes;
 use futures_util::future::join_all;
 use http_body_util::{BodyExt, Full, Limited};
@@ -8,7 +8,8 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use router_core::budget::admit::DEFAULT_HOLD_TTL_S;
 use router_core::budget::wire::{
-    validate_common, LedgerRef, ReserveRequest, ReserveResponse, SettleRequest, MAX_TTL_S,
+    validate_common, validate_reservation, LedgerRef, LedgerState, ReserveRequest, ReserveResponse,
+    SettleRequest, SettleResponse, MAX_TTL_S,
 };
 use router_core::errors::ApiError;
 use std::sync::Arc;
@@ -146,9 +147,15 @@ impl Service {
             (Ok(a), Ok(t)) => (a, t),
             (Err(e), _) | (_, Err(e)) => return bad_request(e),
         };
-        let id = match reservation_id() {
-            Ok(id) => id,
-            Err(e) => return store_error(e),
+        let id = match &r.reservation {
+            Some(id) => match validate_reservation(id) {
+                Ok(()) => id.clone(),
+                Err(e) => return bad_request(e),
+            },
+            None => match reservation_id() {
+                Ok(id) => id,
+                Err(e) => return store_error(e),
+            },
         };
         // Every ledger at once (one round trip: the connection pipelines them); each is atomic
         // on its own. If any refuses, the holds taken on the others are released.
@@ -163,18 +170,33 @@ impl Service {
         // Per refusing ledger: seconds to wait, or None when the request can never fit it.
         let mut waits: Vec<Option<u64>> = Vec::new();
         let mut failure = None;
+        let mut states = Vec::with_capacity(r.ledgers.len());
         for (l, outcome) in r.ledgers.iter().zip(outcomes) {
             match outcome {
-                Ok(Reserve::Held) => taken.push(l),
-                Ok(Reserve::Refused(w)) => {
-                    refused.push(l.label());
-                    waits.push(w);
+                Ok((what, now)) => {
+                    states.push(state(l, now));
+                    match what {
+                        Reserve::Held => taken.push(l),
+                        // Released before this reserve arrived: nothing to hold or undo.
+                        Reserve::Ended => {}
+                        Reserve::Refused(w) => {
+                            refused.push(l.label());
+                            waits.push(w);
+                        }
+                    }
                 }
                 Err(e) => failure = Some(e),
             }
         }
         if failure.is_some() || !refused.is_empty() {
-            self.undo(clock, &r.router, &taken, &id, ttl).await;
+            for (l, now) in self.undo(clock, &r.router, &taken, &id, ttl).await {
+                if let Some(s) = states
+                    .iter_mut()
+                    .find(|s| s.budget == l.budget && s.team == l.team)
+                {
+                    *s = state(l, now);
+                }
+            }
         }
         if let Some(e) = failure {
             return store_error(e);
@@ -193,6 +215,7 @@ impl Service {
                 retry_after_s: Some(retry.max(1)),
                 never,
                 refused,
+                ledgers: states,
             });
         }
         ok(&ReserveResponse {
@@ -201,17 +224,31 @@ impl Service {
             retry_after_s: None,
             never: false,
             refused: Vec::new(),
+            ledgers: states,
         })
     }
 
-    async fn undo(&self, clock: Clock, router: &str, taken: &[&LedgerRef], id: &str, ttl: u64) {
+    /// Releases the holds taken before a refusal; the ledgers released, as they are after.
+    async fn undo<'l>(
+        &self,
+        clock: Clock,
+        router: &str,
+        taken: &[&'l LedgerRef],
+        id: &str,
+        ttl: u64,
+    ) -> Vec<(&'l LedgerRef, LedgerUse)> {
         // A failed release leaves a hold that expires with its ttl: never a leak.
-        join_all(
+        let results = join_all(
             taken
                 .iter()
                 .map(|l| self.store.settle(clock, router, l, id, None, ttl)),
         )
         .await;
+        taken
+            .iter()
+            .zip(results)
+            .filter_map(|(l, r)| r.ok().map(|(_, now)| (*l, now)))
+            .collect()
     }
 
     /// Settle (charge the real usage) or release (charge nothing) on every ledger.
@@ -219,9 +256,13 @@ impl Service {
         if let Err(e) = validate_common(&r.router, &r.ledgers) {
             return bad_request(e);
         }
-        if r.reservation.is_empty() || r.reservation.len() > 64 {
-            return bad_request("reservation: must be the id reserve returned".into());
+        if let Err(e) = validate_reservation(&r.reservation) {
+            return bad_request(e);
         }
+        let ttl = match ttl_ms(r.ttl_s) {
+            Ok(t) => t,
+            Err(e) => return bad_request(e),
+        };
         let actual = match (charge, &r.amount) {
             (true, Some(a)) => match a.parse() {
                 Ok(a) => Some(a),
@@ -230,21 +271,32 @@ impl Service {
             (true, None) => return bad_request("settle: amount is required".into()),
             (false, _) => None,
         };
-        let ttl = DEFAULT_HOLD_TTL_S * 1000;
         let results = join_all(r.ledgers.iter().map(|l| {
             self.store
                 .settle(clock, &r.router, l, &r.reservation, actual, ttl)
         }))
         .await;
         let mut found = 0;
-        for result in results {
+        let mut states = Vec::with_capacity(r.ledgers.len());
+        for (l, result) in r.ledgers.iter().zip(results) {
             match result {
-                Ok(f) => found += usize::from(f),
+                Ok((f, now)) => {
+                    found += u64::from(f);
+                    states.push(state(l, now));
+                }
                 Err(e) => return store_error(e),
             }
         }
-        ok(&serde_json::json!({ "ok": true, "holds_found": found }))
+        ok(&SettleResponse {
+            ok: true,
+            holds_found: found,
+            ledgers: states,
+        })
     }
+}
+
+fn state(l: &LedgerRef, now: LedgerUse) -> LedgerState {
+    LedgerState::of(l, now.spent, now.held)
 }
 
 /// `router=<value>` from a query string, percent-decoded.

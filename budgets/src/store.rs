@@ -42,10 +42,34 @@ impl From<redis::RedisError> for StoreError {
 /// The outcome of a reservation attempt on one ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reserve {
-    /// Held (in `--unsafe-check-only` mode: would fit, not held).
+    /// Held (in `--unsafe-check-only` mode: would fit, not held). A reserve repeated with the
+    /// same id is held once.
     Held,
+    /// The id was already settled or released (its release came first): nothing is held.
+    Ended,
     /// Refused: seconds to wait, or `None` when the request alone is over the cap.
     Refused(Option<u64>),
+}
+
+/// A ledger as one script call left it: spent in the window and held by requests in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LedgerUse {
+    pub spent: Amount,
+    pub held: Amount,
+}
+
+/// The script's answer: two integers, then the ledger (spent tokens, pico, held tokens, pico).
+type ScriptReply = (i64, i64, u64, String, u64, String);
+
+fn ledger_use(st: u64, sp: &str, ht: u64, hp: &str) -> Result<LedgerUse, StoreError> {
+    let pico = |s: &str| {
+        s.parse::<u64>()
+            .map_err(|e| StoreError::Internal(format!("bad amount {s:?} in Redis: {e}")))
+    };
+    Ok(LedgerUse {
+        spent: Amount::new(st, pico(sp)?),
+        held: Amount::new(ht, pico(hp)?),
+    })
 }
 
 pub struct RedisStore {
@@ -157,22 +181,26 @@ impl RedisStore {
         id: &str,
         amount: Amount,
         ttl_ms: u64,
-    ) -> Result<Reserve, StoreError> {
+    ) -> Result<(Reserve, LedgerUse), StoreError> {
         let caps = l.caps().map_err(StoreError::Internal)?;
         let op = if self.hold { "reserve" } else { "check" };
-        let (ok, wait): (i64, i64) = self
+        let (ok, wait, st, sp, ht, hp): ScriptReply = self
             .call(op, clock, router, l, id, amount, ttl_ms, caps)
             .await?;
         self.remember(router, l).await?;
-        Ok(match (ok, wait) {
+        let outcome = match (ok, wait) {
             (1, _) => Reserve::Held,
+            (2, _) => Reserve::Ended,
             (_, w) if w < 0 => Reserve::Refused(None),
             (_, w) => Reserve::Refused(Some(w.max(1) as u64)),
-        })
+        };
+        Ok((outcome, ledger_use(st, &sp, ht, &hp)?))
     }
 
-    /// Drops the hold `id` (if it is still there) and charges `actual` (zero for a release).
-    /// Returns whether the hold was found (it may have expired).
+    /// Drops the hold `id` (if it is still there) and charges `actual` (zero for a release),
+    /// once: the id is then marked ended for `ttl_ms`, so a repeated settle charges nothing and
+    /// a reserve of that id arriving late holds nothing. Returns whether the hold was found (it
+    /// may have expired, ended already, or not arrived yet).
     pub async fn settle(
         &self,
         clock: Clock,
@@ -181,13 +209,13 @@ impl RedisStore {
         id: &str,
         actual: Option<Amount>,
         ttl_ms: u64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<(bool, LedgerUse), StoreError> {
         let op = if actual.is_some() {
             "settle"
         } else {
             "release"
         };
-        let (found, _): (i64, i64) = self
+        let (found, _, st, sp, ht, hp): ScriptReply = self
             .call(
                 op,
                 clock,
@@ -199,7 +227,7 @@ impl RedisStore {
                 Caps::default(),
             )
             .await?;
-        Ok(found == 1)
+        Ok((found == 1, ledger_use(st, &sp, ht, &hp)?))
     }
 
     /// (spent, held) on one ledger.
@@ -221,11 +249,8 @@ impl RedisStore {
                 Caps::default(),
             )
             .await?;
-        let pico = |s: &str| {
-            s.parse::<u64>()
-                .map_err(|e| StoreError::Internal(format!("bad amount {s:?} in Redis: {e}")))
-        };
-        Ok((Amount::new(st, pico(&sp)?), Amount::new(ht, pico(&hp)?)))
+        let u = ledger_use(st, &sp, ht, &hp)?;
+        Ok((u.spent, u.held))
     }
 
     fn budgets_key(router: &str) -> String {

@@ -63,7 +63,8 @@ fn lua_and_core_agree_on_the_shared_table_of_cases() {
                         let redis_got = store
                             .reserve(Some(at), &router, &l, &rid, amount, ttl_s * 1000)
                             .await
-                            .unwrap();
+                            .unwrap()
+                            .0;
                         match step["expect"].as_str().unwrap() {
                             "held" => {
                                 assert!(core_got.is_ok(), "core {ctx}: {core_got:?}");
@@ -526,4 +527,121 @@ fn a_redis_cluster_keeps_each_ledger_on_one_node() {
     assert_eq!(u[0]["name"], "all");
     assert_eq!(u[0]["tokensUsed"], 30 * 60);
     assert_eq!(u[1]["teams"].as_array().unwrap().len(), 30);
+}
+
+/// The gateway chooses the reservation id, so a client that left before the reserve answer
+/// came can still release it: a release that arrives first leaves a tombstone, and the reserve
+/// arriving after it holds nothing (the hold does not wait for its ttl). A reserve repeated
+/// with the same id holds once.
+#[test]
+fn a_release_before_its_reserve_leaves_no_hold() {
+    let Some(redis) = common::redis() else { return };
+    let svc = InProcess::start(&redis.url(), true);
+    let router = unique("release-first");
+    let l = json!([ledger("b", None, 60, 100)]);
+    let reserve = |id: &str| {
+        let req =
+            json!({"router": router, "ledgers": l, "amount": {"tokens": 30}, "reservation": id});
+        http(svc.addr, "POST", "/v1/reserve", Some(&req)).1
+    };
+    let release = |id: &str| {
+        let req = json!({"router": router, "ledgers": l, "reservation": id});
+        http(svc.addr, "POST", "/v1/release", Some(&req))
+    };
+    let (s, v) = release("gw1-1");
+    assert_eq!((s, &v["holds_found"]), (200, &json!(0)), "{v}");
+    let v = reserve("gw1-1");
+    assert_eq!(v["admitted"], true, "{v}");
+    assert_eq!(v["reservation"], "gw1-1");
+    assert_eq!(
+        svc_tokens(&svc, &router, "b"),
+        (0, 0),
+        "the late reserve held nothing"
+    );
+    // The same id again (a retried call) holds once; its release drops it.
+    reserve("gw1-2");
+    reserve("gw1-2");
+    assert_eq!(svc_tokens(&svc, &router, "b"), (0, 30));
+    assert_eq!(release("gw1-2").1["holds_found"], 1);
+    assert_eq!(svc_tokens(&svc, &router, "b"), (0, 0));
+    // A tombstone lives the hold's ttl, then goes (Redis keeps no ended ids beyond it).
+    let short = json!({"router": router, "ledgers": l, "reservation": "gw1-3", "ttl_s": 1});
+    assert_eq!(http(svc.addr, "POST", "/v1/release", Some(&short)).0, 200);
+    std::thread::sleep(Duration::from_millis(1100));
+    reserve("gw1-3");
+    assert_eq!(
+        svc_tokens(&svc, &router, "b"),
+        (0, 30),
+        "the expired tombstone blocks nothing"
+    );
+    release("gw1-3");
+    // An id the service cannot keep is refused, not truncated.
+    let bad =
+        json!({"router": router, "ledgers": l, "amount": {"tokens": 1}, "reservation": "a b"});
+    assert_eq!(http(svc.addr, "POST", "/v1/reserve", Some(&bad)).0, 400);
+}
+
+/// A settle sent again (the first answer was lost, the service restarted) charges once; every
+/// answer carries the ledgers as they are after it (the gateway's gauges).
+#[test]
+fn settles_apply_once_and_answers_carry_the_ledgers() {
+    let Some(redis) = common::redis() else { return };
+    let svc = InProcess::start(&redis.url(), true);
+    let router = unique("settle-once");
+    let l = json!([
+        ledger("b", None, 60, 100),
+        ledger("t", Some("alpha"), 60, 50)
+    ]);
+    let req =
+        json!({"router": router, "ledgers": l, "amount": {"tokens": 30}, "reservation": "s-1"});
+    let (_, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+    assert_eq!(v["admitted"], true, "{v}");
+    assert_eq!(v["ledgers"][0]["tokens_reserved"], 30, "{v}");
+    assert_eq!(v["ledgers"][1]["team"], "alpha", "{v}");
+    let settle =
+        json!({"router": router, "ledgers": l, "reservation": "s-1", "amount": {"tokens": 12}});
+    for round in 0..3 {
+        let (s, v) = http(svc.addr, "POST", "/v1/settle", Some(&settle));
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["holds_found"], if round == 0 { 2 } else { 0 }, "{v}");
+        for state in v["ledgers"].as_array().unwrap() {
+            assert_eq!(
+                (&state["tokens_used"], &state["tokens_reserved"]),
+                (&json!(12), &json!(0)),
+                "{v}"
+            );
+        }
+    }
+    assert_eq!(svc_tokens(&svc, &router, "b"), (12, 0));
+    // A refusal's answer shows the ledgers too, with nothing held by the refused request.
+    let big =
+        json!({"router": router, "ledgers": l, "amount": {"tokens": 45}, "reservation": "s-2"});
+    let (_, v) = http(svc.addr, "POST", "/v1/reserve", Some(&big));
+    assert_eq!(v["admitted"], false, "{v}");
+    assert_eq!(
+        v["ledgers"][0]["tokens_reserved"], 0,
+        "the other ledger's hold was undone: {v}"
+    );
+    assert_eq!(v["ledgers"][0]["tokens_used"], 12, "{v}");
+}
+
+/// (tokensUsed, tokensReserved) of a router budget from the service's status.
+fn svc_tokens(svc: &InProcess, router: &str, budget: &str) -> (u64, u64) {
+    let (_, st) = http(
+        svc.addr,
+        "GET",
+        &format!("/v1/status?router={router}"),
+        None,
+    );
+    st["budgetUtilization"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|u| u["name"] == budget)
+        .map_or((0, 0), |u| {
+            (
+                u["tokensUsed"].as_u64().unwrap_or(0),
+                u["tokensReserved"].as_u64().unwrap_or(0),
+            )
+        })
 }

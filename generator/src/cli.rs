@@ -21,7 +21,8 @@ usage:
                      [--resolve NAME=HOST:PORT]... [--endpoints NAME=IP:PORT,...]...
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
                      [--ca-file PATH] [--jwks-file FILE] [--format yaml|json]
-                     [--budgets-service HOST:PORT]
+                     [--budgets-service HOST:PORT [--budgets-fail-open]]
+                     [--budgets-hold-ttl SECONDS]
       envoy-gateway options: --wasm-url URL | --wasm-image REF [--wasm-sha256 HEX]
                      [--wasm-dir DIR] [--gateway-listener NAME] [--resolve ...] [--endpoints ...]
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
@@ -63,11 +64,15 @@ const VALUE_FLAGS: &[&str] = &[
     "--budgets-service",
     "--budgets-redis-secret",
     "--budgets-image",
+    "--budgets-hold-ttl",
     "--body",
     "--header",
     "--path",
     "--quarantined",
 ];
+
+/// Flags without a value.
+const SWITCH_FLAGS: &[&str] = &["--budgets-fail-open"];
 
 /// Flags only `explain` takes.
 const EXPLAIN_FLAGS: &[&str] = &["--body", "--header", "--path", "--quarantined"];
@@ -91,6 +96,11 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         } else {
             flag
         };
+        if let Some(&switch) = SWITCH_FLAGS.iter().find(|f| **f == arg.as_str()) {
+            a.opts.entry(switch).or_default().push(String::new());
+            i += 1;
+            continue;
+        }
         let Some(&known) = VALUE_FLAGS.iter().find(|f| **f == flag) else {
             return Err(format!("unknown argument {arg:?}"));
         };
@@ -200,6 +210,8 @@ const TARGET_FLAGS: &[(Target, &[&str])] = &[
             "--jwks-file",
             "--format",
             "--budgets-service",
+            "--budgets-fail-open",
+            "--budgets-hold-ttl",
         ],
     ),
     (
@@ -500,6 +512,35 @@ fn common_options(a: &Args, problems: &mut Vec<Problem>) -> CompileOptions {
     o
 }
 
+/// `--budgets-fail-open` and `--budgets-hold-ttl SECONDS` (envoy target).
+fn budgets_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
+    if a.opts.contains_key("--budgets-fail-open") {
+        if o.budgets_service.is_none() {
+            problems.push(Problem::new(
+                "options",
+                "--budgets-fail-open",
+                "only with --budgets-service (embedded ledgers are never unreachable)".to_string(),
+            ));
+        }
+        o.budgets_fail_open = true;
+    }
+    if let Some(t) = single(a, "--budgets-hold-ttl", problems) {
+        match t.parse::<u64>() {
+            Ok(s) if (1..=router_core::budget::wire::MAX_TTL_S).contains(&s) => {
+                o.budgets_hold_ttl_s = Some(s)
+            }
+            _ => problems.push(Problem::new(
+                "options",
+                "--budgets-hold-ttl",
+                format!(
+                    "{t:?}: seconds from 1 to {} (how long a reservation outlives a request that never ends)",
+                    router_core::budget::wire::MAX_TTL_S
+                ),
+            )),
+        }
+    }
+}
+
 fn envoy_options(
     a: &Args,
     common: CompileOptions,
@@ -539,6 +580,7 @@ fn envoy_options(
             )),
         }
     }
+    budgets_flags(a, &mut o, problems);
     o.format = match single(a, "--format", problems) {
         Some("json") => Format::Json,
         Some("yaml") => Format::Yaml,

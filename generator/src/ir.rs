@@ -38,6 +38,11 @@ pub struct CompileOptions {
     /// The cluster of `llmkube-budgets` when budgets are kept there (the envoy target's
     /// `--budgets-service`); `None`: in the gateway's shared data.
     pub budgets_cluster: Option<String>,
+    /// `--budgets-fail-open`: with the shared ledger unreachable, admit requests unbudgeted
+    /// (audited, counted) instead of answering 503.
+    pub budgets_fail_open: bool,
+    /// `--budgets-hold-ttl SECONDS`: how long a reservation lives if its request never ends.
+    pub budgets_hold_ttl_s: Option<u64>,
 }
 
 /// How long the filter waits for `llmkube-budgets` to answer a reservation before failing closed.
@@ -334,9 +339,12 @@ pub fn build(
             router_core::budget::config::ServiceConfig {
                 cluster,
                 timeout_ms: SERVICE_TIMEOUT_MS,
-                fail_open: false,
+                fail_open: opts.budgets_fail_open,
             }
         });
+        if let Some(ttl) = opts.budgets_hold_ttl_s {
+            b.hold_ttl_s = ttl;
+        }
         if let Err(e) = b.compile() {
             let field = crate::plugin::budget_field(spec, b, &e.path);
             diags.error(Problem::new(&label, field, e.why));

@@ -499,3 +499,48 @@ fn resolve_and_endpoints_flags() {
         2
     );
 }
+
+/// `--budgets-fail-open` (a switch, only with `--budgets-service`) and `--budgets-hold-ttl`
+/// reach the plugin configuration; without them budgets fail closed with the default TTL.
+#[test]
+fn budgets_fail_open_and_hold_ttl_flags() {
+    let compile = |extra: &[&str]| {
+        let mut args = vec!["compile", "--target", "envoy", "-f"];
+        let ex = example();
+        args.push(&ex);
+        args.extend_from_slice(extra);
+        let o = run(&args, None);
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            stderr(&o),
+        )
+    };
+    let service = ["--budgets-service", "127.0.0.1:8090"];
+    let (code, out, err) = compile(
+        &[
+            &service[..],
+            &["--budgets-fail-open", "--budgets-hold-ttl", "30"],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(r#""fail_open":true"#), "{out}");
+    assert!(out.contains(r#""hold_ttl_s":30,"#), "{out}");
+    let (code, out, _) = compile(&service);
+    assert_eq!(code, Some(0));
+    assert!(!out.contains(r#""fail_open":true"#));
+    assert!(out.contains(r#""hold_ttl_s":900,"#));
+    let (code, _, err) = compile(&["--budgets-fail-open"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.starts_with("options: --budgets-fail-open: only with --budgets-service"),
+        "{err}"
+    );
+    let (code, _, err) = compile(&["--budgets-hold-ttl", "0"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.starts_with("options: --budgets-hold-ttl: \"0\""),
+        "{err}"
+    );
+}

@@ -82,6 +82,10 @@ pub struct AuditRecord {
     /// Some of the charge is an estimate: the response carried no (or partial) usage.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub usage_estimated: bool,
+    /// The budgets were not enforced: the shared ledger was unavailable and the budgets fail
+    /// open (`--budgets-fail-open`), so the request went on without a reservation.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub budgets_unenforced: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

@@ -155,7 +155,11 @@ impl Budgets {
             stats: BudgetStats::new(&compiled.budgets),
             prefix: format!("llmkube.budget|{}|", router.config.router),
             ledgers: match &config.service {
-                Some(service) => LedgerBackend::Remote(Remote::new(&router.config.router, service)),
+                Some(service) => LedgerBackend::Remote(Remote::new(
+                    &router.config.router,
+                    service,
+                    compiled.hold_ttl_s,
+                )),
                 None => LedgerBackend::Local(HostStore),
             },
             attempts,
@@ -315,14 +319,17 @@ impl Budgets {
         };
         if let LedgerBackend::Remote(remote) = &self.ledgers {
             audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
-            let pending = match remote.reserve(&self.compiled, &p.keys, p.amount) {
+            let id = remote.new_id();
+            let pending = match remote.reserve(&self.compiled, &p.keys, p.amount, &id) {
                 Ok(token) => RemoteHold {
                     keys: p.keys.clone(),
                     pending: Some(token),
-                    reservation: None,
+                    reservation: id,
                 },
                 Err(why) => {
-                    return self.store_unavailable(remote, &why).map(|()| None);
+                    return self
+                        .store_unavailable(remote, &p.keys, &why, audit)
+                        .map(|()| None);
                 }
             };
             return Ok(Some(self.edited(r, &facts, &p, Vec::new(), Some(pending))));
@@ -414,8 +421,15 @@ impl Budgets {
     }
 
     /// The shared ledger gave no usable answer: 503 `budget_store_unavailable`, or with
-    /// `fail_open` the request goes on unbudgeted (`Ok`), said in the log.
-    fn store_unavailable(&self, remote: &Remote, why: &str) -> Result<(), Answer> {
+    /// `fail_open` the request goes on unbudgeted (`Ok`), said in the log and the audit line
+    /// and counted per budget (`unenforced`).
+    fn store_unavailable(
+        &self,
+        remote: &Remote,
+        keys: &[LedgerKey],
+        why: &str,
+        audit: &mut AuditRecord,
+    ) -> Result<(), Answer> {
         match router_core::budget::remote::unavailable_reply(why, remote.fail_open) {
             Some(e) => {
                 edge::log(Level::Error, &format!("model-router: budgets: {why}"));
@@ -426,6 +440,10 @@ impl Budgets {
                     Level::Warn,
                     &format!("model-router: budgets: {why}; admitted unbudgeted (fail_open)"),
                 );
+                audit.budgets_unenforced = true;
+                for k in keys {
+                    self.stats.unenforced(k.budget);
+                }
                 Ok(())
             }
         }
@@ -440,6 +458,7 @@ impl Budgets {
         token: u32,
         num_headers: usize,
         body_size: usize,
+        audit: &mut AuditRecord,
     ) -> Option<Result<(), Answer>> {
         let (LedgerBackend::Remote(remote), Some(h)) = (&self.ledgers, m.remote.as_mut()) else {
             return None;
@@ -448,11 +467,13 @@ impl Budgets {
             return None;
         }
         h.pending = None;
-        Some(match remote.answer(num_headers, body_size) {
-            Admission::Admitted { reservation } => {
-                h.reservation = Some(reservation);
-                Ok(())
-            }
+        let (admission, states) = remote.answer(num_headers, body_size);
+        self.stats.record_all(&router_core::budget::remote::gauges(
+            &self.compiled,
+            &states,
+        ));
+        Some(match admission {
+            Admission::Admitted { .. } => Ok(()),
             Admission::Refused(refused) => {
                 for k in &h.keys {
                     self.stats.refused(k.budget);
@@ -461,8 +482,11 @@ impl Budgets {
                 Err(Answer::Refused(refused))
             }
             Admission::Unavailable { why } => {
-                m.remote = None;
-                self.store_unavailable(remote, &why)
+                // A reserve that timed out here may still be applied there: release its id
+                // (a release that arrives first leaves nothing for the reserve to hold).
+                let keys = h.keys.clone();
+                self.end_remote(m, None);
+                self.store_unavailable(remote, &keys, &why, audit)
             }
         })
     }
@@ -474,22 +498,24 @@ impl Budgets {
         }
     }
 
-    /// A settle or release answered (the root's `on_http_call_response`).
-    pub fn ended(&self, num_headers: usize, body_size: usize) {
+    /// A settle or release answered (the root's `on_http_call_response`): the gauges follow
+    /// the ledgers it reports.
+    pub fn ended(&self, token: u32, num_headers: usize, body_size: usize) {
         if let LedgerBackend::Remote(remote) = &self.ledgers {
-            remote.ended(num_headers, body_size);
+            if let Some(answer) = remote.ended(token, num_headers, body_size) {
+                let gauges = router_core::budget::remote::gauges(&self.compiled, &answer.ledgers);
+                self.stats.record_all(&gauges);
+            }
         }
     }
 
     /// Ends the request's remote reservation: settles `charge`, or releases (`None`). A
-    /// reservation whose answer never came (the client left first) is left to its TTL.
+    /// reservation whose answer is still out (the client left first) is released by its id.
     fn end_remote(&self, m: &mut Metered, charge: Option<Amount>) {
         let (LedgerBackend::Remote(remote), Some(h)) = (&self.ledgers, m.remote.take()) else {
             return;
         };
-        if let Some(id) = &h.reservation {
-            remote.end(&self.compiled, &h.keys, id, charge);
-        }
+        remote.end(&self.compiled, &h.keys, &h.reservation, charge);
     }
 
     fn refusal(&self, refusal: &Refusal) -> Answer {

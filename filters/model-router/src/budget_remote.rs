@@ -6,8 +6,15 @@
 //! Why the root: Envoy cancels a context's callouts when the context is destroyed, and a
 //! request's context is destroyed right after `on_log`, where most settles and releases are
 //! decided. The root lives as long as the VM, so its calls complete and their failures are
-//! logged. A settle that never arrives (the queue full, Envoy stopping, the service down) is
-//! bounded: the service drops the hold at its TTL.
+//! logged. A settle or release that gets no answer, or the service's 5xx, is sent again on
+//! later ticks (backing off, until the hold's TTL has passed): the service applies a settle
+//! once however often it arrives, so a settle outlives a restart of the service. One that
+//! never arrives (the queue full, Envoy stopping) is bounded: the service drops the hold at
+//! its TTL.
+//!
+//! Reservation ids are this worker's (a random prefix and a counter), so a request whose
+//! reserve answer never came (the client left, the call timed out) still releases its id; the
+//! service remembers ended ids, so a reserve arriving after its release holds nothing.
 //!
 //! `router_core::budget::remote` builds the calls and reads the answers; this moves them.
 
@@ -16,21 +23,35 @@ use router_core::budget::admit::LedgerKey;
 use router_core::budget::config::{CompiledBudgets, ServiceConfig};
 use router_core::budget::remote::{self, Admission, MAX_REPLY_BYTES, RESERVE_PATH};
 use router_core::budget::window::Amount;
-use std::cell::RefCell;
+use router_core::budget::wire::{LedgerState, SettleResponse};
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::time::Duration;
 
-/// Settles and releases waiting for the next tick, per worker. Past this the oldest is
+/// Settles and releases waiting to be sent (or answered), per worker. Past this the oldest is
 /// dropped (logged): its hold expires at its TTL, so dropping costs room, never money.
 const MAX_QUEUED_ENDS: usize = 4096;
+/// Longest wait between two sends of a settle the service did not answer.
+const MAX_BACKOFF_MS: u64 = 2000;
 
 /// A request's reservation on the service, from the reserve call to its settle or release.
 pub(crate) struct RemoteHold {
     pub keys: Vec<LedgerKey>,
     /// The reserve call's token while its answer is out.
     pub pending: Option<u32>,
-    /// The service's id of the reservation, once admitted.
-    pub reservation: Option<String>,
+    /// This worker's id of the reservation, chosen before the reserve is sent.
+    pub reservation: String,
+}
+
+/// A settle or release on its way to the service.
+struct End {
+    path: &'static str,
+    body: Vec<u8>,
+    /// Sends so far, and when the next may go (ms).
+    sends: u32,
+    next_ms: u64,
+    /// Past this (the hold's TTL after the request ended) it is not sent again.
+    give_up_ms: u64,
 }
 
 /// The shared ledger as one worker reaches it.
@@ -39,21 +60,47 @@ pub(crate) struct Remote {
     timeout: Duration,
     pub fail_open: bool,
     router: String,
-    ends: RefCell<VecDeque<(&'static str, Vec<u8>)>>,
+    hold_ttl_ms: u64,
+    /// Random per worker VM: ids of two workers or two Envoys do not meet.
+    id_prefix: String,
+    next_id: Cell<u64>,
+    ends: RefCell<VecDeque<End>>,
+    /// Ends sent and not answered yet, by call token.
+    sent: RefCell<Vec<(u32, End)>>,
+}
+
+fn now_ms() -> u64 {
+    edge::now_nanos() / 1_000_000
 }
 
 impl Remote {
-    pub fn new(router: &str, service: &ServiceConfig) -> Remote {
+    pub fn new(router: &str, service: &ServiceConfig, hold_ttl_s: u64) -> Remote {
+        let mut seed = [0u8; 8];
+        if getrandom::fill(&mut seed).is_err() {
+            // Without entropy the clock tells workers apart (they start at different nanos).
+            seed = edge::now_nanos().to_le_bytes();
+        }
         Remote {
             cluster: service.cluster.clone(),
             timeout: Duration::from_millis(service.timeout_ms.max(1)),
             fail_open: service.fail_open,
             router: router.to_string(),
+            hold_ttl_ms: hold_ttl_s.saturating_mul(1000),
+            id_prefix: seed.iter().map(|b| format!("{b:02x}")).collect(),
+            next_id: Cell::new(0),
             ends: RefCell::new(VecDeque::new()),
+            sent: RefCell::new(Vec::new()),
         }
     }
 
-    /// Sends the reservation of `amount` on `keys`; the answer arrives in the request's
+    /// A reservation id unique to this request: the worker's prefix and a counter.
+    pub fn new_id(&self) -> String {
+        let n = self.next_id.get().wrapping_add(1);
+        self.next_id.set(n);
+        format!("{}-{n:x}", self.id_prefix)
+    }
+
+    /// Sends the reservation `id` of `amount` on `keys`; the answer arrives in the request's
     /// `on_http_call_response` with the returned token. `Err`: nothing was sent (the store is
     /// unavailable: e.g. the cluster is missing).
     pub fn reserve(
@@ -61,13 +108,15 @@ impl Remote {
         c: &CompiledBudgets,
         keys: &[LedgerKey],
         amount: Amount,
+        id: &str,
     ) -> Result<u32, String> {
-        let body = remote::reserve_body(&self.router, c, keys, amount);
+        let body = remote::reserve_body(&self.router, c, keys, amount, id);
         self.send(RESERVE_PATH, &body)
     }
 
-    /// Reads the reserve answer being delivered (only inside `on_http_call_response`).
-    pub fn answer(&self, num_headers: usize, body_size: usize) -> Admission {
+    /// Reads the reserve answer being delivered (only inside `on_http_call_response`), with the
+    /// ledgers as the service left them.
+    pub fn answer(&self, num_headers: usize, body_size: usize) -> (Admission, Vec<LedgerState>) {
         if num_headers == 0 {
             // Envoy delivers a failed or timed-out call with no headers at all.
             return remote::read_reserve(0, None, b"");
@@ -91,35 +140,89 @@ impl Remote {
         reservation: &str,
         charge: Option<Amount>,
     ) {
-        let call = remote::end_call(&self.router, c, keys, reservation, charge);
+        let (path, body) = remote::end_call(&self.router, c, keys, reservation, charge);
+        let now = now_ms();
+        self.queue(End {
+            path,
+            body,
+            sends: 0,
+            next_ms: now,
+            give_up_ms: now.saturating_add(self.hold_ttl_ms),
+        });
+    }
+
+    fn queue(&self, end: End) {
         let mut ends = self.ends.borrow_mut();
-        if ends.len() >= MAX_QUEUED_ENDS {
+        if ends.len() + self.sent.borrow().len() >= MAX_QUEUED_ENDS {
             ends.pop_front();
             edge::log(
                 Level::Warn,
                 "model-router: budgets: too many settles queued for llmkube-budgets; the oldest is dropped and its hold expires at its TTL",
             );
         }
-        ends.push_back(call);
+        ends.push_back(end);
     }
 
-    /// Sends every queued settle and release (from the root context, on tick).
+    /// Sends the queued settles and releases that are due (from the root context, on tick).
     pub fn flush(&self) {
-        let queued: Vec<_> = self.ends.borrow_mut().drain(..).collect();
-        for (path, body) in queued {
-            if let Err(e) = self.send(path, &body) {
-                edge::log(
-                    Level::Error,
-                    &format!(
-                        "model-router: budgets: {path} not sent ({e}); the hold expires at its TTL"
-                    ),
-                );
+        let now = now_ms();
+        let due: Vec<End> = {
+            let mut ends = self.ends.borrow_mut();
+            let (due, later): (VecDeque<End>, VecDeque<End>) =
+                ends.drain(..).partition(|e| e.next_ms <= now);
+            *ends = later;
+            due.into()
+        };
+        for mut end in due {
+            end.sends = end.sends.saturating_add(1);
+            match self.send(end.path, &end.body) {
+                Ok(token) => self.sent.borrow_mut().push((token, end)),
+                Err(e) => self.failed(end, &e, true, now),
             }
         }
     }
 
-    /// Logs a settle or release answer that says it failed (root `on_http_call_response`).
-    pub fn ended(&self, num_headers: usize, body_size: usize) {
+    /// A settle or release did not get through: sent again later while its hold could still
+    /// be there, else logged and left to the TTL.
+    fn failed(&self, mut end: End, why: &str, retry: bool, now: u64) {
+        if retry && now < end.give_up_ms {
+            let backoff = (100u64 << end.sends.min(5)).min(MAX_BACKOFF_MS);
+            end.next_ms = now.saturating_add(backoff);
+            if end.sends == 1 {
+                edge::log(
+                    Level::Warn,
+                    &format!(
+                        "model-router: budgets: {} failed ({why}); sending it again",
+                        end.path
+                    ),
+                );
+            }
+            self.queue(end);
+            return;
+        }
+        edge::log(
+            Level::Error,
+            &format!(
+                "model-router: budgets: {} failed ({why}) after {} sends; the hold expires at its TTL",
+                end.path, end.sends
+            ),
+        );
+    }
+
+    /// A settle or release answered (root `on_http_call_response`): the service's answer, or
+    /// `None` when the token is not one of these calls or the call failed (then it is sent
+    /// again, or logged).
+    pub fn ended(
+        &self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+    ) -> Option<SettleResponse> {
+        let end = {
+            let mut sent = self.sent.borrow_mut();
+            let i = sent.iter().position(|(t, _)| *t == token)?;
+            sent.swap_remove(i).1
+        };
         let (status, body) = if num_headers == 0 {
             (0, Vec::new())
         } else {
@@ -127,11 +230,12 @@ impl Remote {
             let body = edge::call_response_body(body_size.min(MAX_REPLY_BYTES)).unwrap_or_default();
             (edge::response_status(&headers), body)
         };
-        if let Err(why) = remote::read_end(status, &body) {
-            edge::log(
-                Level::Error,
-                &format!("model-router: budgets: settle/release failed ({why}); the hold expires at its TTL"),
-            );
+        match remote::read_end(status, &body) {
+            Ok(answer) => Some(answer),
+            Err(f) => {
+                self.failed(end, &f.why, f.retry, now_ms());
+                None
+            }
         }
     }
 

@@ -498,7 +498,7 @@ impl Context for Request {
         let (Some(budgets), Some(m)) = (&worker.budgets, self.budget.as_mut()) else {
             return;
         };
-        match budgets.answered(m, token, num_headers, body_size) {
+        match budgets.answered(m, token, num_headers, body_size, &mut self.audit) {
             None => {}
             Some(Ok(())) => {
                 if let Err(e) = edge::resume(edge::Stream::Request) {

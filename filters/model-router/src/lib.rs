@@ -76,7 +76,7 @@ impl Context for Root {
                 return;
             }
             if let Some(budgets) = &worker.budgets {
-                budgets.ended(num_headers, body_size);
+                budgets.ended(token, num_headers, body_size);
             }
         }
     }

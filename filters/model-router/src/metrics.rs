@@ -77,6 +77,7 @@ pub(crate) struct BudgetStats {
     caps: Vec<router_core::budget::Caps>,
     refusals: Vec<Option<u32>>,
     estimated: Vec<Option<u32>>,
+    unenforced: Vec<Option<u32>>,
     gauges: RefCell<FnvHashMap<LedgerKey, Option<[u32; 4]>>>,
 }
 
@@ -115,6 +116,7 @@ impl BudgetStats {
             caps: budgets.iter().map(|b| b.caps).collect(),
             refusals: per("refusals"),
             estimated: per("estimated_charges"),
+            unenforced: per("unenforced"),
             gauges: RefCell::new(FnvHashMap::default()),
         }
     }
@@ -127,6 +129,13 @@ impl BudgetStats {
 
     pub fn estimated(&self, budget: usize) {
         if let Some(Some(id)) = self.estimated.get(budget) {
+            edge::increment_metric(*id, 1);
+        }
+    }
+
+    /// A request admitted without its budgets (the shared ledger down, fail-open).
+    pub fn unenforced(&self, budget: usize) {
+        if let Some(Some(id)) = self.unenforced.get(budget) {
             edge::increment_metric(*id, 1);
         }
     }
@@ -158,14 +167,25 @@ impl BudgetStats {
         keys: impl IntoIterator<Item = &'k LedgerKey>,
     ) {
         for key in keys {
-            let (Some(ids), Ok((spent, held))) = (self.ids(key), store.usage(key)) else {
-                continue;
-            };
-            let caps = self.caps.get(key.budget).copied().unwrap_or_default();
-            edge::record_metric(ids[0], spent.tokens);
-            edge::record_metric(ids[1], spent.pico / 1_000_000);
-            edge::record_metric(ids[2], percent(&caps, spent.tokens, spent.pico));
-            edge::record_metric(ids[3], held.tokens);
+            if let Ok((spent, held)) = store.usage(key) {
+                self.record(key, spent, held.tokens);
+            }
         }
+    }
+
+    /// Sets the gauges of shared ledgers from what the service reported.
+    pub fn record_all(&self, gauges: &[router_core::budget::remote::Gauge]) {
+        for g in gauges {
+            self.record(&g.key, g.spent, g.held_tokens);
+        }
+    }
+
+    fn record(&self, key: &LedgerKey, spent: router_core::budget::Amount, held_tokens: u64) {
+        let Some(ids) = self.ids(key) else { return };
+        let caps = self.caps.get(key.budget).copied().unwrap_or_default();
+        edge::record_metric(ids[0], spent.tokens);
+        edge::record_metric(ids[1], spent.pico / 1_000_000);
+        edge::record_metric(ids[2], percent(&caps, spent.tokens, spent.pico));
+        edge::record_metric(ids[3], held_tokens);
     }
 }

@@ -13,7 +13,10 @@ use super::config::CompiledBudgets;
 use super::money::format_usd;
 use super::reply::{self, Refused};
 use super::window::Amount;
-use super::wire::{AmountJson, LedgerRef, ReserveRequest, ReserveResponse, SettleRequest};
+use super::wire::{
+    AmountJson, LedgerRef, LedgerState, ReserveRequest, ReserveResponse, SettleRequest,
+    SettleResponse, MAX_LEDGERS,
+};
 use crate::errors::ApiError;
 
 pub const RESERVE_PATH: &str = "/v1/reserve";
@@ -52,18 +55,21 @@ pub fn ledger_refs(c: &CompiledBudgets, keys: &[LedgerKey]) -> Vec<LedgerRef> {
         .collect()
 }
 
-/// `POST /v1/reserve`: hold `amount` on every ledger of `keys`, all or nothing.
+/// `POST /v1/reserve`: hold `amount` on every ledger of `keys`, all or nothing, under the
+/// gateway's id `reservation` (so the gateway can release it without the answer).
 pub fn reserve_body(
     router: &str,
     c: &CompiledBudgets,
     keys: &[LedgerKey],
     amount: Amount,
+    reservation: &str,
 ) -> Vec<u8> {
     let req = ReserveRequest {
         router: router.to_string(),
         ledgers: ledger_refs(c, keys),
         amount: AmountJson::from_amount(amount),
         ttl_s: Some(c.hold_ttl_s),
+        reservation: Some(reservation.to_string()),
     };
     // Serialising plain strings and integers cannot fail; an empty body would only be refused
     // by the service with a 400, which the caller reports.
@@ -84,6 +90,7 @@ pub fn end_call(
         reservation: reservation.to_string(),
         ledgers: ledger_refs(c, keys),
         amount: charge.map(AmountJson::from_amount),
+        ttl_s: Some(c.hold_ttl_s),
     };
     let path = if charge.is_some() {
         SETTLE_PATH
@@ -104,27 +111,74 @@ pub enum Admission {
     Unavailable { why: String },
 }
 
+/// One ledger's state from a service answer, as the gateway's gauges take it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gauge {
+    pub key: LedgerKey,
+    pub spent: Amount,
+    pub held_tokens: u64,
+}
+
+/// The ledgers of an answer that name one of this gateway's budgets (others, and amounts that
+/// do not parse, are skipped), at most [`MAX_LEDGERS`].
+pub fn gauges(c: &CompiledBudgets, states: &[LedgerState]) -> Vec<Gauge> {
+    states
+        .iter()
+        .take(MAX_LEDGERS)
+        .filter_map(|s| {
+            let budget = c.budgets.iter().position(|b| b.name == s.budget)?;
+            let (spent, held_tokens) = s.amounts()?;
+            Some(Gauge {
+                key: LedgerKey {
+                    budget,
+                    team: s.team.clone(),
+                },
+                spent,
+                held_tokens,
+            })
+        })
+        .collect()
+}
+
 /// Reads a reserve answer: `status` is the call's `:status` (0 when the call failed or timed
 /// out and there is no response), `retry_after` its `Retry-After` header, `body` its body.
-pub fn read_reserve(status: u32, retry_after: Option<&str>, body: &[u8]) -> Admission {
-    match status {
-        0 => Admission::Unavailable {
-            why: "no answer from llmkube-budgets (timed out or unreachable)".into(),
-        },
-        200 => match serde_json::from_slice::<ReserveResponse>(body) {
+/// With it, the ledgers as the service left them (empty when it did not say).
+pub fn read_reserve(
+    status: u32,
+    retry_after: Option<&str>,
+    body: &[u8],
+) -> (Admission, Vec<LedgerState>) {
+    if status == 200 {
+        return match serde_json::from_slice::<ReserveResponse>(body) {
             Ok(ReserveResponse {
                 admitted: true,
                 reservation: Some(id),
+                ledgers,
                 ..
-            }) if !id.is_empty() => Admission::Admitted { reservation: id },
-            Ok(r) if !r.admitted => Admission::Refused(reply::exceeded(
-                &r.refused,
-                r.retry_after_s.unwrap_or(1),
-                r.never,
-            )),
-            _ => Admission::Unavailable {
-                why: "llmkube-budgets answered 200 with an unreadable reserve result".into(),
-            },
+            }) if !id.is_empty() => (Admission::Admitted { reservation: id }, ledgers),
+            Ok(r) if !r.admitted => (
+                Admission::Refused(reply::exceeded(
+                    &r.refused,
+                    r.retry_after_s.unwrap_or(1),
+                    r.never,
+                )),
+                r.ledgers,
+            ),
+            _ => (
+                Admission::Unavailable {
+                    why: "llmkube-budgets answered 200 with an unreadable reserve result".into(),
+                },
+                Vec::new(),
+            ),
+        };
+    }
+    (read_failed_reserve(status, retry_after, body), Vec::new())
+}
+
+fn read_failed_reserve(status: u32, retry_after: Option<&str>, body: &[u8]) -> Admission {
+    match status {
+        0 => Admission::Unavailable {
+            why: "no answer from llmkube-budgets (timed out or unreachable)".into(),
         },
         // A service (or a proxy in front of it) that answers with a plain 429: its wait counts.
         429 => Admission::Refused(reply::exceeded(
@@ -148,25 +202,35 @@ pub fn unavailable_reply(why: &str, fail_open: bool) -> Option<ApiError> {
     (!fail_open).then(|| reply::store_unavailable(why))
 }
 
-/// Reads a settle or release answer: `Ok(holds found)`, or why it failed (for the log; the
-/// hold then expires at its TTL).
-pub fn read_end(status: u32, body: &[u8]) -> Result<u64, String> {
-    #[derive(serde::Deserialize)]
-    struct Ended {
-        ok: bool,
-        #[serde(default)]
-        holds_found: u64,
-    }
+/// Why a settle or release failed, and whether sending it again may succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndFailed {
+    pub why: String,
+    /// No answer, or the service or Redis unavailable: the call is worth repeating (a settle
+    /// is applied once however often it arrives). A 4xx or an unreadable answer is not.
+    pub retry: bool,
+}
+
+/// Reads a settle or release answer: the service's answer (holds found, the ledgers after), or
+/// why it failed.
+pub fn read_end(status: u32, body: &[u8]) -> Result<SettleResponse, EndFailed> {
+    let failed = |why: String, retry: bool| Err(EndFailed { why, retry });
     match status {
-        0 => Err("no answer from llmkube-budgets (timed out or unreachable)".into()),
-        200 => match serde_json::from_slice::<Ended>(body) {
-            Ok(e) if e.ok => Ok(e.holds_found),
-            _ => Err("llmkube-budgets answered 200 with an unreadable result".into()),
+        0 => failed(
+            "no answer from llmkube-budgets (timed out or unreachable)".into(),
+            true,
+        ),
+        200 => match serde_json::from_slice::<SettleResponse>(body) {
+            Ok(e) if e.ok => Ok(e),
+            _ => failed(
+                "llmkube-budgets answered 200 with an unreadable result".into(),
+                false,
+            ),
         },
-        s => Err(format!(
-            "llmkube-budgets answered {s}{}",
-            error_detail(body)
-        )),
+        s => failed(
+            format!("llmkube-budgets answered {s}{}", error_detail(body)),
+            s >= 500,
+        ),
     }
 }
 
@@ -221,10 +285,11 @@ mod tests {
     #[test]
     fn calls_carry_every_ledger_with_its_caps_and_the_service_accepts_them() {
         let c = compiled();
-        let body = reserve_body("ns/r", &c, &keys(), Amount::new(7, 3_000_000));
+        let body = reserve_body("ns/r", &c, &keys(), Amount::new(7, 3_000_000), "w1-7");
         let r: ReserveRequest = serde_json::from_slice(&body).unwrap();
         assert!(validate_common(&r.router, &r.ledgers).is_ok());
         assert_eq!(r.ttl_s, Some(120));
+        assert_eq!(r.reservation.as_deref(), Some("w1-7"));
         assert_eq!(r.amount.parse().unwrap(), Amount::new(7, 3_000_000));
         assert_eq!(r.ledgers[0].max_tokens, Some(1000));
         assert_eq!(r.ledgers[0].team, None);
@@ -237,6 +302,11 @@ mod tests {
         let s: SettleRequest = serde_json::from_slice(&body).unwrap();
         assert_eq!((s.reservation.as_str(), s.ledgers.len()), ("id1", 2));
         assert_eq!(s.amount.unwrap().tokens, 3);
+        assert_eq!(
+            s.ttl_s,
+            Some(120),
+            "the ended id is remembered for the hold's ttl"
+        );
         let (path, body) = end_call("ns/r", &c, &keys(), "id1", None);
         assert_eq!(path, RELEASE_PATH);
         let s: SettleRequest = serde_json::from_slice(&body).unwrap();
@@ -252,6 +322,7 @@ mod tests {
 
     #[test]
     fn reserve_answers_admit_refuse_or_make_the_store_unavailable() {
+        let read_reserve = |s, r, b| super::read_reserve(s, r, b).0;
         assert_eq!(
             read_reserve(200, None, br#"{"admitted":true,"reservation":"abc"}"#),
             Admission::Admitted {
@@ -324,15 +395,57 @@ mod tests {
     }
 
     #[test]
-    fn settle_answers_are_read_for_the_log() {
-        assert_eq!(read_end(200, br#"{"ok":true,"holds_found":2}"#), Ok(2));
-        assert!(read_end(0, b"").unwrap_err().contains("no answer"));
-        assert!(read_end(200, b"[]").is_err());
+    fn answers_carry_the_ledgers_for_the_gauges() {
+        let c = compiled();
+        let body = br#"{"admitted":true,"reservation":"r","ledgers":[
+            {"budget":"all","tokens_used":40,"usd_used":"0","tokens_reserved":7},
+            {"budget":"teams","team":"alpha","tokens_used":3,"usd_used":"0.25","tokens_reserved":0},
+            {"budget":"gone","tokens_used":1,"usd_used":"0","tokens_reserved":0},
+            {"budget":"all","tokens_used":1,"usd_used":"bad","tokens_reserved":0}]}"#;
+        let (a, states) = read_reserve(200, None, body);
+        assert!(matches!(a, Admission::Admitted { .. }));
+        let g = gauges(&c, &states);
+        assert_eq!(
+            g.len(),
+            2,
+            "unknown budgets and bad amounts are skipped: {g:?}"
+        );
+        assert_eq!(
+            (g[0].key.budget, g[0].spent.tokens, g[0].held_tokens),
+            (0, 40, 7)
+        );
+        assert_eq!(g[1].key, keys()[1]);
+        assert_eq!(g[1].spent.pico, 250_000_000_000);
+        let refused = br#"{"admitted":false,"retry_after_s":3,"refused":["all"],"ledgers":[
+            {"budget":"all","tokens_used":1000,"usd_used":"0","tokens_reserved":0}]}"#;
+        let (a, states) = read_reserve(200, None, refused);
+        assert!(matches!(a, Admission::Refused(_)));
+        assert_eq!(gauges(&c, &states)[0].spent.tokens, 1000);
+        let settled = read_end(
+            200,
+            br#"{"ok":true,"holds_found":1,"ledgers":[{"budget":"all","tokens_used":9,"usd_used":"0","tokens_reserved":0}]}"#,
+        )
+        .unwrap();
+        assert_eq!(gauges(&c, &settled.ledgers)[0].spent.tokens, 9);
+        assert!(read_reserve(503, None, b"").1.is_empty());
+    }
+
+    #[test]
+    fn settle_answers_are_read_for_the_log_and_the_retry() {
+        assert_eq!(
+            read_end(200, br#"{"ok":true,"holds_found":2}"#).map(|e| e.holds_found),
+            Ok(2)
+        );
+        let e = read_end(0, b"").unwrap_err();
+        assert!(e.why.contains("no answer") && e.retry);
+        assert!(read_end(503, b"").unwrap_err().retry);
+        assert!(!read_end(400, b"").unwrap_err().retry);
+        assert!(!read_end(200, b"[]").unwrap_err().retry);
         let long = format!(
             r#"{{"error":{{"message":"{}","code":"x"}}}}"#,
             "é".repeat(300)
         );
-        let e = read_end(400, long.as_bytes()).unwrap_err();
+        let e = read_end(400, long.as_bytes()).unwrap_err().why;
         assert!(e.starts_with("llmkube-budgets answered 400: é"));
         assert!(e.len() < 260, "{}", e.len());
     }

@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 pub const MAX_NAME: usize = 256;
 /// Most ledgers one request may touch.
 pub const MAX_LEDGERS: usize = 32;
+/// Longest reservation id accepted.
+pub const MAX_RESERVATION_ID: usize = 64;
 /// Longest reservation time-to-live accepted (a day).
 pub const MAX_TTL_S: u64 = 86_400;
 /// Longest window accepted (a year).
@@ -54,6 +56,10 @@ pub struct ReserveRequest {
     /// How long the hold lives if the request never settles (default 900 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_s: Option<u64>,
+    /// The gateway's id for the reservation (unique per request), so it can release a
+    /// reservation whose answer it never got; absent: the service picks one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -65,6 +71,60 @@ pub struct SettleRequest {
     /// The real usage (or its estimate); absent for a release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amount: Option<AmountJson>,
+    /// How long the ended id is remembered (so a late reserve or a repeated settle does
+    /// nothing): the hold's ttl (default 900 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+}
+
+/// One ledger as a reserve, settle or release left it (at most one per ledger of the call):
+/// what the gateway's per-budget gauges show.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LedgerState {
+    pub budget: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    pub tokens_used: u64,
+    pub usd_used: String,
+    pub tokens_reserved: u64,
+}
+
+impl LedgerState {
+    pub fn of(l: &LedgerRef, spent: Amount, held: Amount) -> LedgerState {
+        LedgerState {
+            budget: l.budget.clone(),
+            team: l.team.clone(),
+            tokens_used: spent.tokens,
+            usd_used: format_usd(spent.pico),
+            tokens_reserved: held.tokens,
+        }
+    }
+    /// (spent, held tokens); `None` when the USD amount does not parse.
+    pub fn amounts(&self) -> Option<(Amount, u64)> {
+        let pico = parse_usd(&self.usd_used).ok()?;
+        Some((Amount::new(self.tokens_used, pico), self.tokens_reserved))
+    }
+}
+
+/// The answer to a settle or release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SettleResponse {
+    pub ok: bool,
+    /// Ledgers on which the hold was still there (it may have expired, or ended already).
+    #[serde(default)]
+    pub holds_found: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ledgers: Vec<LedgerState>,
+}
+
+/// A reservation id: 1 to 64 printable ASCII bytes.
+pub fn validate_reservation(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_RESERVATION_ID || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "reservation: must be 1 to {MAX_RESERVATION_ID} printable ASCII bytes"
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,6 +141,9 @@ pub struct ReserveResponse {
     /// When refused: `budget` or `budget/team` of every ledger that refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refused: Vec<String>,
+    /// Every ledger of the request after the reserve (the gateway's gauges).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ledgers: Vec<LedgerState>,
 }
 
 /// One entry of the seed's `status.budgetUtilization`; team budgets add their teams.

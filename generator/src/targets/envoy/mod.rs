@@ -84,6 +84,10 @@ pub struct EnvoyOptions {
     /// `--budgets-service HOST:PORT`: budgets are kept by `llmkube-budgets` there (cluster
     /// `llmkube-budgets`) instead of in this Envoy's shared data.
     pub budgets_service: Option<(String, u16)>,
+    /// `--budgets-fail-open` (only with `--budgets-service`).
+    pub budgets_fail_open: bool,
+    /// `--budgets-hold-ttl SECONDS`.
+    pub budgets_hold_ttl_s: Option<u64>,
 }
 
 impl Default for EnvoyOptions {
@@ -102,6 +106,8 @@ impl Default for EnvoyOptions {
             format: Format::Yaml,
             unsafe_budgets_charge_after: false,
             budgets_service: None,
+            budgets_fail_open: false,
+            budgets_hold_ttl_s: None,
         }
     }
 }
@@ -161,6 +167,8 @@ impl EnvoyOptions {
                 .budgets_service
                 .as_ref()
                 .map(|_| names::BUDGETS_CLUSTER.to_string()),
+            budgets_fail_open: self.budgets_fail_open,
+            budgets_hold_ttl_s: self.budgets_hold_ttl_s,
         }
     }
 }

@@ -275,3 +275,175 @@ fn streamed_chunk(response: bool, body: Vec<u8>, end_of_stream: bool) -> Process
         None,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::Pool;
+    use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+    use envoy_types::pb::envoy::service::ext_proc::v3::HttpHeaders;
+    use processing_response::Response as Rs;
+
+    /// Holds the request headers and buffers the body until its end (as the routing filter
+    /// does), passes trailers and the whole response.
+    const DECIDES_ON_THE_WHOLE_BODY: &str = r#"(module (memory (export "memory") 1)
+      (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024)
+      (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) i32.const 1)
+      (func (export "proxy_on_request_body") (param i32 i32 i32) (result i32)
+        (i32.eqz (local.get 2)))
+      (func (export "proxy_on_request_trailers") (param i32 i32) (result i32) i32.const 0))"#;
+
+    fn pool() -> Pool {
+        let module =
+            llmkube_wasm_runtime::WasmModule::compile(DECIDES_ON_THE_WHOLE_BODY.as_bytes())
+                .unwrap();
+        let opts = llmkube_wasm_runtime::VmOptions {
+            // As the server runs it (Envoy's default since 1.30).
+            allow_on_headers_stop_iteration: true,
+            ..Default::default()
+        };
+        Pool::new(module, opts, 1, None).unwrap()
+    }
+
+    fn msg(r: processing_request::Request) -> ProcessingRequest {
+        ProcessingRequest {
+            request: Some(r),
+            ..Default::default()
+        }
+    }
+
+    fn first_headers(response: bool) -> ProcessingRequest {
+        let h = HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![HeaderValue {
+                    key: if response { ":status" } else { ":path" }.into(),
+                    value: String::new(),
+                    raw_value: if response {
+                        b"200".to_vec()
+                    } else {
+                        b"/".to_vec()
+                    },
+                }],
+            }),
+            end_of_stream: false,
+            ..Default::default()
+        };
+        let mut m = msg(if response {
+            processing_request::Request::ResponseHeaders(h)
+        } else {
+            processing_request::Request::RequestHeaders(h)
+        });
+        if !response {
+            m.protocol_config = Some(ProtocolConfiguration {
+                request_body_mode: FULL_DUPLEX_STREAMED,
+                response_body_mode: FULL_DUPLEX_STREAMED,
+                ..Default::default()
+            });
+        }
+        m
+    }
+
+    fn body(response: bool, bytes: &[u8], eos: bool) -> ProcessingRequest {
+        let b = HttpBody {
+            body: bytes.to_vec(),
+            end_of_stream: eos,
+            ..Default::default()
+        };
+        msg(if response {
+            processing_request::Request::ResponseBody(b)
+        } else {
+            processing_request::Request::RequestBody(b)
+        })
+    }
+
+    /// What each answer is: `H` headers, `B(bytes, eos)` a streamed chunk, `T` trailers.
+    fn kinds(answers: &[ProcessingResponse]) -> Vec<String> {
+        answers
+            .iter()
+            .map(|a| match a.response.as_ref().unwrap() {
+                Rs::RequestHeaders(_) | Rs::ResponseHeaders(_) => "H".to_string(),
+                Rs::RequestBody(b) | Rs::ResponseBody(b) => {
+                    match b
+                        .response
+                        .as_ref()
+                        .unwrap()
+                        .body_mutation
+                        .as_ref()
+                        .unwrap()
+                        .mutation
+                    {
+                        Some(body_mutation::Mutation::StreamedResponse(ref s)) => format!(
+                            "B({},{})",
+                            String::from_utf8_lossy(&s.body),
+                            s.end_of_stream
+                        ),
+                        ref other => panic!("not a streamed chunk: {other:?}"),
+                    }
+                }
+                Rs::RequestTrailers(_) | Rs::ResponseTrailers(_) => "T".to_string(),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn the_headers_answer_waits_for_the_decision_and_held_chunks_come_back_together() {
+        let pool = pool();
+        block_on(async {
+            let mut x = Exchange::new(&pool);
+            assert!(x.answers(first_headers(false)).await.is_empty());
+            assert!(x.answers(body(false, b"ab", false)).await.is_empty());
+            let at_end = x.answers(body(false, b"cd", true)).await;
+            assert_eq!(kinds(&at_end), ["H", "B(abcd,true)"]);
+            // The response passes chunk by chunk, its headers answered at once.
+            assert_eq!(kinds(&x.answers(first_headers(true)).await), ["H"]);
+            assert_eq!(
+                kinds(&x.answers(body(true, b"data: 1\n\n", false)).await),
+                ["B(data: 1\n\n,false)"]
+            );
+            assert_eq!(kinds(&x.answers(body(true, b"", true)).await), ["B(,true)"]);
+            x.finish();
+        });
+    }
+
+    #[test]
+    fn trailers_end_the_body_after_its_last_chunk() {
+        let pool = pool();
+        block_on(async {
+            let mut x = Exchange::new(&pool);
+            assert!(x.answers(first_headers(false)).await.is_empty());
+            assert!(x.answers(body(false, b"ab", false)).await.is_empty());
+            let trailers = msg(processing_request::Request::RequestTrailers(HttpTrailers {
+                trailers: Some(HeaderMap {
+                    headers: vec![HeaderValue {
+                        key: "x-checksum".into(),
+                        value: "1".into(),
+                        raw_value: vec![],
+                    }],
+                }),
+            }));
+            assert_eq!(kinds(&x.answers(trailers).await), ["H", "B(ab,false)", "T"]);
+            x.finish();
+        });
+    }
+
+    #[test]
+    fn without_protocol_config_a_stream_is_answered_one_message_at_a_time() {
+        let pool = pool();
+        block_on(async {
+            let mut x = Exchange::new(&pool);
+            let mut first = first_headers(false);
+            first.protocol_config = None;
+            // The BUFFERED answer to held headers: an empty headers response.
+            assert_eq!(kinds(&x.answers(first).await), ["H"]);
+            x.finish();
+        });
+    }
+}

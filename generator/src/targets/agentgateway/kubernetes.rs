@@ -104,7 +104,7 @@ fn server(ir: &Ir, opts: &AgentgatewayOptions, sha256: &str) -> Vec<Value> {
     let ns = &ir.namespace;
     let module = format!("{IMAGE_WASM_DIR}/{}", super::super::envoy::WASM_FILE);
     let config =
-        serde_norway::to_string(&ext_proc::config(ir, &module, sha256)).unwrap_or_default();
+        serde_norway::to_string(&ext_proc::config(ir, &module, sha256, opts)).unwrap_or_default();
     let labels =
         json!({"app.kubernetes.io/name": "llmkube-ext-proc", "app.kubernetes.io/instance": name});
     let mut cm_meta = metadata(&name, ns, ir);
@@ -171,7 +171,7 @@ fn ext_proc_policy(ir: &Ir, gw: &Gateway) -> Vec<Value> {
                 "extProc": {
                     "backendRef": backend_ref,
                     "failureMode": "FailClosed",
-                    "processingOptions": k8s_processing_options(),
+                    "processingOptions": k8s_processing_options(ir),
                 },
             },
         }),
@@ -191,9 +191,9 @@ fn ext_proc_policy(ir: &Ir, gw: &Gateway) -> Vec<Value> {
 }
 
 /// The standalone processing options in the CRD's spelling (`Send`, `Buffered`, ...).
-fn k8s_processing_options() -> Value {
+fn k8s_processing_options(ir: &Ir) -> Value {
     let mut out = serde_json::Map::new();
-    if let Value::Object(m) = processing_options() {
+    if let Value::Object(m) = processing_options(ir) {
         for (k, v) in m {
             let s = v.as_str().unwrap_or_default();
             let mut c = s.chars();

@@ -261,6 +261,7 @@ mod tests {
             body: b"{}".to_vec(),
             trailers: vec![],
             timeout: Duration::from_millis(100),
+            grpc: None,
         }
     }
 

@@ -4,6 +4,7 @@
 
 mod callout;
 mod config;
+mod grpc_callout;
 mod metrics;
 mod phases;
 mod pool;

@@ -205,6 +205,117 @@ mod tests {
         hold.abort();
     }
 
+    /// A real gRPC server (tonic's) with one raw unary method, `llmkube.Budgets/Reserve`: it
+    /// answers the request message followed by the `x-team` metadata, or PERMISSION_DENIED for
+    /// team "nobody".
+    #[derive(Clone)]
+    struct Budgets;
+
+    impl tonic::server::NamedService for Budgets {
+        const NAME: &'static str = "llmkube.Budgets";
+    }
+
+    struct Reserve;
+
+    impl tonic::server::UnaryService<Vec<u8>> for Reserve {
+        type Response = Vec<u8>;
+        type Future = std::future::Ready<Result<tonic::Response<Vec<u8>>, Status>>;
+        fn call(&mut self, r: tonic::Request<Vec<u8>>) -> Self::Future {
+            let team = r
+                .metadata()
+                .get("x-team")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            if team == "nobody" {
+                return std::future::ready(Err(Status::permission_denied("no such team")));
+            }
+            let mut out = r.into_inner();
+            out.extend_from_slice(team.as_bytes());
+            std::future::ready(Ok(tonic::Response::new(out)))
+        }
+    }
+
+    type HttpRequest = tonic::codegen::http::Request<tonic::body::Body>;
+    type HttpResponse = tonic::codegen::http::Response<tonic::body::Body>;
+
+    impl tonic::codegen::Service<HttpRequest> for Budgets {
+        type Response = HttpResponse;
+        type Error = std::convert::Infallible;
+        type Future = tonic::codegen::BoxFuture<HttpResponse, std::convert::Infallible>;
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: HttpRequest) -> Self::Future {
+            Box::pin(async move {
+                if req.uri().path() != "/llmkube.Budgets/Reserve" {
+                    return Ok(Status::unimplemented("no such method").into_http());
+                }
+                Ok(tonic::server::Grpc::new(Raw).unary(Reserve, req).await)
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_unary_call_carries_message_and_metadata_and_returns_answer_or_status() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let cluster = Cluster {
+            address: listener.local_addr().unwrap().to_string(),
+            timeout: Duration::from_secs(2),
+            grpc: true,
+        };
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(Budgets)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        let channels = Channels::default();
+        let r = record();
+        let m = r.grpc.clone().unwrap();
+        let reply = call(&channels, &cluster, &r, &m, Duration::from_secs(2), 1024)
+            .await
+            .unwrap();
+        assert_eq!(code(&reply), Some("0"), "{reply:?}");
+        assert_eq!(reply.body, b"\x0a\x02hia");
+        let mut denied = record();
+        denied.headers = vec![("x-team".into(), "nobody".into())];
+        let reply = call(
+            &channels,
+            &cluster,
+            &denied,
+            &m,
+            Duration::from_secs(2),
+            1024,
+        )
+        .await
+        .unwrap();
+        assert_eq!(code(&reply), Some("7"), "{reply:?}");
+        // An answer over the bound fails the call instead of being read.
+        let reply = call(&channels, &cluster, &r, &m, Duration::from_secs(2), 3)
+            .await
+            .unwrap();
+        assert_ne!(code(&reply), Some("0"), "{reply:?}");
+        let unknown = GrpcMethod {
+            service: "llmkube.Budgets".into(),
+            method: "Nope".into(),
+        };
+        let reply = call(
+            &channels,
+            &cluster,
+            &r,
+            &unknown,
+            Duration::from_secs(2),
+            1024,
+        )
+        .await
+        .unwrap();
+        assert_eq!(code(&reply), Some("12"), "UNIMPLEMENTED: {reply:?}");
+        server.abort();
+    }
+
     #[tokio::test]
     async fn metadata_that_is_not_ascii_metadata_is_refused_before_sending() {
         let cluster = Cluster {

@@ -651,7 +651,7 @@ mod tests {
         x.finish();
     }
 
-    fn headers_msg(response: bool, eos: bool) -> ProcessingRequest {
+    pub(super) fn headers_msg(response: bool, eos: bool) -> ProcessingRequest {
         use envoy_types::pb::envoy::config::core::v3::HeaderMap;
         let h = HttpHeaders {
             headers: Some(HeaderMap {

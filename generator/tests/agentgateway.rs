@@ -86,17 +86,22 @@ fn corpus() -> Vec<(&'static str, String, Option<u64>)> {
     ]
 }
 
-#[test]
-fn standalone_config_matches_agentgateway_v1_3_1_config_schema() {
+/// agentgateway v1.3.1's own schema of its standalone config.
+fn config_schema() -> jsonschema::Validator {
     let schema: Value = serde_json::from_str(
         &std::fs::read_to_string(crds_dir().join("agentgateway/config-schema-v1.3.1.json"))
             .unwrap(),
     )
     .unwrap();
-    let validator = jsonschema::options()
+    jsonschema::options()
         .should_validate_formats(false)
         .build(&schema)
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn standalone_config_matches_agentgateway_v1_3_1_config_schema() {
+    let validator = config_schema();
     for (name, text, max) in corpus() {
         let out = compile(&text, &opts(max));
         let cfg = yaml(file(&out, "agentgateway.yaml"));
@@ -572,15 +577,7 @@ fn budgets_stream_the_response_body_full_duplex_and_reach_the_budgets_service() 
     let mut r = with_gateway(router());
     r["spec"]["policy"] = json!({"budgets": [{"name": "all", "scope": "router", "maxTokens": 1000, "windowSeconds": 60}]});
     let text = full(r);
-    let schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(crds_dir().join("agentgateway/config-schema-v1.3.1.json"))
-            .unwrap(),
-    )
-    .unwrap();
-    let validator = jsonschema::options()
-        .should_validate_formats(false)
-        .build(&schema)
-        .unwrap();
+    let validator = config_schema();
     let crds = Crds::load_all();
 
     let o = AgentgatewayOptions {

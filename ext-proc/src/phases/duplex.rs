@@ -281,7 +281,6 @@ mod tests {
     use super::*;
     use crate::pool::Pool;
     use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
-    use envoy_types::pb::envoy::service::ext_proc::v3::HttpHeaders;
     use processing_response::Response as Rs;
 
     /// Holds the request headers and buffers the body until its end (as the routing filter
@@ -313,26 +312,7 @@ mod tests {
     }
 
     fn first_headers(response: bool) -> ProcessingRequest {
-        let h = HttpHeaders {
-            headers: Some(HeaderMap {
-                headers: vec![HeaderValue {
-                    key: if response { ":status" } else { ":path" }.into(),
-                    value: String::new(),
-                    raw_value: if response {
-                        b"200".to_vec()
-                    } else {
-                        b"/".to_vec()
-                    },
-                }],
-            }),
-            end_of_stream: false,
-            ..Default::default()
-        };
-        let mut m = msg(if response {
-            processing_request::Request::ResponseHeaders(h)
-        } else {
-            processing_request::Request::RequestHeaders(h)
-        });
+        let mut m = super::super::tests::headers_msg(response, false);
         if !response {
             m.protocol_config = Some(ProtocolConfiguration {
                 request_body_mode: FULL_DUPLEX_STREAMED,

@@ -934,6 +934,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                         samples: vec![],
                         count: 0,
                         sum: 0,
+                        set_seq: 0,
                     });
                     metrics.len() - 1
                 }
@@ -966,7 +967,10 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
             };
             match m.kind {
                 MetricKind::Counter => m.value = m.value.saturating_add(value),
-                MetricKind::Gauge => m.value = value,
+                MetricKind::Gauge => {
+                    m.value = value;
+                    m.set_seq = crate::state::next_gauge_set();
+                }
                 MetricKind::Histogram => m.record(value as u64, keep),
             }
             OK

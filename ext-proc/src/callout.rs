@@ -27,6 +27,7 @@ const MAX_HEADERS: usize = 128;
 pub struct Transport {
     clusters: BTreeMap<String, Cluster>,
     max_response_bytes: usize,
+    channels: crate::grpc_callout::Channels,
     pub calls: AtomicU64,
     pub errors: AtomicU64,
 }
@@ -36,6 +37,7 @@ impl Transport {
         Transport {
             clusters,
             max_response_bytes,
+            channels: Default::default(),
             calls: AtomicU64::new(0),
             errors: AtomicU64::new(0),
         }
@@ -71,6 +73,26 @@ impl Transport {
             .get(&record.upstream)
             .ok_or_else(|| format!("no cluster {:?}", record.upstream))?;
         let timeout = effective(cluster.timeout, record.timeout);
+        if cluster.grpc != record.grpc.is_some() {
+            let kind = |grpc| if grpc { "grpc" } else { "http" };
+            return Err(format!(
+                "cluster {:?} takes {} calls, not {}",
+                record.upstream,
+                kind(cluster.grpc),
+                kind(record.grpc.is_some())
+            ));
+        }
+        if let Some(method) = &record.grpc {
+            return crate::grpc_callout::call(
+                &self.channels,
+                cluster,
+                record,
+                method,
+                timeout,
+                self.max_response_bytes,
+            )
+            .await;
+        }
         tokio::time::timeout(timeout, exchange(cluster, record, self.max_response_bytes))
             .await
             .map_err(|_| format!("no answer within {timeout:?}"))?
@@ -261,6 +283,7 @@ mod tests {
             body: b"{}".to_vec(),
             trailers: vec![],
             timeout: Duration::from_millis(100),
+            grpc: None,
         }
     }
 

@@ -44,10 +44,21 @@ struct File {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ClusterFile {
-    /// `HOST:PORT`, plain HTTP/1.1.
+    /// `HOST:PORT`, plain HTTP/1.1 (or HTTP/2 for `kind: grpc`).
     address: String,
     #[serde(default)]
     timeout_ms: Option<u64>,
+    /// `http` (the default: `dispatch_http_call`) or `grpc` (`dispatch_grpc_call`).
+    #[serde(default)]
+    kind: ClusterKind,
+}
+
+#[derive(Debug, Default, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum ClusterKind {
+    #[default]
+    Http,
+    Grpc,
 }
 
 /// A callout upstream.
@@ -56,6 +67,8 @@ pub struct Cluster {
     pub address: String,
     /// An upper bound on every call's timeout (the module's own may be shorter).
     pub timeout: Duration,
+    /// Takes gRPC calls (`kind: grpc`) instead of http calls.
+    pub grpc: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -163,6 +176,7 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
             Cluster {
                 address: c.address,
                 timeout: Duration::from_millis(ms),
+                grpc: c.kind == ClusterKind::Grpc,
             },
         );
     }
@@ -297,7 +311,8 @@ mod tests {
             c.clusters["budgets"],
             Cluster {
                 address: "127.0.0.1:9000".into(),
-                timeout: Duration::from_millis(250)
+                timeout: Duration::from_millis(250),
+                grpc: false,
             }
         );
         assert_eq!(c.clusters["vllm"].timeout, Duration::from_secs(5));

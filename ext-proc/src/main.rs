@@ -5,6 +5,7 @@
 mod callout;
 mod config;
 mod epp;
+mod grpc_callout;
 mod metrics;
 mod phases;
 mod pool;

@@ -3,8 +3,10 @@
 //!
 //! In Envoy every worker's VM that defines a metric name gets the one process-wide stat, so a
 //! counter is the sum of every worker's increments; here each instance keeps its own and the
-//! endpoint sums them, which is the same number. Gauges are summed too: the filters move theirs
-//! by increments (in-flight counts), for which the sum is exact. Histograms become summaries
+//! endpoint sums them, which is the same number. A gauge moved only by increments (in-flight
+//! counts) is summed too, which is exact; a gauge the filters set (budget ledgers' usage, set
+//! from the shared ledger after each settle) is the value most recently set by any instance, as
+//! Envoy's one stat would hold it, plus the increment-only instances' sum. Histograms become summaries
 //! (`_sum`, `_count`). Names are the module's with every character Prometheus does not allow
 //! turned into `_` (`llmkube.sensitive_violations` → `llmkube_sensitive_violations`).
 
@@ -82,7 +84,17 @@ pub fn render_module(metrics: &[Metric]) -> String {
         sum: u64,
     }
     let mut by: BTreeMap<(String, &'static str), Sum> = BTreeMap::new();
+    // Per gauge name, the most recent set: (its order, its value).
+    let mut last_set: BTreeMap<String, (u64, i64)> = BTreeMap::new();
     for m in metrics {
+        if m.kind == MetricKind::Gauge && m.set_seq > 0 {
+            let e = last_set.entry(prometheus_name(&m.name)).or_default();
+            if m.set_seq > e.0 {
+                *e = (m.set_seq, m.value);
+            }
+            by.entry((prometheus_name(&m.name), "gauge")).or_default();
+            continue;
+        }
         let kind = match m.kind {
             MetricKind::Counter => "counter",
             MetricKind::Gauge => "gauge",
@@ -92,6 +104,11 @@ pub fn render_module(metrics: &[Metric]) -> String {
         s.value = s.value.saturating_add(m.value);
         s.count = s.count.saturating_add(m.count);
         s.sum = s.sum.saturating_add(m.sum);
+    }
+    for (name, (_, value)) in last_set {
+        if let Some(s) = by.get_mut(&(name, "gauge")) {
+            s.value = s.value.saturating_add(value);
+        }
     }
     let mut out = String::new();
     for ((name, kind), s) in by {
@@ -183,7 +200,38 @@ mod tests {
             samples: vec![],
             count,
             sum,
+            set_seq: 0,
         }
+    }
+
+    #[test]
+    fn a_gauge_the_filter_sets_is_the_latest_set_not_the_sum() {
+        let set = |value, seq| Metric {
+            set_seq: seq,
+            ..metric(
+                "llmkube.budget.all.tokens_used",
+                MetricKind::Gauge,
+                value,
+                0,
+                0,
+            )
+        };
+        // Instance 0 set 30 first, instance 1 set 60 after it: the ledger holds 60.
+        let text = render_module(&[set(30, 7), set(60, 9)]);
+        assert_eq!(
+            text,
+            "# TYPE llmkube_budget_all_tokens_used gauge
+llmkube_budget_all_tokens_used 60
+"
+        );
+        let text = render_module(&[set(60, 9), set(30, 7)]);
+        assert!(
+            text.ends_with(
+                "llmkube_budget_all_tokens_used 60
+"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

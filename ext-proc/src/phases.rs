@@ -4,6 +4,8 @@
 //! header and body mutations, an immediate response, dynamic metadata. Anything that cannot be
 //! answered faithfully is answered fail-closed (503, our JSON error), never passed through.
 
+mod duplex;
+
 use crate::pool::{Lease, Pool, PoolError};
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
@@ -42,6 +44,8 @@ pub struct Exchange<'p> {
     response_decided: bool,
     /// An immediate response was sent: Envoy sends nothing more that needs an answer.
     answered: bool,
+    /// Directions whose body streams full-duplex (from the gateway's `protocol_config`).
+    duplex: duplex::Duplex,
 }
 
 impl<'p> Exchange<'p> {
@@ -54,6 +58,7 @@ impl<'p> Exchange<'p> {
             response_headers: Vec::new(),
             response_decided: false,
             answered: false,
+            duplex: Default::default(),
         }
     }
 
@@ -646,7 +651,7 @@ mod tests {
         x.finish();
     }
 
-    fn headers_msg(response: bool, eos: bool) -> ProcessingRequest {
+    pub(super) fn headers_msg(response: bool, eos: bool) -> ProcessingRequest {
         use envoy_types::pb::envoy::config::core::v3::HeaderMap;
         let h = HttpHeaders {
             headers: Some(HeaderMap {

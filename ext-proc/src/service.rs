@@ -68,10 +68,12 @@ impl ExternalProcessor for Processor {
             let mut exchange = Exchange::new(&pool);
             while let Some(msg) = inbound.next().await {
                 let Ok(msg) = msg else { break };
-                if let Some(answer) = exchange.handle(msg).await {
-                    if tx.send(Ok(answer)).await.is_err() {
-                        break;
-                    }
+                let mut gone = false;
+                for answer in exchange.answers(msg).await {
+                    gone = gone || tx.send(Ok(answer)).await.is_err();
+                }
+                if gone {
+                    break;
                 }
             }
             exchange.finish();

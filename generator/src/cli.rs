@@ -31,6 +31,7 @@ usage:
       agentgateway options: -o DIR [--listen ADDR:PORT] [--ext-proc HOST:PORT]
                      [--ext-proc-image REF] [--wasm-dir DIR] [--wasm-sha256 HEX]
                      [--resolve ...] [--router NAME] [--model-header NAME] [--max-body-bytes N]
+                     [--budgets-service HOST:PORT]
   llmkube-gen explain -f FILE [-f FILE...] --body FILE|- [--header NAME=VALUE]... [--path PATH]
       [--quarantined BACKEND]... [--router NAME] [--model-header NAME] [--max-body-bytes N] [--json]
   -f - reads stdin. Problems are printed to stderr as `<Kind>/<name>: <field.path>: <why>`.";
@@ -233,6 +234,7 @@ const TARGET_FLAGS: &[(Target, &[&str])] = &[
             "--ext-proc",
             "--ext-proc-image",
             "--wasm-sha256",
+            "--budgets-service",
         ],
     ),
 ];
@@ -570,16 +572,7 @@ fn envoy_options(
     if let Some(f) = single(a, "--jwks-file", problems) {
         o.jwks_file = Some(super::targets::envoy::absolute(PathBuf::from(f)));
     }
-    if let Some(s) = single(a, "--budgets-service", problems) {
-        match parse_host_port(s) {
-            Ok(hp) => o.budgets_service = Some(hp),
-            Err(why) => problems.push(Problem::new(
-                "options",
-                "--budgets-service",
-                format!("{s:?}: {why} (where llmkube-budgets listens)"),
-            )),
-        }
-    }
+    o.budgets_service = budgets_service(a, problems);
     budgets_flags(a, &mut o, problems);
     o.format = match single(a, "--format", problems) {
         Some("json") => Format::Json,
@@ -684,7 +677,24 @@ fn agentgateway_options(a: &Args, common: CompileOptions, problems: &mut Vec<Pro
         o.wasm_dir = PathBuf::from(d);
     }
     o.wasm_sha256 = single(a, "--wasm-sha256", problems).map(str::to_string);
+    o.budgets_service = budgets_service(a, problems);
     Compile::Agentgateway(o)
+}
+
+/// `--budgets-service HOST:PORT`: where `llmkube-budgets` listens.
+fn budgets_service(a: &Args, problems: &mut Vec<Problem>) -> Option<(String, u16)> {
+    let s = single(a, "--budgets-service", problems)?;
+    match parse_host_port(s) {
+        Ok(hp) => Some(hp),
+        Err(why) => {
+            problems.push(Problem::new(
+                "options",
+                "--budgets-service",
+                format!("{s:?}: {why} (where llmkube-budgets listens)"),
+            ));
+            None
+        }
+    }
 }
 
 /// Writes the files into `dir` (created if missing), each atomically; nothing is written when

@@ -137,17 +137,22 @@ fn corpus() -> Vec<(&'static str, String, Option<u64>)> {
     ]
 }
 
-#[test]
-fn standalone_config_matches_agentgateway_v1_3_1_config_schema() {
+/// agentgateway v1.3.1's own schema of its standalone config.
+fn config_schema() -> jsonschema::Validator {
     let schema: Value = serde_json::from_str(
         &std::fs::read_to_string(crds_dir().join("agentgateway/config-schema-v1.3.1.json"))
             .unwrap(),
     )
     .unwrap();
-    let validator = jsonschema::options()
+    jsonschema::options()
         .should_validate_formats(false)
         .build(&schema)
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn standalone_config_matches_agentgateway_v1_3_1_config_schema() {
+    let validator = config_schema();
     for (name, text, max) in corpus() {
         let out = compile(&text, &opts(max));
         let cfg = yaml(file(&out, "agentgateway.yaml"));
@@ -622,16 +627,76 @@ fn auth_is_refused_with_the_reason() {
     );
 }
 
+/// Budgets settle from the response body, which agentgateway streams to ext_proc only in
+/// `fullDuplexStreamed` mode: with budgets the generated policy asks for it (standalone and
+/// in-cluster, both valid against their schemas), without them it asks for no body; and
+/// `--budgets-service` becomes the `llmkube-budgets` cluster of the server's config, named by
+/// the plugin config's budget service.
 #[test]
-fn budgets_are_refused_with_the_reason() {
+fn budgets_stream_the_response_body_full_duplex_and_reach_the_budgets_service() {
     let mut r = with_gateway(router());
     r["spec"]["policy"] = json!({"budgets": [{"name": "all", "scope": "router", "maxTokens": 1000, "windowSeconds": 60}]});
-    let e = errors(&full(r), &opts(None));
-    assert!(
-        e.iter().any(|l| l.starts_with(
-            "ModelRouter/demo: spec.policy.budgets: budgets are not served by the agentgateway target yet"
-        ) && l.contains("fullDuplexStreamed")),
-        "{e:?}"
+    let text = full(r);
+    let validator = config_schema();
+    let crds = Crds::load_all();
+
+    let o = AgentgatewayOptions {
+        budgets_service: Some(("budgets.llm.svc".into(), 9090)),
+        ..opts(None)
+    };
+    let out = compile(&text, &o);
+    let cfg = yaml(file(&out, "agentgateway.yaml"));
+    let modes = &listener(&cfg)["policies"]["extProc"]["processingOptions"];
+    assert_eq!(modes["responseBodyMode"], "fullDuplexStreamed");
+    assert_eq!(modes["requestBodyMode"], "buffered");
+    let errs: Vec<String> = validator
+        .iter_errors(&cfg)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect();
+    assert!(errs.is_empty(), "{errs:#?}");
+
+    let server = yaml(file(&out, "ext-proc.yaml"));
+    assert_eq!(
+        server["clusters"],
+        json!({"llmkube-budgets": {"address": "budgets.llm.svc:9090"}})
+    );
+    assert_eq!(
+        server["plugin_config"]["budgets"]["service"]["cluster"],
+        "llmkube-budgets"
+    );
+    let mut report = Report::default();
+    let docs = common::crds::documents(file(&out, "kubernetes.yaml"));
+    for d in &docs {
+        if d["kind"] == "AgentgatewayPolicy" {
+            crds.check(d, &mut report);
+        }
+    }
+    assert!(report.errors.is_empty(), "{:#?}", report.errors);
+    let policy = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "AgentgatewayPolicy" && d["spec"]["traffic"].get("extProc").is_some()
+        })
+        .unwrap();
+    assert_eq!(
+        policy["spec"]["traffic"]["extProc"]["processingOptions"]["responseBodyMode"],
+        "FullDuplexStreamed"
+    );
+    let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    let in_cluster = yaml(cm["data"]["ext-proc.yaml"].as_str().unwrap());
+    assert_eq!(in_cluster["clusters"], server["clusters"]);
+
+    // Embedded ledgers: no cluster, no service; the body is still streamed.
+    let out = compile(&text, &opts(None));
+    let server = yaml(file(&out, "ext-proc.yaml"));
+    assert!(server.get("clusters").is_none(), "{server}");
+    assert!(server["plugin_config"]["budgets"].get("service").is_none());
+    // No budgets: the routing filter needs no response body.
+    let out = compile(&example(), &opts(Some(RETRY_REPLAY_LIMIT)));
+    let cfg = yaml(file(&out, "agentgateway.yaml"));
+    assert_eq!(
+        listener(&cfg)["policies"]["extProc"]["processingOptions"]["responseBodyMode"],
+        "none"
     );
 }
 

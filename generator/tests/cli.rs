@@ -243,6 +243,16 @@ fn agentgateway_target_writes_three_files_into_the_output_dir() {
     }
     let server = std::fs::read_to_string(d.join("ext-proc.yaml")).unwrap();
     assert!(server.contains(&sha));
+    // `--budgets-service`: the server's config gets the `llmkube-budgets` cluster.
+    ok.extend(["--budgets-service", "budgets.llm:8090"]);
+    let o = run(&ok, None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let server: serde_json::Value =
+        serde_norway::from_str(&std::fs::read_to_string(d.join("ext-proc.yaml")).unwrap()).unwrap();
+    assert_eq!(
+        server["clusters"]["llmkube-budgets"]["address"],
+        "budgets.llm:8090"
+    );
     let o = run(
         &[
             "compile",

@@ -53,14 +53,14 @@ pub(crate) const FUNCTIONS: &[&str] = &[
     "proxy_get_metric",
 ];
 
-const OK: i32 = Status::Ok as i32;
-const NOT_FOUND: i32 = Status::NotFound as i32;
-const BAD_ARGUMENT: i32 = Status::BadArgument as i32;
-const INVALID_MEMORY: i32 = Status::InvalidMemoryAccess as i32;
-const INTERNAL_FAILURE: i32 = Status::InternalFailure as i32;
+pub(crate) const OK: i32 = Status::Ok as i32;
+pub(crate) const NOT_FOUND: i32 = Status::NotFound as i32;
+pub(crate) const BAD_ARGUMENT: i32 = Status::BadArgument as i32;
+pub(crate) const INVALID_MEMORY: i32 = Status::InvalidMemoryAccess as i32;
+pub(crate) const INTERNAL_FAILURE: i32 = Status::InternalFailure as i32;
 const EMPTY: i32 = Status::Empty as i32;
 
-type C<'a> = Caller<'a, HostState>;
+pub(crate) type C<'a> = Caller<'a, HostState>;
 
 // ---- guest memory helpers -------------------------------------------------------------------
 
@@ -294,19 +294,48 @@ fn map_modify(
     }
 }
 
+/// Makes `record` a pending callout of the current context (bounded per VM), its token written
+/// at `ret`; the embedder's transport gets it after the callback.
+pub(crate) fn register_call(c: &mut C<'_>, mut record: HttpCallRecord, ret: i32) -> i32 {
+    let st = c.data();
+    if st.pending_calls.len() >= st.opts.limits.max_pending_calls {
+        return INTERNAL_FAILURE;
+    }
+    // Tokens wrap in a long-lived VM; 0 is never handed out.
+    let token = st.next_token.max(1);
+    if !write_u32(c, ret, token) {
+        return INVALID_MEMORY;
+    }
+    let st = c.data_mut();
+    st.next_token = token.wrapping_add(1);
+    record.token = token;
+    record.context_id = st.effective;
+    let deadline_nanos = st.opts.clock.monotonic_nanos() + record.timeout.as_nanos() as u64;
+    st.pending_calls.insert(
+        token,
+        PendingCall {
+            record,
+            deadline_nanos,
+        },
+    );
+    st.new_calls.push(token);
+    OK
+}
+
 fn buffer_get(st: &HostState, buffer_type: i32) -> Result<Vec<u8>, i32> {
     let stream = st.streams.get(&st.effective);
     match buffer_type {
         0 => stream.map(|s| s.req.buffer.clone()).ok_or(NOT_FOUND),
         1 => stream.map(|s| s.resp.buffer.clone()).ok_or(NOT_FOUND),
-        4 => st
+        // The http call's body, or the gRPC call's response message (GrpcReceiveBuffer).
+        4 | 5 => st
             .call_response
             .as_ref()
             .map(|r| r.body.clone())
             .ok_or(NOT_FOUND),
         6 => Ok(st.opts.vm_configuration.clone()),
         7 => Ok(st.opts.plugin_configuration.clone()),
-        2 | 3 | 5 | 8 => Err(NOT_FOUND),
+        2 | 3 | 8 => Err(NOT_FOUND),
         _ => Err(BAD_ARGUMENT),
     }
 }
@@ -779,58 +808,20 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
             {
                 return BAD_ARGUMENT;
             }
-            if st.pending_calls.len() >= st.opts.limits.max_pending_calls {
-                return INTERNAL_FAILURE;
-            }
-            // Tokens wrap in a long-lived VM; 0 is never handed out.
-            let token = st.next_token.max(1);
-            if !write_u32(&mut c, ret, token) {
-                return INVALID_MEMORY;
-            }
-            let st = c.data_mut();
-            st.next_token = token.wrapping_add(1);
             let record = HttpCallRecord {
-                token,
-                context_id: st.effective,
+                token: 0,
+                context_id: 0,
                 upstream,
                 headers,
                 body,
                 trailers,
                 timeout: Duration::from_millis(timeout as u32 as u64),
+                grpc: None,
             };
-            let deadline_nanos =
-                st.opts.clock.monotonic_nanos() + (timeout as u32 as u64) * 1_000_000;
-            st.pending_calls.insert(
-                token,
-                PendingCall {
-                    record,
-                    deadline_nanos,
-                },
-            );
-            st.new_calls.push(token);
-            OK
+            register_call(&mut c, record, ret)
         },
     )?;
-    // gRPC callouts are not modelled. The codes chosen are ones the Rust SDK maps to `Err`
-    // (an undeclared code such as Unimplemented would be an invalid enum value in the guest).
-    l.func_wrap(
-        "env",
-        "proxy_grpc_call",
-        |_c: C<'_>,
-         _a: i32,
-         _b: i32,
-         _d: i32,
-         _e: i32,
-         _f: i32,
-         _g: i32,
-         _h: i32,
-         _i: i32,
-         _j: i32,
-         _k: i32,
-         _t: i32,
-         _r: i32|
-         -> i32 { INTERNAL_FAILURE },
-    )?;
+    crate::grpc::add_to_linker(l)?;
     l.func_wrap(
         "env",
         "proxy_grpc_stream",
@@ -851,9 +842,6 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "proxy_grpc_send",
         |_c: C<'_>, _t: i32, _p: i32, _s: i32, _e: i32| -> i32 { NOT_FOUND },
     )?;
-    l.func_wrap("env", "proxy_grpc_cancel", |_c: C<'_>, _t: i32| -> i32 {
-        NOT_FOUND
-    })?;
     l.func_wrap("env", "proxy_grpc_close", |_c: C<'_>, _t: i32| -> i32 {
         NOT_FOUND
     })?;
@@ -946,6 +934,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
                         samples: vec![],
                         count: 0,
                         sum: 0,
+                        set_seq: 0,
                     });
                     metrics.len() - 1
                 }
@@ -978,7 +967,10 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
             };
             match m.kind {
                 MetricKind::Counter => m.value = m.value.saturating_add(value),
-                MetricKind::Gauge => m.value = value,
+                MetricKind::Gauge => {
+                    m.value = value;
+                    m.set_seq = crate::state::next_gauge_set();
+                }
                 MetricKind::Histogram => m.record(value as u64, keep),
             }
             OK

@@ -86,6 +86,17 @@ pub struct HttpCallRecord {
     pub body: Vec<u8>,
     pub trailers: Vec<(String, String)>,
     pub timeout: Duration,
+    /// Set for a `proxy_grpc_call`: `headers` are then its initial metadata, `body` the
+    /// serialized request message, `upstream` the cluster; the answer goes back through
+    /// [`crate::Vm::reply_http_call`] with a `grpc-status` header (and `grpc-message`).
+    pub grpc: Option<GrpcMethod>,
+}
+
+/// The method a gRPC callout calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcMethod {
+    pub service: String,
+    pub method: String,
 }
 
 impl HttpCallRecord {

@@ -14,15 +14,18 @@
 mod abi;
 mod embedder;
 mod engine;
+mod grpc;
 mod shared;
 mod state;
 mod vm;
 mod wasi;
 
 pub use embedder::{
-    Callouts, Clock, DiscardLogs, HttpCallRecord, HttpCallReply, LogSink, StderrLogs, SystemClock,
+    Callouts, Clock, DiscardLogs, GrpcMethod, HttpCallRecord, HttpCallReply, LogSink, StderrLogs,
+    SystemClock,
 };
 pub use engine::{module_imports, unsupported_imports, WasmModule};
+pub use grpc::{DEADLINE_EXCEEDED, UNAVAILABLE};
 pub use shared::{GetHook, SharedStore};
 pub use state::{Limits, LocalResponse, Metric, MetricKind};
 pub use vm::{StreamOutcome, Vm, VmOptions};

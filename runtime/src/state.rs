@@ -70,6 +70,17 @@ pub struct Metric {
     /// Values recorded into a histogram, and their sum, since the VM started.
     pub count: u64,
     pub sum: u64,
+    /// When a gauge was last set (`proxy_record_metric`), in one order across every VM of the
+    /// process; 0: never set (only moved by increments).
+    pub set_seq: u64,
+}
+
+/// Orders gauge sets across VMs: an embedder that runs several instances as one gateway's
+/// workers reports the most recently set value, as Envoy's one shared stat holds it.
+static GAUGE_SETS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub(crate) fn next_gauge_set() -> u64 {
+    GAUGE_SETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
 }
 
 impl Metric {
@@ -196,6 +207,7 @@ mod tests {
             samples: vec![],
             count: 0,
             sum: 0,
+            set_seq: 0,
         };
         for v in 1..=10 {
             m.record(v, 3);

@@ -785,8 +785,14 @@ impl Vm {
                     self.tick()?;
                 }
                 (_, Some((_, token))) => {
-                    // Envoy reports a timed-out callout as a response with nothing in it.
-                    self.deliver_http_call_response(token, None)?;
+                    // Envoy reports a timed-out http callout as a response with nothing in it,
+                    // a gRPC one as closed with DEADLINE_EXCEEDED.
+                    let grpc = self.store.data().pending_calls[&token]
+                        .record
+                        .grpc
+                        .is_some();
+                    let reply = grpc.then(crate::grpc::timed_out);
+                    self.deliver_http_call_response(token, reply)?;
                     self.pump()?;
                 }
                 (Some(_), None) => return Ok(()),
@@ -849,6 +855,16 @@ impl Vm {
             return Err(HostError::UnknownHttpCall(token));
         };
         let ctx = call.record.context_id;
+        if call.record.grpc.is_some() {
+            let (export, arg) = match crate::grpc::delivery(reply.as_ref()) {
+                crate::grpc::Delivery::Receive(size) => ("proxy_on_grpc_receive", size as i32),
+                crate::grpc::Delivery::Close(status) => ("proxy_on_grpc_close", status as i32),
+            };
+            self.store.data_mut().call_response = reply;
+            let r = self.call(export, &[ctx as i32, token as i32, arg], ctx);
+            self.store.data_mut().call_response = None;
+            return r.map(|_| ());
+        }
         let (nh, nb, nt) = reply.as_ref().map_or((0, 0, 0), |r| {
             (r.headers.len(), r.body.len(), r.trailers.len())
         });

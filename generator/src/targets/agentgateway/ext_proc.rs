@@ -5,23 +5,33 @@
 
 use serde_json::{json, Value};
 
+use super::AgentgatewayOptions;
 use crate::ir::Ir;
 
 pub const ROOT_ID: &str = "model-router";
 pub const VM_ID: &str = "llmkube";
 
-pub(super) fn config(ir: &Ir, module_path: &str, sha256: &str) -> Value {
+pub(super) fn config(
+    ir: &Ir,
+    module_path: &str,
+    sha256: &str,
+    opts: &AgentgatewayOptions,
+) -> Value {
     let plugin: Value = serde_json::from_str(&ir.plugin_json).unwrap_or(Value::Null);
     let plugin = if plugin.is_null() {
         Value::String(ir.plugin_json.clone())
     } else {
         plugin
     };
-    json!({
+    let mut cfg = json!({
         "module": {"path": module_path, "sha256": sha256},
         "root_id": ROOT_ID,
         "vm_id": VM_ID,
         "plugin_config": plugin,
         "log_level": "info",
-    })
+    });
+    if let Some(clusters) = super::budgets::clusters(opts) {
+        cfg["clusters"] = clusters;
+    }
+    cfg
 }

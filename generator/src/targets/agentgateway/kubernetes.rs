@@ -94,7 +94,7 @@ pub(super) fn documents(ir: &Ir, opts: &AgentgatewayOptions, sha256: &str) -> Ve
     if super::picked::any_picked(ir) {
         let name = picker_name(ir);
         let module = format!("{IMAGE_WASM_DIR}/{}", super::super::envoy::WASM_FILE);
-        let config = super::picked::picker_config(ir, &module, sha256);
+        let config = super::picked::picker_config(ir, &module, sha256, opts);
         docs.extend(server_named(ir, opts, &name, &config));
         docs.extend(super::picked::pools(ir, &name, EXT_PROC_PORT, |n| {
             metadata(n, &ir.namespace, ir)
@@ -116,7 +116,7 @@ pub(super) fn documents(ir: &Ir, opts: &AgentgatewayOptions, sha256: &str) -> Ve
 /// Service of `llmkube-ext-proc`.
 fn server(ir: &Ir, opts: &AgentgatewayOptions, sha256: &str) -> Vec<Value> {
     let module = format!("{IMAGE_WASM_DIR}/{}", super::super::envoy::WASM_FILE);
-    let config = ext_proc::config(ir, &module, sha256);
+    let config = ext_proc::config(ir, &module, sha256, opts);
     server_named(ir, opts, &server_name(ir), &config)
 }
 
@@ -196,7 +196,7 @@ fn ext_proc_policy(ir: &Ir, gw: &Gateway) -> Vec<Value> {
                 "extProc": {
                     "backendRef": backend_ref,
                     "failureMode": "FailClosed",
-                    "processingOptions": k8s_processing_options(),
+                    "processingOptions": k8s_processing_options(ir),
                 },
             },
         }),
@@ -216,9 +216,9 @@ fn ext_proc_policy(ir: &Ir, gw: &Gateway) -> Vec<Value> {
 }
 
 /// The standalone processing options in the CRD's spelling (`Send`, `Buffered`, ...).
-fn k8s_processing_options() -> Value {
+fn k8s_processing_options(ir: &Ir) -> Value {
     let mut out = serde_json::Map::new();
-    if let Value::Object(m) = processing_options() {
+    if let Value::Object(m) = processing_options(ir) {
         for (k, v) in m {
             let s = v.as_str().unwrap_or_default();
             let mut c = s.chars();

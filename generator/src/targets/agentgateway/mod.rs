@@ -14,6 +14,7 @@
 //! - [`ext_proc`]: `ext-proc.yaml` for `llmkube-ext-proc --config`;
 //! - [`kubernetes`]: `kubernetes.yaml` for an agentgateway installation.
 
+mod budgets;
 mod ext_proc;
 mod kubernetes;
 mod picked;
@@ -70,6 +71,9 @@ pub struct AgentgatewayOptions {
     pub wasm_sha256: Option<String>,
     /// `--ext-proc-image`: the in-cluster server's image (modules in [`IMAGE_WASM_DIR`]).
     pub image: String,
+    /// `--budgets-service HOST:PORT`: budgets are kept by `llmkube-budgets` there (a cluster of
+    /// `ext-proc.yaml`); `None`: in the server's shared data.
+    pub budgets_service: Option<(String, u16)>,
 }
 
 impl Default for AgentgatewayOptions {
@@ -81,6 +85,7 @@ impl Default for AgentgatewayOptions {
             wasm_dir: super::envoy::default_wasm_dir(),
             wasm_sha256: None,
             image: DEFAULT_IMAGE.to_string(),
+            budgets_service: None,
         }
     }
 }
@@ -104,7 +109,11 @@ pub fn compile_agentgateway_diag(
 ) -> Option<Output> {
     let sha256 =
         super::envoy_gateway::pin_module(opts.wasm_sha256.as_deref(), &opts.wasm_dir, diags);
-    let ir = front_end(sources, &opts.common, opts, diags)?;
+    let common = CompileOptions {
+        budgets_cluster: budgets::cluster_name(opts),
+        ..opts.common.clone()
+    };
+    let ir = front_end(sources, &common, opts, diags)?;
     let sha256 = sha256?;
     let standalone = crate::render::render(
         &standalone::config(&ir, opts),
@@ -113,7 +122,7 @@ pub fn compile_agentgateway_diag(
     )?;
     let module = super::envoy::absolute(opts.wasm_dir.join(super::envoy::WASM_FILE));
     let server = crate::render::render(
-        &ext_proc::config(&ir, &module.to_string_lossy(), &sha256),
+        &ext_proc::config(&ir, &module.to_string_lossy(), &sha256, opts),
         crate::render::Format::Yaml,
         diags,
     )?;
@@ -126,7 +135,7 @@ pub fn compile_agentgateway_diag(
     ];
     if picked::any_picked(&ir) {
         let picker = crate::render::render(
-            &picked::picker_config(&ir, &module.to_string_lossy(), &sha256),
+            &picked::picker_config(&ir, &module.to_string_lossy(), &sha256, opts),
             crate::render::Format::Yaml,
             diags,
         )?;
@@ -202,20 +211,6 @@ impl TargetChecks for AgentgatewayOptions {
                 "options",
                 "--ext-proc-image",
                 format!("{:?} is not an image reference", self.image),
-            ));
-        }
-        if router
-            .spec
-            .policy
-            .as_ref()
-            .is_some_and(|p| !p.budgets.is_empty())
-        {
-            // A budget settles from the response body; served without it, every hold would be
-            // released uncharged and the cap would never bind.
-            diags.error(Problem::new(
-                &label,
-                "spec.policy.budgets",
-                "budgets are not served by the agentgateway target yet: they are charged from the response body, which agentgateway v1.3.1 streams to ext_proc only in fullDuplexStreamed mode, and llmkube-ext-proc is not verified in that mode; use the envoy or envoy-gateway target",
             ));
         }
         for (i, b) in router.spec.backends.iter().enumerate() {

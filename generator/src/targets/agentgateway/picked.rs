@@ -170,8 +170,16 @@ pub(super) fn standalone_backend(ir: &Ir, b: &Backend, opts: &AgentgatewayOption
 /// Engine gauges are not scraped here: the scrape goes through the backend's cluster with the pod
 /// named in the destination header (Envoy's ORIGINAL_DST), and a callout of `llmkube-ext-proc`
 /// goes to one fixed address; the picker weighs its own in-flight counts instead.
-pub(super) fn picker_config(ir: &Ir, module_path: &str, sha256: &str) -> Value {
-    let mut cfg = ext_proc::config(ir, module_path, sha256);
+///
+/// Budgets are the gateway-level server's alone: a picker that also held and settled them would
+/// charge every picked request twice.
+pub(super) fn picker_config(
+    ir: &Ir,
+    module_path: &str,
+    sha256: &str,
+    opts: &AgentgatewayOptions,
+) -> Value {
+    let mut cfg = ext_proc::config(ir, module_path, sha256, opts);
     let mut plugin: Value =
         serde_json::from_str(&crate::targets::envoy::pick::plugin_json(ir)).unwrap_or(Value::Null);
     if let Some(backends) = plugin["backends"].as_array_mut() {
@@ -181,6 +189,9 @@ pub(super) fn picker_config(ir: &Ir, module_path: &str, sha256: &str) -> Value {
                 pick.remove("scrape_ms");
             }
         }
+    }
+    if let Some(p) = plugin.as_object_mut() {
+        p.remove("budgets");
     }
     if !plugin.is_null() {
         cfg["plugin_config"] = plugin;

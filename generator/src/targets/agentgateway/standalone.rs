@@ -43,7 +43,7 @@ pub(super) fn config(ir: &Ir, opts: &AgentgatewayOptions) -> Value {
                 "policies": {"extProc": {
                     "host": host_port(host, *port),
                     "failureMode": "failClosed",
-                    "processingOptions": processing_options(),
+                    "processingOptions": processing_options(ir),
                 }},
                 "routes": routes,
             }],
@@ -56,15 +56,15 @@ pub(super) fn config(ir: &Ir, opts: &AgentgatewayOptions) -> Value {
     cfg
 }
 
-/// The filter reads the whole request (model, messages) and the response status; it needs no
-/// response body and no trailers.
-pub(super) fn processing_options() -> Value {
+/// The filter reads the whole request (model, messages) and the response status; it needs the
+/// response body only to settle budgets (streamed full duplex), and no trailers.
+pub(super) fn processing_options(ir: &Ir) -> Value {
     json!({
         "requestHeaderMode": "send",
         "requestBodyMode": "buffered",
         "requestTrailerMode": "skip",
         "responseHeaderMode": "send",
-        "responseBodyMode": "none",
+        "responseBodyMode": super::budgets::response_body_mode(ir),
         "responseTrailerMode": "skip",
     })
 }

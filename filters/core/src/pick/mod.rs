@@ -110,7 +110,7 @@ impl Default for Config {
             request_cost_bytes: 1024,
             spread_bytes: 4096,
             unseen_load_percent: 110,
-            balance_percent: 0,
+            balance_percent: 110,
             balance_known: false,
             recent_half_life_ns: 10_000_000_000,
             metrics_max_age_ns: 5_000_000_000,

@@ -1,6 +1,6 @@
 //! The picking benchmark through real Envoys (`--concurrency 2`) and vLLM-like engine pods on
-//! loopback: `cargo run --release -p picksim --bin pick_envoy [-- --pods N]` (default 8 pods;
-//! about five minutes).
+//! loopback: `cargo run --release -p picksim --bin pick_envoy [-- --pods N] [--only WORKLOAD]
+//! [--no-filter-cost]` (default 8 pods; about seven minutes for 4).
 //!
 //! For the shared-prompt, multi-turn and unique workloads of the simulation
 //! (`picksim::workload`), each arm gets its own fresh pods:
@@ -240,8 +240,11 @@ impl Oracle<'_> {
     }
 }
 
-fn workloads(n: usize) {
+fn workloads(n: usize, only: Option<&str>) {
     for shape in [Shape::SharedPrompt, Shape::MultiTurn, Shape::Unique] {
+        if only.is_some_and(|o| o != shape.name()) {
+            continue;
+        }
         let reqs = generate(shape, REQUESTS, RATE, SEED);
         let arms = [
             ("round-robin", "rr", Kind::RoundRobin),
@@ -399,7 +402,12 @@ fn main() {
         .position(|a| a == "--pods")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(8);
-    workloads(pods);
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
+    workloads(pods, only);
     if !args.iter().any(|a| a == "--no-filter-cost") {
         filter_cost();
     }

@@ -361,8 +361,6 @@ impl Picker {
                 mix(self.cursor)
             }
         };
-        let mut chosen = None;
-        let mut top = 0u64;
         // A prompt no pod holds a block of: consistent hashing with bounded load, every pod
         // not loaded past `unseen_load_percent` of the mean a candidate. The bound is loose on
         // purpose: replicas see different loads, and only a loose bound lets them agree.
@@ -380,39 +378,29 @@ impl Picker {
         } else {
             None
         };
-        for (i, &c) in costs.iter().enumerate() {
-            if c == u64::MAX {
-                continue;
-            }
-            let candidate = match bound {
-                Some(b) => self.load_bytes(i, now) <= b && !over[i],
-                // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding
-                // less is never picked over it for the sake of consistency.
-                None => c <= best.saturating_add(spread) && matched[i] >= best_match,
-            };
-            if !candidate {
-                continue;
-            }
-            let w = mix(rank_key ^ self.pods[i].id);
-            if chosen.is_none() || w > top {
-                chosen = Some(i);
-                top = w;
-            }
-        }
-        if chosen.is_none() && bound.is_some() {
-            // The load bound and the work bound have no pod in common: the load bound alone.
-            let b = bound.unwrap_or(u64::MAX);
+        // The candidate with the highest rendezvous weight.
+        let rank = |candidate: &dyn Fn(usize, u64) -> bool| {
+            let mut chosen: Option<(u64, usize)> = None;
             for (i, &c) in costs.iter().enumerate() {
-                if c == u64::MAX || self.load_bytes(i, now) > b {
+                if c == u64::MAX || !candidate(i, c) {
                     continue;
                 }
                 let w = mix(rank_key ^ self.pods[i].id);
-                if chosen.is_none() || w > top {
-                    chosen = Some(i);
-                    top = w;
+                if chosen.is_none_or(|(top, _)| w > top) {
+                    chosen = Some((w, i));
                 }
             }
-        }
+            chosen.map(|(_, i)| i)
+        };
+        let chosen = match bound {
+            // Within the load bound and the prefill-work bound; if the two leave no pod in
+            // common, the load bound alone.
+            Some(b) => rank(&|i, _| self.load_bytes(i, now) <= b && !over[i])
+                .or_else(|| rank(&|i, _| self.load_bytes(i, now) <= b)),
+            // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding less
+            // is never picked over it for the sake of consistency.
+            None => rank(&|i, c| c <= best.saturating_add(spread) && matched[i] >= best_match),
+        };
         let Some(i) = chosen else {
             return Choice::NoEligiblePod;
         };

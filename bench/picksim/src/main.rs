@@ -1,4 +1,5 @@
-//! The picking benchmark in virtual time: `cargo run --release -p picksim [-- --sweep]`.
+//! The picking benchmark in virtual time:
+//! `cargo run --release -p picksim --bin picksim [-- --sweep] [--like-envoy] [--pods N]`.
 //!
 //! Prints, per workload, hit rate, TTFT mean/p99 and imbalance for round-robin, least-loaded,
 //! the picker (1 and 3 replicas) and the oracle, and the targets checked against them.
@@ -8,7 +9,10 @@ use picksim::{simulate, Policy, Report, Setup};
 
 const SEED: u64 = 20_261_201;
 
-fn workload(shape: Shape) -> Vec<picksim::workload::SimRequest> {
+fn workload(shape: Shape, like_envoy: bool) -> Vec<picksim::workload::SimRequest> {
+    if like_envoy {
+        return generate(shape, 300, 25.0, SEED);
+    }
     let rate = match shape {
         Shape::SharedPrompt => 90.0,
         Shape::MultiTurn => 70.0,
@@ -29,10 +33,23 @@ fn row(name: &str, r: &Report) {
 }
 
 fn main() {
-    let sweep = std::env::args().any(|a| a == "--sweep");
-    let base = Setup::default();
+    let args: Vec<String> = std::env::args().collect();
+    let sweep = args.iter().any(|a| a == "--sweep");
+    let mut base = Setup::default();
+    // The shape `pick_envoy` replays through Envoy: 300 requests at 25 req/s, 4 pods, faster
+    // engines (2 ms per computed block, 16 tokens of 1 ms).
+    let like_envoy = args.iter().any(|a| a == "--like-envoy");
+    if like_envoy {
+        base.pods = 4;
+        base.engine.prefill_per_block = std::time::Duration::from_millis(2);
+        base.engine.decode_per_token = std::time::Duration::from_millis(1);
+        base.engine.reply_tokens = 16;
+    }
+    if let Some(n) = flag(&args, "--pods") {
+        base.pods = n as usize;
+    }
     for shape in Shape::ALL {
-        let reqs = workload(shape);
+        let reqs = workload(shape, like_envoy);
         println!(
             "{} ({} requests, {} pods)",
             shape.name(),
@@ -87,32 +104,37 @@ fn main() {
             r3.hit_rate / pk.hit_rate.max(1e-9)
         );
         if sweep {
-            for block in [512, 1024, 2048] {
-                for cost in [1024u64, 2048] {
-                    for spread in [1024u64, 4096] {
+            for balance in [0u64, 110, 120, 150] {
+                for known in [false, true] {
+                    for half_life_s in [5u64, 20] {
+                        if balance == 0 && (known || half_life_s != 5) {
+                            continue;
+                        }
                         let mut s = base.clone();
-                        if let Some(p) = s.picker.prefix.as_mut() {
-                            p.block_bytes = block;
-                        }
-                        s.picker.request_cost_bytes = cost;
-                        s.picker.spread_bytes = spread;
-                        for unseen in [100, 110, 130] {
-                            s.picker.unseen_load_percent = unseen;
-                            let r = simulate(Policy::Picker, &s, &reqs);
-                            let r3 = simulate(
-                                Policy::Picker,
-                                &Setup {
-                                    replicas: 3,
-                                    ..s.clone()
-                                },
-                                &reqs,
-                            );
-                            row(&format!("b{block} c{cost} s{spread} u{unseen}"), &r);
-                            row(&format!("b{block} c{cost} s{spread} u{unseen} r3"), &r3);
-                        }
+                        s.picker.balance_percent = balance;
+                        s.picker.balance_known = known;
+                        s.picker.recent_half_life_ns = half_life_s * 1_000_000_000;
+                        let r = simulate(Policy::Picker, &s, &reqs);
+                        let r3 = simulate(
+                            Policy::Picker,
+                            &Setup {
+                                replicas: 3,
+                                ..s.clone()
+                            },
+                            &reqs,
+                        );
+                        let name = format!("bal{balance} known={known} hl{half_life_s}s");
+                        row(&name, &r);
+                        row(&format!("{name} r3"), &r3);
                     }
                 }
             }
         }
     }
+}
+
+/// The number after `name`, if given.
+fn flag(args: &[String], name: &str) -> Option<u64> {
+    let i = args.iter().position(|a| a == name)?;
+    args.get(i + 1)?.parse().ok()
 }

@@ -63,6 +63,8 @@ pub(crate) struct Request {
     budget: Option<budget::Metered>,
     /// The pod this request holds, for an endpoint-picked backend (released in `on_log`).
     pick: Option<crate::pick::Held>,
+    /// The pick's inputs while a shared ledger decides on the request.
+    pending_pick: Option<crate::pick::Pending>,
 }
 
 /// `:method`, `:path` and `content-length` of a request.
@@ -116,6 +118,7 @@ impl Request {
             path: Vec::new(),
             budget: None,
             pick: None,
+            pending_pick: None,
         }
     }
 
@@ -270,9 +273,10 @@ impl Request {
             Ok(f) => f,
             Err(refusal) => return self.refuse(refusal),
         };
-        let pod = worker
+        // Hashed before the budget step edits the body; charged only once it is admitted.
+        let pick = worker
             .pick
-            .choose(&forward.decision, &spans, body_len, now, &mut self.pick);
+            .prepare(&forward.decision, &spans, body, body_len);
         let backend = forward.backend();
         self.audit.backend = Some(backend.name.clone());
         self.audit.tier = Some(backend.tier.as_str());
@@ -293,22 +297,36 @@ impl Request {
                 return self.internal(&format!("setting {name}: {e}"));
             }
         }
-        match pod {
+        if self.budget.as_ref().is_some_and(budget::Metered::awaiting) {
+            // The shared ledger's answer picks and resumes it (`on_http_call_response`).
+            self.pending_pick = pick;
+            return Action::Pause;
+        }
+        self.pick_pod(worker, pick, now)
+    }
+
+    /// The pick, once the request is admitted: charge a pod and name it for Envoy.
+    fn pick_pod(
+        &mut self,
+        worker: &Worker,
+        pick: Option<crate::pick::Pending>,
+        now: u64,
+    ) -> Action {
+        let Some(pending) = pick else {
+            return Action::Continue;
+        };
+        match worker.pick.commit(pending, now, &mut self.pick) {
             Ok(Some(addr)) => {
                 if let Err(e) =
                     edge::set_header(Map::RequestHeaders, DESTINATION_ENDPOINT_HEADER, &addr)
                 {
                     return self.internal(&format!("setting {DESTINATION_ENDPOINT_HEADER}: {e}"));
                 }
+                Action::Continue
             }
-            Ok(None) => {}
-            Err(err) => return self.fail(&err, Outcome::AllBackendsFailed),
+            Ok(None) => Action::Continue,
+            Err(err) => self.fail(&err, Outcome::AllBackendsFailed),
         }
-        if self.budget.as_ref().is_some_and(budget::Metered::awaiting) {
-            // The shared ledger's answer resumes it (`on_http_call_response`).
-            return Action::Pause;
-        }
-        Action::Continue
     }
 
     /// The budget step, once routing has decided: reserve on the request's budgets or answer
@@ -501,6 +519,10 @@ impl Context for Request {
         match budgets.answered(m, token, num_headers, body_size, &mut self.audit) {
             None => {}
             Some(Ok(())) => {
+                let pick = self.pending_pick.take();
+                if self.pick_pod(&worker, pick, edge::now_nanos()) != Action::Continue {
+                    return;
+                }
                 if let Err(e) = edge::resume(edge::Stream::Request) {
                     edge::log(
                         Level::Error,

@@ -68,6 +68,16 @@ pub(crate) struct Pick {
     last_expiry: Cell<u64>,
 }
 
+/// A request's pick inputs, between [`Pick::prepare`] and [`Pick::commit`].
+pub(crate) struct Pending {
+    backend: usize,
+    position: usize,
+    /// The backend is the last of the order: no pod means no answer.
+    last: bool,
+    prompt: Prompt,
+    session: Option<u64>,
+}
+
 /// A request's hold on a pod, until its last callback.
 pub(crate) struct Held {
     backend: usize,
@@ -177,37 +187,42 @@ impl Pick {
         });
     }
 
-    /// Picks the pod of the first endpoint-picked backend of `decision`'s order, if it has one:
-    /// `Ok(Some(ip:port))` for the header (the hold goes into `held`). `Err` when every pod is
-    /// quarantined and the order has nothing after that backend; with a backend after it, no
-    /// header, so that attempt fails at once and Envoy moves on.
-    pub fn choose(
+    /// The pick's inputs for `decision`, if its order reaches an endpoint-picked backend: the
+    /// prompt hashed from `body` as the client sent it (read back from the buffer when the
+    /// caller has no copy) and the session key. Nothing is charged yet: a request refused after
+    /// this (budgets) must leave no blocks or load on any pod, so [`Pick::commit`] runs only
+    /// once the request is admitted.
+    pub fn prepare(
         &self,
         decision: &Decision,
         spans: &TopLevel,
+        body: Option<&[u8]>,
         body_len: usize,
-        now: u64,
-        held: &mut Option<Held>,
-    ) -> Result<Option<String>, ApiError> {
-        let Some((position, b, be)) = decision.order.iter().enumerate().find_map(|(k, &b)| {
+    ) -> Option<Pending> {
+        let (position, b, be) = decision.order.iter().enumerate().find_map(|(k, &b)| {
             self.backends
                 .get(b)
                 .and_then(Option::as_ref)
                 .map(|be| (k, b, be))
-        }) else {
-            return Ok(None);
-        };
-        self.catch_up();
-        let mut picker = be.picker.borrow_mut();
-        let mut prompt = self.prompt.borrow_mut();
+        })?;
+        // The worker's buffer, lent to this request (kept by a request that waits for a callout).
+        let mut prompt = std::mem::take(&mut *self.prompt.borrow_mut());
+        let picker = be.picker.borrow();
         match picker.block_bytes() {
             Some(block) => {
-                let body = edge::buffer(Buffer::RequestBody, 0, body_len)
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default();
+                let read;
+                let body = match body {
+                    Some(b) => b,
+                    None => {
+                        read = edge::buffer(Buffer::RequestBody, 0, body_len)
+                            .ok()
+                            .flatten()
+                            .unwrap_or_default();
+                        &read
+                    }
+                };
                 hash_prompt(
-                    &prompt_parts(&body, spans),
+                    &prompt_parts(body, spans),
                     block,
                     picker.config().seed,
                     &mut prompt,
@@ -230,9 +245,33 @@ impl Pick {
                 .collect();
             session_key(&be.session_headers, text.iter().copied())
         };
-        let req = PickRequest {
-            prompt: &prompt,
+        Some(Pending {
+            backend: b,
+            position,
+            last: position + 1 == decision.order.len(),
+            prompt,
             session,
+        })
+    }
+
+    /// Picks the pod for a prepared request and charges it: `Ok(Some(ip:port))` for the header
+    /// (the hold goes into `held`). `Err` when every pod is quarantined and the order has
+    /// nothing after that backend; with a backend after it, no header, so that attempt fails at
+    /// once and Envoy moves on.
+    pub fn commit(
+        &self,
+        pending: Pending,
+        now: u64,
+        held: &mut Option<Held>,
+    ) -> Result<Option<String>, ApiError> {
+        let Some(Some(be)) = self.backends.get(pending.backend) else {
+            return Ok(None);
+        };
+        self.catch_up();
+        let mut picker = be.picker.borrow_mut();
+        let req = PickRequest {
+            prompt: &pending.prompt,
+            session: pending.session,
             avoid: None,
         };
         // The candidates an endpoint picker's proxy allows (set by llmkube-ext-proc in picker
@@ -244,31 +283,36 @@ impl Pick {
             }
             None => picker.pick(&req, now),
         };
-        let ticket = match choice {
-            Choice::Pod(t) => t,
-            Choice::NoEligiblePod => {
-                return if position + 1 == decision.order.len() {
-                    Err(ApiError::no_eligible_pod(&be.name))
-                } else {
-                    Ok(None)
-                };
-            }
+        let (addr, event) = match &choice {
+            Choice::Pod(t) => (
+                picker.address(t.pod()).map(str::to_string),
+                Some(picker.charged_event(t, &pending.prompt, pending.session, now)),
+            ),
+            Choice::NoEligiblePod => (None, None),
         };
-        let addr = picker.address(ticket.pod()).map(str::to_string);
-        let event = picker.charged_event(&ticket, &prompt, session, now);
         drop(picker);
-        self.send(b, &event);
+        let usage = pending.prompt.blocks.first().map(|_| UsageWatch::default());
+        // The buffer goes back to the worker for the next request.
+        *self.prompt.borrow_mut() = pending.prompt;
+        let (Choice::Pod(ticket), Some(event)) = (choice, event) else {
+            return if pending.last {
+                Err(ApiError::no_eligible_pod(&be.name))
+            } else {
+                Ok(None)
+            };
+        };
+        self.send(pending.backend, &event);
         if let Some(id) = be.in_flight {
             edge::increment_metric(id, 1);
         }
         *held = Some(Held {
-            backend: b,
-            position,
+            backend: pending.backend,
+            position: pending.position,
             ticket,
             status: None,
             attempts: 1,
             complete: false,
-            usage: prompt.blocks.first().map(|_| UsageWatch::default()),
+            usage,
         });
         Ok(addr)
     }

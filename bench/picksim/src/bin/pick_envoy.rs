@@ -1,46 +1,68 @@
-//! The picking benchmark through a real Envoy (`--concurrency 2`) and vLLM-like engine pods on
-//! loopback: `cargo run --release -p picksim --bin pick_envoy` (about two minutes).
+//! The picking benchmark through real Envoys (`--concurrency 2`) and vLLM-like engine pods on
+//! loopback: `cargo run --release -p picksim --bin pick_envoy [-- --pods N] [--only WORKLOAD]
+//! [--no-filter-cost]` (default 8 pods; about seven minutes for 4).
 //!
-//! For the shared-prompt and multi-turn workloads of the simulation (`picksim::workload`), each
-//! policy gets four fresh pods behind one backend of one gateway: round-robin (Envoy's own, over
-//! a STATIC cluster), least-loaded (the filter, LoadAware without prefix affinity) and the
-//! filter's prefix picker (LoadAware with prefix and session affinity). Requests are replayed
-//! open-loop at their arrival times; time to response is measured at the client. Then the
-//! filter's cost on a 64 KiB prompt: the same requests to fast plain mocks, picked vs
-//! round-robin, on one keep-alive connection.
-use e2e::engine::EngineConfig;
+//! For the shared-prompt, multi-turn and unique workloads of the simulation
+//! (`picksim::workload`), each arm gets its own fresh pods:
+//! - round-robin: Envoy's own, over a STATIC cluster;
+//! - least-loaded: the filter, LoadAware without prefix affinity;
+//! - picker: the filter, LoadAware with prefix and session affinity;
+//! - oracle: the client picks the pod from the pods' true cache contents (read from the
+//!   engines) and its own exact count of what it has in flight on each, and sends the request
+//!   through the same gateway to a one-pod backend for that pod;
+//! - picker, 3 replicas: three independent gateways (three Envoy processes sharing nothing)
+//!   with the same config and pods, the requests dealt to them in turn.
+//!
+//! Requests are replayed open-loop at their arrival times; time to response is measured at the
+//! client. Then the filter's cost on a 64 KiB prompt: the same requests to fast plain mocks,
+//! picked vs round-robin, on one keep-alive connection.
+use e2e::engine::{render_prompt, EngineConfig};
 use e2e::gateway::Gateway;
 use e2e::http;
 use e2e::MockUpstream;
 use picksim::workload::{generate, Shape, SimRequest};
 use serde_json::Value;
 use std::net::SocketAddr;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const SEED: u64 = 20_261_201;
 const REQUESTS: usize = 300;
-const POLICIES: [(&str, &str); 3] = [
-    ("round-robin", "rr"),
-    ("least-loaded", "ll"),
-    ("picker", "pk"),
-];
+const RATE: f64 = 25.0;
+const REPLICAS: usize = 3;
+const ENGINE: EngineConfig = EngineConfig {
+    cache_blocks: 384,
+    block_bytes: 256,
+    concurrency: 4,
+    prefill_per_block: Duration::from_millis(2),
+    decode_per_token: Duration::from_millis(1),
+    reply_tokens: 16,
+};
 
-fn manifests(names: &[&str]) -> String {
+/// How a backend balances its pods.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    RoundRobin,
+    LeastLoaded,
+    Picker,
+}
+
+fn manifests(backends: &[(String, Kind, usize)]) -> String {
     let mut out = String::new();
-    let mut backends = String::new();
+    let mut list = String::new();
     let mut rules = String::new();
-    for n in names {
+    for (n, kind, replicas) in backends {
         out += &format!(
             "apiVersion: inference.llmkube.dev/v1alpha1\nkind: InferenceService\n\
              metadata: {{name: svc-{n}, namespace: llm}}\n\
-             spec: {{modelRef: m, runtime: vllm, replicas: 4, endpoint: {{port: 8000, type: ClusterIP}}}}\n---\n"
+             spec: {{modelRef: m, runtime: vllm, replicas: {replicas}, endpoint: {{port: 8000, type: ClusterIP}}}}\n---\n"
         );
-        let balancing = match *n {
-            "rr" | "rrplain" => "",
-            "ll" => "\n      balancing: {mode: LoadAware}",
-            _ => "\n      balancing: {mode: LoadAware, prefixAffinity: {}, sessionAffinity: {headers: [x-session-id]}}",
+        let balancing = match kind {
+            Kind::RoundRobin => "",
+            Kind::LeastLoaded => "\n      balancing: {mode: LoadAware}",
+            Kind::Picker => "\n      balancing: {mode: LoadAware, prefixAffinity: {}, sessionAffinity: {headers: [x-session-id]}}",
         };
-        backends += &format!(
+        list += &format!(
             "    - name: {n}\n      tier: local\n      inferenceServiceRef: {{name: svc-{n}}}\n      resolution: endpoint{balancing}\n"
         );
         rules +=
@@ -48,25 +70,13 @@ fn manifests(names: &[&str]) -> String {
     }
     out + &format!(
         "apiVersion: inference.llmkube.dev/v1alpha1\nkind: ModelRouter\nmetadata: {{name: bench, namespace: llm}}\n\
-         spec:\n  backends:\n{backends}  rules:\n{rules}"
+         spec:\n  backends:\n{list}  rules:\n{rules}"
     )
 }
 
-fn engine_pods(prefix: &str) -> Vec<MockUpstream> {
-    (0..4)
-        .map(|i| {
-            MockUpstream::start_engine(
-                &format!("{prefix}{i}"),
-                EngineConfig {
-                    cache_blocks: 384,
-                    block_bytes: 256,
-                    concurrency: 4,
-                    prefill_per_block: Duration::from_millis(2),
-                    decode_per_token: Duration::from_millis(1),
-                    reply_tokens: 16,
-                },
-            )
-        })
+fn engine_pods(prefix: &str, n: usize) -> Vec<MockUpstream> {
+    (0..n)
+        .map(|i| MockUpstream::start_engine(&format!("{prefix}{i}"), ENGINE.clone()))
         .collect()
 }
 
@@ -84,30 +94,43 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
 }
 
-/// Replays `reqs` open-loop against `model`; (latencies in ms sorted, errors).
-fn replay(gw: &Gateway, model: &str, reqs: &[SimRequest]) -> (Vec<f64>, usize) {
-    let url = format!("{}/v1/chat/completions", gw.url());
+/// Where request `i` goes: the gateway, the model, and (for the oracle) the pod it holds.
+type Route<'a> = dyn Fn(usize, &SimRequest) -> (String, String, Option<Hold>) + Sync + 'a;
+
+/// An oracle request's pod and predicted work (ns), until it ends.
+type Hold = (usize, u64);
+
+/// Replays `reqs` open-loop; `done` hears of each request's end. (Latencies in ms sorted,
+/// errors.)
+fn replay(
+    reqs: &[SimRequest],
+    route: &Route<'_>,
+    done: &(dyn Fn(Option<Hold>) + Sync),
+) -> (Vec<f64>, usize) {
     let start = Instant::now();
     let results: Vec<Option<f64>> = std::thread::scope(|s| {
         let handles: Vec<_> = reqs
             .iter()
-            .map(|r| {
-                let url = url.clone();
+            .enumerate()
+            .map(|(i, r)| {
                 s.spawn(move || {
                     let at = Duration::from_nanos(r.at_ns);
                     if let Some(wait) = at.checked_sub(start.elapsed()) {
                         std::thread::sleep(wait);
                     }
-                    let mut req = http::post(&url)
-                        .body(with_model(&r.body, model))
+                    let (url, model, held) = route(i, r);
+                    let mut req = http::post(&format!("{url}/v1/chat/completions"))
+                        .body(with_model(&r.body, &model))
                         .header("content-type", "application/json")
                         .timeout(Duration::from_secs(60));
                     if let Some(sid) = &r.session {
                         req = req.header("x-session-id", sid);
                     }
                     let t = Instant::now();
-                    let resp = req.try_send().ok()?;
-                    (resp.status == 200).then(|| t.elapsed().as_secs_f64() * 1e3)
+                    let resp = req.try_send().ok();
+                    let lat = t.elapsed().as_secs_f64() * 1e3;
+                    done(held);
+                    (resp?.status == 200).then_some(lat)
                 })
             })
             .collect();
@@ -122,42 +145,209 @@ fn replay(gw: &Gateway, model: &str, reqs: &[SimRequest]) -> (Vec<f64>, usize) {
     (lat, errors)
 }
 
-fn workloads() {
-    for shape in [Shape::SharedPrompt, Shape::MultiTurn] {
-        let reqs = generate(shape, REQUESTS, 25.0, SEED);
-        let names: Vec<&str> = POLICIES.iter().map(|p| p.1).collect();
-        let pods: Vec<Vec<MockUpstream>> = names.iter().map(|n| engine_pods(n)).collect();
-        let mut b = Gateway::builder(&manifests(&names)).concurrency(2);
-        for (n, p) in names.iter().zip(&pods) {
-            b = b.endpoints(&format!("svc-{n}"), &addrs(p));
+/// What the engines saw: hit rate (cached / all prompt blocks) and imbalance (max / mean
+/// computed blocks per pod).
+fn engine_view(pods: &[MockUpstream]) -> (f64, f64) {
+    let stats: Vec<_> = pods
+        .iter()
+        .map(|m| m.engine_stats().unwrap_or_default())
+        .collect();
+    let cached: u64 = stats.iter().map(|s| s.cached_blocks).sum();
+    let computed: Vec<u64> = stats.iter().map(|s| s.computed_blocks).collect();
+    let total: u64 = computed.iter().sum();
+    let mean = total as f64 / computed.len().max(1) as f64;
+    let max = *computed.iter().max().unwrap_or(&0) as f64;
+    (
+        cached as f64 / (cached + total).max(1) as f64,
+        if mean > 0.0 { max / mean } else { 0.0 },
+    )
+}
+
+#[derive(Clone, Copy, Default)]
+struct Row {
+    hit: f64,
+    mean: f64,
+    p99: f64,
+    imbalance: f64,
+}
+
+fn report(label: &str, pods: &[MockUpstream], lat: &[f64], errors: usize) -> Row {
+    let (hit, imbalance) = engine_view(pods);
+    let row = Row {
+        hit,
+        mean: lat.iter().sum::<f64>() / lat.len().max(1) as f64,
+        p99: if lat.is_empty() { 0.0 } else { pct(lat, 0.99) },
+        imbalance,
+    };
+    println!(
+        "  {label:<20} hit {:>5.1}%  response mean {:>7.1} ms  p99 {:>7.1} ms  imbalance {:>4.2}  errors {errors}",
+        row.hit * 100.0,
+        row.mean,
+        row.p99,
+        row.imbalance,
+    );
+    row
+}
+
+/// The oracle's view of its pods: the engines' true caches, and its own in-flight count and
+/// predicted work per pod (every request to these pods is its own).
+struct Oracle<'a> {
+    pods: &'a [MockUpstream],
+    /// Per pod: requests in flight, their predicted prefill + decode (ns).
+    flight: Mutex<Vec<(usize, u64)>>,
+}
+
+impl Oracle<'_> {
+    /// The pod with the earliest predicted first token: a free slot now, or the in-flight
+    /// work spread over the slots, then this prompt's uncached blocks.
+    fn choose(&self, body: &[u8]) -> Hold {
+        let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let rendered = render_prompt("/v1/chat/completions", &v).into_bytes();
+        let block = ENGINE.block_bytes as u64;
+        let blocks = (rendered.len() as u64).div_ceil(block);
+        let prefill = ENGINE.prefill_per_block.as_nanos() as u64;
+        let decode = ENGINE.decode_per_token.as_nanos() as u64 * ENGINE.reply_tokens as u64;
+        let mut flight = self.flight.lock().unwrap_or_else(|e| e.into_inner());
+        let mut best = (u64::MAX, usize::MAX, usize::MAX, 0u64);
+        for (p, pod) in self.pods.iter().enumerate() {
+            let hit = pod.engine_cached_prefix(&rendered).unwrap_or(0).min(blocks);
+            let (n, work) = flight[p];
+            let wait = if n < ENGINE.concurrency {
+                0
+            } else {
+                work / ENGINE.concurrency as u64
+            };
+            let key = (
+                wait + (blocks - hit) * prefill,
+                n,
+                p,
+                (blocks - hit) * prefill + decode,
+            );
+            if key < best {
+                best = key;
+            }
+        }
+        let (p, work) = (best.2, best.3);
+        flight[p].0 += 1;
+        flight[p].1 += work;
+        (p, work)
+    }
+
+    fn done(&self, (p, work): Hold) {
+        let mut flight = self.flight.lock().unwrap_or_else(|e| e.into_inner());
+        flight[p].0 = flight[p].0.saturating_sub(1);
+        flight[p].1 = flight[p].1.saturating_sub(work);
+    }
+}
+
+fn workloads(n: usize, only: Option<&str>) {
+    for shape in [Shape::SharedPrompt, Shape::MultiTurn, Shape::Unique] {
+        if only.is_some_and(|o| o != shape.name()) {
+            continue;
+        }
+        let reqs = generate(shape, REQUESTS, RATE, SEED);
+        let arms = [
+            ("round-robin", "rr", Kind::RoundRobin),
+            ("least-loaded", "ll", Kind::LeastLoaded),
+            ("picker", "pk", Kind::Picker),
+        ];
+        let pods: Vec<Vec<MockUpstream>> = arms.iter().map(|a| engine_pods(a.1, n)).collect();
+        let oracle_pods = engine_pods("or", n);
+        let mut backends: Vec<(String, Kind, usize)> =
+            arms.iter().map(|a| (a.1.to_string(), a.2, n)).collect();
+        backends.extend((0..n).map(|p| (format!("or{p}"), Kind::RoundRobin, 1)));
+        let mut b = Gateway::builder(&manifests(&backends)).concurrency(2);
+        for (a, p) in arms.iter().zip(&pods) {
+            b = b.endpoints(&format!("svc-{}", a.1), &addrs(p));
+        }
+        for (p, m) in oracle_pods.iter().enumerate() {
+            b = b.endpoints(&format!("svc-or{p}"), &[m.addr()]);
         }
         let gw = b.start();
         println!(
-            "{} ({} requests, 4 pods per policy, Envoy --concurrency 2)",
+            "{} ({} requests at {RATE} req/s, {n} pods per arm, Envoy --concurrency 2)",
             shape.name(),
-            reqs.len()
+            reqs.len(),
         );
-        for ((label, model), p) in POLICIES.iter().zip(&pods) {
-            let (lat, errors) = replay(&gw, model, &reqs);
-            let stats: Vec<_> = p
-                .iter()
-                .map(|m| m.engine_stats().unwrap_or_default())
-                .collect();
-            let cached: u64 = stats.iter().map(|s| s.cached_blocks).sum();
-            let computed: Vec<u64> = stats.iter().map(|s| s.computed_blocks).collect();
-            let total: u64 = computed.iter().sum();
-            let mean = total as f64 / computed.len() as f64;
-            let max = *computed.iter().max().unwrap_or(&0) as f64;
-            let mean_lat = lat.iter().sum::<f64>() / lat.len().max(1) as f64;
-            println!(
-                "  {label:<13} hit {:>5.1}%  response mean {:>7.1} ms  p99 {:>7.1} ms  imbalance {:>4.2}  errors {errors}",
-                cached as f64 * 100.0 / (cached + total).max(1) as f64,
-                mean_lat,
-                if lat.is_empty() { 0.0 } else { pct(&lat, 0.99) },
-                if mean > 0.0 { max / mean } else { 0.0 },
-            );
+        let url = gw.url();
+        let mut rows = std::collections::HashMap::new();
+        for ((label, model, _), p) in arms.iter().zip(&pods) {
+            let route = |_: usize, _: &SimRequest| (url.clone(), model.to_string(), None);
+            let (lat, errors) = replay(&reqs, &route, &|_| {});
+            rows.insert(*label, report(label, p, &lat, errors));
         }
+        let oracle = Oracle {
+            pods: &oracle_pods,
+            flight: Mutex::new(vec![(0, 0); n]),
+        };
+        let route = |_: usize, r: &SimRequest| {
+            let hold = oracle.choose(&r.body);
+            (url.clone(), format!("or{}", hold.0), Some(hold))
+        };
+        let (lat, errors) = replay(&reqs, &route, &|h| {
+            if let Some(h) = h {
+                oracle.done(h);
+            }
+        });
+        rows.insert("oracle", report("oracle", &oracle_pods, &lat, errors));
+        drop(gw);
+
+        // Independent replicas: nothing shared but the pods.
+        let rep_pods = engine_pods("pr", n);
+        let cfg = manifests(&[("pk".to_string(), Kind::Picker, n)]);
+        let gws: Vec<Gateway> = (0..REPLICAS)
+            .map(|_| {
+                Gateway::builder(&cfg)
+                    .endpoints("svc-pk", &addrs(&rep_pods))
+                    .concurrency(2)
+                    .start()
+            })
+            .collect();
+        let urls: Vec<String> = gws.iter().map(Gateway::url).collect();
+        let route = |i: usize, _: &SimRequest| (urls[i % urls.len()].clone(), "pk".into(), None);
+        let (lat, errors) = replay(&reqs, &route, &|_| {});
+        let r3 = report(
+            &format!("picker, {REPLICAS} replicas"),
+            &rep_pods,
+            &lat,
+            errors,
+        );
+        drop(gws);
+        targets(shape, &rows, &r3);
     }
+}
+
+fn targets(shape: Shape, rows: &std::collections::HashMap<&str, Row>, r3: &Row) {
+    let (pk, rr, ll, or) = (
+        rows["picker"],
+        rows["round-robin"],
+        rows["least-loaded"],
+        rows["oracle"],
+    );
+    let check = |ok: bool| if ok { "met" } else { "MISSED" };
+    if shape == Shape::Unique {
+        println!(
+            "  targets: response mean within 5% of least-loaded [{}] ({:.2}), p99 [{}] ({:.2})",
+            check(pk.mean <= 1.05 * ll.mean),
+            pk.mean / ll.mean.max(1e-9),
+            check(pk.p99 <= 1.05 * ll.p99),
+            pk.p99 / ll.p99.max(1e-9),
+        );
+        return;
+    }
+    println!(
+        "  targets: hit >= 95% oracle [{}] ({:.2}), >= 2x round-robin [{}] ({:.2}x), p99 <= 1.2x oracle [{}] ({:.2}), imbalance <= 1.3 [{}] ({:.2}), {REPLICAS} replicas >= 90% of 1 [{}] ({:.2})",
+        check(pk.hit >= 0.95 * or.hit),
+        pk.hit / or.hit.max(1e-9),
+        check(pk.hit >= 2.0 * rr.hit),
+        pk.hit / rr.hit.max(1e-9),
+        check(pk.p99 <= 1.2 * or.p99),
+        pk.p99 / or.p99.max(1e-9),
+        check(pk.imbalance <= 1.3),
+        pk.imbalance,
+        check(r3.hit >= 0.9 * pk.hit),
+        r3.hit / pk.hit.max(1e-9),
+    );
 }
 
 /// p50 of `n` sequential requests on one keep-alive connection.
@@ -184,11 +374,14 @@ fn filter_cost() {
             .collect()
     };
     let (pk, rr) = (plain("pkplain"), plain("rrplain"));
-    let gw = Gateway::builder(&manifests(&["pkplain", "rrplain"]))
-        .endpoints("svc-pkplain", &addrs(&pk))
-        .endpoints("svc-rrplain", &addrs(&rr))
-        .concurrency(2)
-        .start();
+    let gw = Gateway::builder(&manifests(&[
+        ("pkplain".into(), Kind::Picker, 4),
+        ("rrplain".into(), Kind::RoundRobin, 4),
+    ]))
+    .endpoints("svc-pkplain", &addrs(&pk))
+    .endpoints("svc-rrplain", &addrs(&rr))
+    .concurrency(2)
+    .start();
     let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(64 * 1024 / 45);
     for round in 0..3 {
         let (a, b) = (
@@ -203,6 +396,19 @@ fn filter_cost() {
 }
 
 fn main() {
-    workloads();
-    filter_cost();
+    let args: Vec<String> = std::env::args().collect();
+    let pods = args
+        .iter()
+        .position(|a| a == "--pods")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(8);
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
+    workloads(pods, only);
+    if !args.iter().any(|a| a == "--no-filter-cost") {
+        filter_cost();
+    }
 }

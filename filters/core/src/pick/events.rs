@@ -90,6 +90,7 @@ impl Picker {
                     return;
                 };
                 l.acquire(epoch, work);
+                l.recent.add(at_ns, work, self.cfg.recent_half_life_ns);
                 if self.prefix().is_some() {
                     self.tables[i].record(blocks);
                 }

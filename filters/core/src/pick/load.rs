@@ -37,6 +37,30 @@ pub struct EngineMetrics {
 pub struct PodLoad {
     pub buckets: [Bucket; BUCKETS],
     pub metrics: Option<EngineMetrics>,
+    /// Uncached prompt bytes sent here recently, decaying by half every half-life: the prefill
+    /// share this pod has been given, which in-flight counts forget as soon as requests end.
+    pub recent: Recent,
+}
+
+/// An exponentially decaying sum.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Recent {
+    pub value: f64,
+    pub at_ns: u64,
+}
+
+impl Recent {
+    /// The sum at `now` (an earlier `now`, e.g. another worker's event, is taken as `at_ns`).
+    pub fn at(&self, now: u64, half_life_ns: u64) -> f64 {
+        let dt = now.saturating_sub(self.at_ns) as f64;
+        self.value * (-(dt / half_life_ns.max(1) as f64) * std::f64::consts::LN_2).exp()
+    }
+
+    pub fn add(&mut self, now: u64, bytes: u64, half_life_ns: u64) {
+        let now = now.max(self.at_ns);
+        self.value = self.at(now, half_life_ns) + bytes as f64;
+        self.at_ns = now;
+    }
 }
 
 /// Proof that a request holds load on a pod. Release it exactly once

@@ -85,6 +85,15 @@ pub struct Config {
     /// A prompt no pod holds is placed by consistent hashing among the pods loaded at most this
     /// percentage of the mean load (plus one request).
     pub unseen_load_percent: u64,
+    /// Bounded load on prefill work: a pod that was recently sent more than this percentage of
+    /// the mean recent uncached prompt bytes (plus this prompt) takes no new prefix, so misses
+    /// spread instead of piling onto the pods that own the most prefixes. 0 turns it off.
+    pub balance_percent: u64,
+    /// With it, a pod over that bound also sheds known prefixes to the next-best pod (the
+    /// prefix is then replicated there).
+    pub balance_known: bool,
+    /// Half-life of the recent prefill work.
+    pub recent_half_life_ns: u64,
     /// Engine gauges older than this are ignored.
     pub metrics_max_age_ns: u64,
     /// Seeds the block chain (one per backend).
@@ -102,6 +111,9 @@ impl Default for Config {
             request_cost_bytes: 1024,
             spread_bytes: 4096,
             unseen_load_percent: 110,
+            balance_percent: 110,
+            balance_known: false,
+            recent_half_life_ns: 10_000_000_000,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
         }
@@ -316,15 +328,25 @@ impl Picker {
             }
         }
 
-        let costs: Vec<u64> = (0..n)
+        let over = self.over_balance(prompt_bytes, now, req.avoid);
+        let shed_known = self.cfg.balance_known && block > 0;
+        let mut costs: Vec<u64> = (0..n)
             .map(|i| {
-                if self.eligible(i, now, req.avoid) {
-                    cost(self, i)
-                } else {
+                if !self.eligible(i, now, req.avoid) || (shed_known && over[i]) {
                     u64::MAX
+                } else {
+                    cost(self, i)
                 }
             })
             .collect();
+        if costs.iter().all(|&c| c == u64::MAX) {
+            // Every eligible pod over the bound (cannot happen: the least sent is under it).
+            for (i, c) in costs.iter_mut().enumerate() {
+                if self.eligible(i, now, req.avoid) {
+                    *c = cost(self, i);
+                }
+            }
+        }
         let best = costs.iter().copied().min().unwrap_or(u64::MAX);
         let spread = if block > 0 { self.cfg.spread_bytes } else { 0 };
         let known = matched.iter().copied().max().unwrap_or(0);
@@ -345,8 +367,6 @@ impl Picker {
                 mix(self.cursor)
             }
         };
-        let mut chosen = None;
-        let mut top = 0u64;
         // A prompt no pod holds a block of: consistent hashing with bounded load, every pod
         // not loaded past `unseen_load_percent` of the mean a candidate. The bound is loose on
         // purpose: replicas see different loads, and only a loose bound lets them agree.
@@ -364,25 +384,29 @@ impl Picker {
         } else {
             None
         };
-        for (i, &c) in costs.iter().enumerate() {
-            if c == u64::MAX {
-                continue;
+        // The candidate with the highest rendezvous weight.
+        let rank = |candidate: &dyn Fn(usize, u64) -> bool| {
+            let mut chosen: Option<(u64, usize)> = None;
+            for (i, &c) in costs.iter().enumerate() {
+                if c == u64::MAX || !candidate(i, c) {
+                    continue;
+                }
+                let w = mix(rank_key ^ self.pods[i].id);
+                if chosen.is_none_or(|(top, _)| w > top) {
+                    chosen = Some((w, i));
+                }
             }
-            let candidate = match bound {
-                Some(b) => self.load_bytes(i, now) <= b,
-                // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding
-                // less is never picked over it for the sake of consistency.
-                None => c <= best.saturating_add(spread) && matched[i] >= best_match,
-            };
-            if !candidate {
-                continue;
-            }
-            let w = mix(rank_key ^ self.pods[i].id);
-            if chosen.is_none() || w > top {
-                chosen = Some(i);
-                top = w;
-            }
-        }
+            chosen.map(|(_, i)| i)
+        };
+        let chosen = match bound {
+            // Within the load bound and the prefill-work bound; if the two leave no pod in
+            // common, the load bound alone.
+            Some(b) => rank(&|i, _| self.load_bytes(i, now) <= b && !over[i])
+                .or_else(|| rank(&|i, _| self.load_bytes(i, now) <= b)),
+            // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding less
+            // is never picked over it for the sake of consistency.
+            None => rank(&|i, c| c <= best.saturating_add(spread) && matched[i] >= best_match),
+        };
         let Some(i) = chosen else {
             return Choice::NoEligiblePod;
         };
@@ -410,6 +434,29 @@ impl Picker {
         self.charge(i, bytes - cached, matched[i], req.prompt, now)
     }
 
+    /// Which eligible pods were recently sent more prefill than `balance_percent` of the mean
+    /// (plus `prompt_bytes`, so an idle backend bounds nobody).
+    fn over_balance(&self, prompt_bytes: u64, now: u64, avoid: Option<usize>) -> Vec<bool> {
+        let n = self.pods.len();
+        let h = self.cfg.recent_half_life_ns;
+        if self.cfg.balance_percent == 0 {
+            return vec![false; n];
+        }
+        let recent: Vec<Option<f64>> = (0..n)
+            .map(|i| {
+                self.eligible(i, now, avoid)
+                    .then(|| self.loads[i].recent.at(now, h))
+            })
+            .collect();
+        let live = recent.iter().flatten().count().max(1) as f64;
+        let mean = recent.iter().flatten().sum::<f64>() / live;
+        let bound = mean * self.cfg.balance_percent as f64 / 100.0 + prompt_bytes as f64;
+        recent
+            .iter()
+            .map(|r| r.is_some_and(|r| r > bound))
+            .collect()
+    }
+
     fn charge(
         &mut self,
         i: usize,
@@ -420,6 +467,9 @@ impl Picker {
     ) -> Ticket {
         let epoch = self.epoch(now);
         self.loads[i].acquire(epoch, work);
+        self.loads[i]
+            .recent
+            .add(now, work, self.cfg.recent_half_life_ns);
         if self.prefix().is_some() {
             // Recorded now, not when the response ends: a burst of one new prompt then finds
             // it on the first pod instead of missing everywhere.

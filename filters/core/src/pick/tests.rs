@@ -445,3 +445,31 @@ fn a_new_session_starts_on_the_same_pod_from_every_replica() {
     }
     assert!(used.len() >= 4, "sessions spread: {used:?}");
 }
+
+/// Unseen prompts spread by their own hashes; the prefill-work bound keeps a pod that was sent
+/// more than its share from taking new prefixes, even when nothing is in flight.
+#[test]
+fn recent_prefill_work_bounds_where_unseen_prefixes_go() {
+    let spread = |balance_percent: u64| {
+        let c = Config {
+            balance_percent,
+            ..cfg()
+        };
+        let mut pk = Picker::new(c, &pods(4));
+        let mut counts = [0usize; 4];
+        for i in 0..80u64 {
+            let p = prompt(&text(&format!("unseen {i}"), 4096), 256);
+            let now = i * 1_000_000;
+            let t = pod(pk.pick(&req(&p), now));
+            counts[t.pod()] += 1;
+            pk.release(t, done(), now);
+        }
+        counts
+    };
+    let free = spread(0);
+    let bounded = spread(110);
+    let range = |c: [usize; 4]| c.iter().max().unwrap() - c.iter().min().unwrap();
+    // Within 110 % of the mean (20) plus one prompt: at most 23 and so at least 17 each.
+    assert!(range(bounded) <= 6, "{bounded:?}");
+    assert!(range(free) > range(bounded), "{free:?} vs {bounded:?}");
+}

@@ -794,3 +794,34 @@ fn a_picked_backend_is_a_service_whose_pod_the_endpoint_picker_names() {
         .count();
     assert_eq!(backends + 1, refs.len());
 }
+
+/// With budgets and a picked backend, the gateway-level server holds and settles the budgets and
+/// the endpoint picker only picks: a picker running the budget step too would charge every picked
+/// request twice.
+#[test]
+fn the_endpoint_picker_charges_no_budget() {
+    let mut r = picked_router();
+    r["spec"]["policy"] = json!({"budgets": [{"name": "all", "scope": "router", "maxTokens": 1000, "windowSeconds": 60}]});
+    let out = compile(&picked_docs(r), &opts(Some(RETRY_REPLAY_LIMIT)));
+    let server = yaml(file(&out, "ext-proc.yaml"));
+    assert!(server["plugin_config"]["budgets"].is_object(), "{server}");
+    let picker = yaml(file(&out, "endpoint-picker.yaml"));
+    assert!(picker["plugin_config"]["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|b| b.get("pick").is_some()));
+    assert!(picker["plugin_config"].get("budgets").is_none(), "{picker}");
+    let docs = common::crds::documents(file(&out, "kubernetes.yaml"));
+    let picker_cm = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ConfigMap"
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("epp"))
+        })
+        .unwrap();
+    let in_cluster = yaml(picker_cm["data"]["ext-proc.yaml"].as_str().unwrap());
+    assert!(in_cluster["plugin_config"].get("budgets").is_none());
+}

@@ -18,13 +18,13 @@
 //! - the response phases reach the filter (status, usage) as on the wasm path, and the pick's
 //!   ticket is released when the stream ends, whether it completed or the proxy aborted it.
 
-use crate::phases::Exchange;
+use crate::phases::{streamed_chunk, Exchange};
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    body_mutation, processing_request, processing_response, BodyMutation, BodyResponse,
-    CommonResponse, HeaderMutation, HeadersResponse, HttpBody, ImmediateResponse,
-    ProcessingRequest, ProcessingResponse, StreamedBodyResponse,
+    body_mutation, processing_request, processing_response, BodyMutation, CommonResponse,
+    HeaderMutation, HeadersResponse, HttpBody, ImmediateResponse, ProcessingRequest,
+    ProcessingResponse,
 };
 use envoy_types::pb::google::protobuf::{value, Struct, Value};
 
@@ -298,8 +298,8 @@ impl<'p> Picker<'p> {
         };
         let mut out = vec![headers];
         if let Some(end_of_stream) = body_ends {
-            out.push(streamed(
-                processing_response::Response::RequestBody,
+            out.push(streamed_chunk(
+                false,
                 forwarded.unwrap_or(sent),
                 end_of_stream,
             ));
@@ -329,7 +329,7 @@ impl<'p> Picker<'p> {
             }) => b,
             _ => chunk,
         };
-        streamed(processing_response::Response::ResponseBody, body, eos)
+        streamed_chunk(true, body, eos)
     }
 
     fn unavailable(&mut self, code: &str, message: &str) -> ProcessingResponse {
@@ -385,30 +385,6 @@ fn common_of(r: Option<processing_response::Response>) -> Option<CommonResponse>
         Rs::RequestHeaders(h) | Rs::ResponseHeaders(h) => h.response,
         Rs::RequestBody(b) | Rs::ResponseBody(b) => b.response,
         _ => None,
-    }
-}
-
-fn streamed(
-    kind: fn(BodyResponse) -> processing_response::Response,
-    body: Vec<u8>,
-    end_of_stream: bool,
-) -> ProcessingResponse {
-    ProcessingResponse {
-        response: Some(kind(BodyResponse {
-            response: Some(CommonResponse {
-                body_mutation: Some(BodyMutation {
-                    mutation: Some(body_mutation::Mutation::StreamedResponse(
-                        StreamedBodyResponse {
-                            body,
-                            end_of_stream,
-                            ..Default::default()
-                        },
-                    )),
-                }),
-                ..Default::default()
-            }),
-        })),
-        ..Default::default()
     }
 }
 

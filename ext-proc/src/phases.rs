@@ -5,6 +5,7 @@
 //! answered faithfully is answered fail-closed (503, our JSON error), never passed through.
 
 mod duplex;
+pub(crate) use duplex::streamed_chunk;
 
 use crate::pool::{Lease, Pool, PoolError};
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};

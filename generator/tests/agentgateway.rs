@@ -34,14 +34,7 @@ trait WithPods {
 }
 impl WithPods for AgentgatewayOptions {
     fn with_pods(mut self) -> Self {
-        self.common.endpoints = [(
-            "isvc-pods".to_string(),
-            vec![
-                ("10.0.0.1".to_string(), 8000),
-                ("10.0.0.2".to_string(), 8000),
-            ],
-        )]
-        .into();
+        self.common.endpoints = common::two_pods("isvc-pods");
         self
     }
 }

@@ -988,14 +988,7 @@ fn picked(mut r: Value) -> Value {
 
 fn pods() -> CompileOptions {
     CompileOptions {
-        endpoints: [(
-            "isvc-a".to_string(),
-            vec![
-                ("10.0.0.1".to_string(), 8000),
-                ("10.0.0.2".to_string(), 8000),
-            ],
-        )]
-        .into(),
+        endpoints: common::two_pods("isvc-a"),
         ..Default::default()
     }
 }

@@ -385,14 +385,7 @@ fn endpoint_picking_backend() {
         {"name": "r1", "match": {"models": ["big"]}, "route": {"backends": ["local-a", "cloud"]}}
     ]);
     let opts = EnvoyOptions {
-        endpoints: [(
-            "isvc-a".to_string(),
-            vec![
-                ("10.0.0.1".to_string(), 8000),
-                ("10.0.0.2".to_string(), 8000),
-            ],
-        )]
-        .into(),
+        endpoints: common::two_pods("isvc-a"),
         ..Default::default()
     };
     validate("endpoint-picking", full(r), opts);

@@ -186,14 +186,7 @@ fn envoy_gateway_endpoint_picking_matches_its_golden_files() {
     let o = GatewayOptions {
         wasm_sha256: Some("0".repeat(64)),
         common: CompileOptions {
-            endpoints: [(
-                "isvc-a".to_string(),
-                vec![
-                    ("10.0.0.1".to_string(), 8000),
-                    ("10.0.0.2".to_string(), 8000),
-                ],
-            )]
-            .into(),
+            endpoints: common::two_pods("isvc-a"),
             ..Default::default()
         },
         ..GatewayOptions::new(WasmSource::Http(

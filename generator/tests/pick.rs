@@ -12,14 +12,7 @@ fn opts() -> EnvoyOptions {
     EnvoyOptions {
         wasm_dir: "/opt/wasm".into(),
         format: Format::Json,
-        endpoints: [(
-            "isvc-a".to_string(),
-            vec![
-                ("10.0.0.1".to_string(), 8000),
-                ("10.0.0.2".to_string(), 8000),
-            ],
-        )]
-        .into(),
+        endpoints: common::two_pods("isvc-a"),
         ..Default::default()
     }
 }

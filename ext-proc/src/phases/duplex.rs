@@ -251,7 +251,12 @@ fn side(response: bool) -> &'static str {
     }
 }
 
-fn streamed_chunk(response: bool, body: Vec<u8>, end_of_stream: bool) -> ProcessingResponse {
+/// A streamed-body answer of the request (`response` false) or response phase carrying `body`.
+pub(crate) fn streamed_chunk(
+    response: bool,
+    body: Vec<u8>,
+    end_of_stream: bool,
+) -> ProcessingResponse {
     let r = BodyResponse {
         response: Some(CommonResponse {
             body_mutation: Some(BodyMutation {

@@ -159,3 +159,15 @@ pub fn reference_example(rule_timeout: Option<&str>) -> Value {
         }
     })
 }
+
+/// EndpointSlice addresses for `isvc`: two pods on port 8000, as `--endpoints` gives them.
+pub fn two_pods(isvc: &str) -> std::collections::BTreeMap<String, Vec<(String, u16)>> {
+    [(
+        isvc.to_string(),
+        vec![
+            ("10.0.0.1".to_string(), 8000),
+            ("10.0.0.2".to_string(), 8000),
+        ],
+    )]
+    .into()
+}

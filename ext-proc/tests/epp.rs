@@ -12,12 +12,11 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     ProcessingRequest, ProcessingResponse,
 };
 use envoy_types::pb::google::protobuf::{value, ListValue, Struct, Value};
-use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use support::free_addr;
+use support::{config_dir, free_addr, sha256_hex};
 use tokio::sync::mpsc;
 use tonic::Streaming;
 
@@ -58,17 +57,9 @@ struct Server {
 impl Server {
     fn start() -> Server {
         let wasm = router_wasm();
-        let sha: String = Sha256::digest(std::fs::read(&wasm).unwrap())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let sha = sha256_hex(&wasm);
         let (addr, metrics) = (free_addr(), free_addr());
-        let dir = std::env::temp_dir().join(format!(
-            "ext-proc-epp-{}-{}",
-            std::process::id(),
-            addr.port()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = config_dir("epp", addr);
         let cfg = dir.join("c.json");
         let config = serde_json::json!({
             "module": {"path": wasm, "sha256": sha},

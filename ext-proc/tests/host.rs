@@ -9,13 +9,12 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::Ex
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_response, ProcessingRequest, ProcessingResponse,
 };
-use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{free_addr, headers_msg};
+use support::{config_dir, free_addr, headers_msg, sha256_hex};
 
 /// The probe filter, built (release, wasm32-wasip1) if it is not up to date.
 fn probe_wasm() -> PathBuf {
@@ -32,17 +31,9 @@ impl Server {
     /// `extra`: YAML lines appended to the config (clusters, instances, ...).
     fn start(plugin_config: &str, extra: &str) -> Server {
         let wasm = probe_wasm();
-        let sha: String = Sha256::digest(std::fs::read(&wasm).unwrap())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let sha = sha256_hex(&wasm);
         let (addr, metrics) = (free_addr(), free_addr());
-        let dir = std::env::temp_dir().join(format!(
-            "ext-proc-host-{}-{}",
-            std::process::id(),
-            addr.port()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = config_dir("host", addr);
         let cfg = dir.join("c.yaml");
         std::fs::write(
             &cfg,

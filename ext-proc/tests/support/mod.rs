@@ -56,6 +56,26 @@ pub fn filter_wasm(package: &str, file: &str) -> std::path::PathBuf {
     target_dir().join("wasm32-wasip1/release").join(file)
 }
 
+/// The sha256 of the file at `path`, in hex: what a config pins a module with.
+pub fn sha256_hex(path: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(std::fs::read(path).unwrap())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A fresh directory for one server's config, named after the test file and its port.
+pub fn config_dir(name: &str, addr: std::net::SocketAddr) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "ext-proc-{name}-{}-{}",
+        std::process::id(),
+        addr.port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 pub fn free_addr() -> std::net::SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

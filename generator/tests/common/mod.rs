@@ -3,6 +3,7 @@
 
 pub mod crds;
 pub mod envoy;
+pub mod envoy_run;
 pub mod golden;
 
 use serde_json::{json, Value};

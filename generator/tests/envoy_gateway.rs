@@ -5,6 +5,7 @@
 
 mod common;
 use common::crds::{documents, Crds, Report};
+use common::eg::*;
 use common::*;
 use llmkube_gen::targets::envoy_gateway::{
     budgets, compile_envoy_gateway, compile_envoy_gateway_diag, GatewayOptions, WasmSource,
@@ -13,34 +14,11 @@ use llmkube_gen::{compile_envoy, CompileOptions, Diagnostics, EnvoyOptions, Sour
 use router_core::config::PluginConfig;
 use serde_json::{json, Value};
 
-const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-const URL: &str = "https://wasm.example.internal/llmkube_model_router.wasm";
-
-fn opts() -> GatewayOptions {
-    GatewayOptions {
-        wasm_sha256: Some(SHA.into()),
-        ..GatewayOptions::new(WasmSource::Http(URL.into()))
-    }
-}
-
 fn src(text: &str) -> Vec<Source> {
     vec![Source {
         name: "eg.yaml".into(),
         text: text.to_string(),
     }]
-}
-
-fn with_gateway(mut r: Value) -> Value {
-    r["spec"]["gatewayRef"] = json!({"name": "ai-gateway", "namespace": "envoy-gateway-system"});
-    r
-}
-
-fn example() -> String {
-    std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../envoy-examples/envoy-gateway/router.yaml"
-    ))
-    .unwrap()
 }
 
 fn compile_docs(text: &str, o: &GatewayOptions) -> Vec<Value> {
@@ -55,10 +33,6 @@ fn compile_err(text: &str, o: &GatewayOptions) -> Vec<String> {
         .iter()
         .map(|p| p.to_string())
         .collect()
-}
-
-fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    docs.iter().filter(|d| d["kind"] == kind).collect()
 }
 
 /// The inputs every structural test runs on: the walkthrough example and the whole data plane

@@ -16,27 +16,19 @@
 
 mod common;
 use common::crds::documents;
+use common::eg::*;
 use common::envoy_run::{envoy_validate, model_router_dir};
 use common::*;
 use llmkube_gen::targets::envoy::WASM_FILE;
-use llmkube_gen::targets::envoy_gateway::{
-    budgets, compile_envoy_gateway, GatewayOptions, WasmSource,
-};
+use llmkube_gen::targets::envoy_gateway::{budgets, compile_envoy_gateway, GatewayOptions};
 use llmkube_gen::{CompileOptions, Source};
 use serde_json::{json, Value};
 
-const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+/// The xDS listener (and route configuration) of the Gateway's `http` listener.
 const LISTENER: &str = "envoy-gateway-system/ai-gateway/http";
 /// `retryDefaultRetryOn` of Envoy Gateway's `route.go`.
 const EG_DEFAULT_RETRY_ON: &str =
     "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes";
-
-fn opts() -> GatewayOptions {
-    GatewayOptions {
-        wasm_sha256: Some(SHA.into()),
-        ..GatewayOptions::new(WasmSource::Http("https://wasm.example/m.wasm".into()))
-    }
-}
 
 fn compile(text: &str, o: &GatewayOptions) -> Vec<Value> {
     let out = compile_envoy_gateway(
@@ -48,15 +40,6 @@ fn compile(text: &str, o: &GatewayOptions) -> Vec<Value> {
     )
     .unwrap_or_else(|e| panic!("{:#?}", e.iter().map(|p| p.to_string()).collect::<Vec<_>>()));
     documents(&out)
-}
-
-fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    docs.iter().filter(|d| d["kind"] == kind).collect()
-}
-
-fn with_gateway(mut r: Value) -> Value {
-    r["spec"]["gatewayRef"] = json!({"name": "ai-gateway", "namespace": "envoy-gateway-system"});
-    r
 }
 
 /// The xDS Envoy Gateway would generate for these documents, before the patches.
@@ -406,14 +389,6 @@ fn routes_of(b: &Value) -> Vec<Value> {
         .as_array()
         .unwrap()
         .clone()
-}
-
-fn example() -> String {
-    std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../envoy-examples/envoy-gateway/router.yaml"
-    ))
-    .unwrap()
 }
 
 /// The walkthrough's router and the whole data plane (several AIGatewayRoutes, shadow rules):

@@ -2,6 +2,7 @@
 //! Shared fixtures: a valid router (as JSON, which is valid YAML) that tests mutate.
 
 pub mod crds;
+pub mod eg;
 pub mod envoy;
 pub mod envoy_run;
 pub mod golden;

@@ -108,7 +108,7 @@ fn gateway_to_envoy(d: &str) -> String {
             }
         })
         .sum();
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{}.{:03}s", ms / 1000, ms % 1000)

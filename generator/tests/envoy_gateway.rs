@@ -5,6 +5,7 @@
 
 mod common;
 use common::crds::{documents, Crds, Report};
+use common::eg::*;
 use common::*;
 use llmkube_gen::targets::envoy_gateway::{
     budgets, compile_envoy_gateway, compile_envoy_gateway_diag, GatewayOptions, WasmSource,
@@ -13,34 +14,11 @@ use llmkube_gen::{compile_envoy, CompileOptions, Diagnostics, EnvoyOptions, Sour
 use router_core::config::PluginConfig;
 use serde_json::{json, Value};
 
-const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-const URL: &str = "https://wasm.example.internal/llmkube_model_router.wasm";
-
-fn opts() -> GatewayOptions {
-    GatewayOptions {
-        wasm_sha256: Some(SHA.into()),
-        ..GatewayOptions::new(WasmSource::Http(URL.into()))
-    }
-}
-
 fn src(text: &str) -> Vec<Source> {
     vec![Source {
         name: "eg.yaml".into(),
         text: text.to_string(),
     }]
-}
-
-fn with_gateway(mut r: Value) -> Value {
-    r["spec"]["gatewayRef"] = json!({"name": "ai-gateway", "namespace": "envoy-gateway-system"});
-    r
-}
-
-fn example() -> String {
-    std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../envoy-examples/envoy-gateway/router.yaml"
-    ))
-    .unwrap()
 }
 
 fn compile_docs(text: &str, o: &GatewayOptions) -> Vec<Value> {
@@ -55,10 +33,6 @@ fn compile_err(text: &str, o: &GatewayOptions) -> Vec<String> {
         .iter()
         .map(|p| p.to_string())
         .collect()
-}
-
-fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    docs.iter().filter(|d| d["kind"] == kind).collect()
 }
 
 /// The inputs every structural test runs on: the walkthrough example and the whole data plane
@@ -1093,8 +1067,8 @@ fn a_picked_backend_sharing_an_order_is_refused() {
     };
     let e = compile_err(&full(r), &o);
     assert!(
-        e.iter().any(|e| e.starts_with("ModelRouter/demo: spec.rules[1].route.backends: backend local-a has its pods picked by the gateway")
-            && e.contains("must be alone in its orders")),
+        e.iter().any(|e| e.starts_with("ModelRouter/demo: spec.rules[1].route.backends: backend local-a has its pods picked by the gateway (spec.backends[0]: resolution: endpoint, balancing.mode: LoadAware) and shares the attempt order local-a → cloud (route \"r2/local-a,cloud\")")
+            && e.contains("make local-a the only backend of spec.rules[1].route.backends, or set spec.backends[0].balancing.mode: RoundRobin")),
         "{e:?}"
     );
 }
@@ -1159,4 +1133,135 @@ fn shadow_rules_mirror_to_local_backends() {
         }
     }
     assert!(shadowed > 0);
+}
+
+/// The upstream module's per-attempt header edits, as each external backend's
+/// `headerMutation` (Envoy AI Gateway's upstream filter applies it on every attempt to that
+/// backend): provider credential and version headers its own credential does not set are
+/// removed, and so are the decision headers; Anthropic gets its version header. Local backends
+/// get none (the envoy target edits no headers on attempts to them either).
+#[test]
+fn external_backends_carry_the_upstream_modules_header_edits() {
+    let docs = compile_docs(&example(), &opts());
+    let mutation = |b: &str| {
+        of_kind(&docs, "AIServiceBackend")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == format!("llmkube-llm-router-{b}"))
+            .unwrap_or_else(|| panic!("{b}"))["spec"]
+            .get("headerMutation")
+            .cloned()
+    };
+    let decision = ["x-llmkube-rule", "x-llmkube-backend", "x-llmkube-route"];
+    for local in ["qwen3-8b", "llama-3-70b"] {
+        assert_eq!(mutation(local), None, "{local}");
+    }
+    let gpt = mutation("gpt").expect("gpt");
+    let mut remove = vec!["x-api-key", "anthropic-version"];
+    remove.extend(decision);
+    assert_eq!(gpt, json!({"remove": remove}));
+    let claude = mutation("claude").expect("claude");
+    let mut remove = vec!["authorization"];
+    remove.extend(decision);
+    assert_eq!(
+        claude,
+        json!({"remove": remove, "set": [{"name": "anthropic-version", "value": "2023-06-01"}]})
+    );
+    // The same as the core's attempt plan: what it sets is set, the rest of the provider
+    // headers cleared.
+    let router = router_core::router::Router::from_json(
+        serde_json::to_string(&for_envoy_plugin(&docs))
+            .unwrap()
+            .as_bytes(),
+    )
+    .unwrap();
+    let plan = router_core::attempt::plan_attempt(
+        &router,
+        router_core::attempt::AttemptInputs {
+            sensitive: false,
+            endpoint_backend: Some(b"claude"),
+        },
+    );
+    let router_core::attempt::AttemptPlan::Send(send) = plan else {
+        panic!("{plan:?}")
+    };
+    assert!(send.set.contains(&("anthropic-version", "2023-06-01")));
+    assert_eq!(send.remove, &decision);
+}
+
+fn for_envoy_plugin(docs: &[Value]) -> PluginConfig {
+    serde_json::from_value(
+        of_kind(docs, "EnvoyExtensionPolicy")[0]["spec"]["wasm"][0]["config"].clone(),
+    )
+    .unwrap()
+}
+
+/// The client's `authorization` is removed on the xDS route of every route key (as the envoy
+/// target's routes do), so a client's token reaches no backend, picked pods and shadow copies
+/// included; nothing else is selected.
+#[test]
+fn every_route_removes_the_clients_authorization() {
+    let text = dataplane_docs(with_gateway(dataplane_router()));
+    let docs = compile_docs(&text, &opts());
+    let patches = of_kind(&docs, "EnvoyPatchPolicy")[0]["spec"]["jsonPatches"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let regexes: Vec<regex::Regex> = patches
+        .iter()
+        .filter(|p| p["operation"]["path"] == "/request_headers_to_remove")
+        .map(|p| {
+            assert_eq!(p["operation"]["op"], "add");
+            assert_eq!(p["operation"]["value"], json!(["authorization"]));
+            assert_eq!(p["name"], "envoy-gateway-system/ai-gateway/http");
+            route_regex(p)
+        })
+        .collect();
+    let routes = of_kind(&docs, "AIGatewayRoute");
+    assert!(routes.len() > 1, "the corpus spans several AIGatewayRoutes");
+    assert_eq!(regexes.len(), routes.len());
+    for r in routes {
+        let route = r["metadata"]["name"].as_str().unwrap();
+        let rules = r["spec"]["rules"].as_array().unwrap().len();
+        for i in 0..rules {
+            let xds = format!("httproute/llm/{route}/rule/{i}/match/0/*");
+            assert_eq!(
+                regexes.iter().filter(|re| re.is_match(&xds)).count(),
+                1,
+                "{xds}"
+            );
+        }
+        // The final `route-not-found` rule answers 404 itself: not selected.
+        let not_found = format!("httproute/llm/{route}/rule/{rules}/match/0/*");
+        assert!(
+            !regexes.iter().any(|re| re.is_match(&not_found)),
+            "{not_found}"
+        );
+    }
+}
+
+/// Warnings that say which field to change: attempts with different timeouts (each attempt's
+/// timeout and the field it comes from), and the APIs Envoy AI Gateway cannot send to a
+/// provider's schema.
+#[test]
+fn warnings_name_the_field_and_the_fix() {
+    let warnings = |text: &str| {
+        let mut diags = Diagnostics::default();
+        compile_envoy_gateway_diag(&src(text), &opts(), &mut diags).expect("compiles");
+        diags
+            .warnings
+            .iter()
+            .map(|w| w.to_string())
+            .collect::<Vec<_>>()
+    };
+    let w = warnings(&dataplane_docs(with_gateway(reference_example(None))));
+    assert!(w.contains(&"ModelRouter/seed: spec.rules[0].timeout: is unset and route \"pf/local,anthropic\" tries backends with different response-header timeouts: local 10s (spec.backends[0].timeout), anthropic 1m (spec.backends[1].timeout); Envoy Gateway applies one per-try timeout per rule (BackendTrafficPolicy retry.perRetry.timeout), so every attempt gets 1m: set spec.rules[0].timeout to the timeout every attempt of this rule should have, or give these backends the same timeout".to_string()), "{w:#?}");
+    assert!(
+        w.iter().any(|w| w.starts_with("ModelRouter/seed: spec.backends[1].external.provider: Envoy AI Gateway v1.1.0 sends only /v1/messages")),
+        "{w:#?}"
+    );
+    // With a rule timeout every attempt has it: no timeout warning.
+    let w = warnings(&dataplane_docs(with_gateway(reference_example(Some(
+        "30s",
+    )))));
+    assert!(!w.iter().any(|w| w.contains(".timeout:")), "{w:#?}");
 }

@@ -2,7 +2,9 @@
 //! Shared fixtures: a valid router (as JSON, which is valid YAML) that tests mutate.
 
 pub mod crds;
+pub mod eg;
 pub mod envoy;
+pub mod envoy_run;
 pub mod golden;
 
 use serde_json::{json, Value};

@@ -5,6 +5,8 @@
 
 use std::net::IpAddr;
 
+use router_core::attempt::INTERNAL_ROUTING_HEADERS;
+use router_core::provider::provider_headers;
 use serde_json::{json, Value};
 
 use super::names;
@@ -37,6 +39,13 @@ pub(super) fn check(ir: &Ir, diags: &mut Diagnostics) {
                 why,
             ));
         }
+        if let Some(why) = untranslated_api(e.provider) {
+            diags.warn(Problem::new(
+                &ir.label,
+                format!("spec.backends[{i}].external.provider"),
+                format!("{why}: a request of that API the filter routes to backend {} fails in Envoy AI Gateway's upstream filter", b.name),
+            ));
+        }
         let Some(c) = &e.credential else { continue };
         let key = ai_gateway_secret_key(e.provider);
         let has_key = c
@@ -50,6 +59,18 @@ pub(super) fn check(ir: &Ir, diags: &mut Diagnostics) {
                 format!("Envoy AI Gateway reads the credential from key {key:?} of Secret {}/{} (the ModelRouter convention is {}): add that key to the Secret", c.secret.namespace, c.secret.name, c.secret.key),
             ));
         }
+    }
+}
+
+/// The client API Envoy AI Gateway v1.1.0 cannot send to a provider's schema
+/// (`internal/endpointspec/endpointspec.go`, the `GetTranslator` of each endpoint): chat
+/// completions have no translator to the native `Anthropic` schema, and `/v1/messages` none to
+/// `GCPVertexAI`.
+fn untranslated_api(p: Provider) -> Option<&'static str> {
+    match p {
+        Provider::Anthropic => Some("Envoy AI Gateway v1.1.0 sends only /v1/messages (Anthropic API) requests to an Anthropic-schema backend, not /v1/chat/completions (no translation from the OpenAI API to it; the envoy target forwards those to Anthropic's OpenAI-compatible endpoint); for OpenAI-API clients reach Claude through provider bedrock or litellm"),
+        Provider::VertexAi => Some("Envoy AI Gateway v1.1.0 does not send /v1/messages (Anthropic API) requests to a GCPVertexAI-schema backend; OpenAI-API requests are translated"),
+        _ => None,
     }
 }
 
@@ -143,16 +164,44 @@ fn schema(b: &Backend) -> Value {
 }
 
 fn ai_service_backend(ir: &Ir, b: &Backend, name: &str) -> Value {
+    let mut spec = json!({
+        "schema": schema(b),
+        // The CRD defaults to a core Service; Envoy AI Gateway accepts only a Backend.
+        "backendRef": {"name": name, "kind": "Backend", "group": "gateway.envoyproxy.io"},
+    });
+    if let Some(m) = b.external().map(header_mutation) {
+        spec["headerMutation"] = m;
+    }
     object(
         AIG_API,
         "AIServiceBackend",
         metadata(name, &ir.namespace, ir),
-        json!({
-            "schema": schema(b),
-            // The CRD defaults to a core Service; Envoy AI Gateway accepts only a Backend.
-            "backendRef": {"name": name, "kind": "Backend", "group": "gateway.envoyproxy.io"},
-        }),
+        spec,
     )
+}
+
+/// The headers the envoy target's upstream module edits on each attempt to an external backend
+/// (`router_core::attempt::plan_attempt`), as the backend's `headerMutation`, which Envoy AI
+/// Gateway's upstream filter applies on every attempt to this backend (and undoes on a retry
+/// to another, `internal/headermutator`): every provider credential or version header the
+/// backend's own credential does not set is removed (a client's, or one a previous attempt
+/// carried), as are the decision headers naming the router's rules and orders; the provider's
+/// version header is set (`anthropic-version`, which Envoy AI Gateway's Anthropic passthrough
+/// does not add). The credential itself is the BackendSecurityPolicy's, applied after these
+/// edits; the model rewrite is the route's `modelNameOverride`.
+fn header_mutation(e: &External) -> Value {
+    let version = e.provider.version_header();
+    let credential = e.credential.as_ref().map(|c| c.header);
+    let remove: Vec<&str> = provider_headers()
+        .into_iter()
+        .filter(|h| Some(*h) != credential && Some(*h) != version.map(|(v, _)| v))
+        .chain(INTERNAL_ROUTING_HEADERS.iter().copied())
+        .collect();
+    let mut m = json!({"remove": remove});
+    if let Some((name, value)) = version {
+        m["set"] = json!([{"name": name, "value": value}]);
+    }
+    m
 }
 
 /// The credential of an external backend, by Secret reference.

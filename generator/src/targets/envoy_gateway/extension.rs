@@ -94,6 +94,7 @@ pub(super) fn http_route_refs(routes: &[String]) -> Vec<Value> {
 /// - the shared budget ledger's cluster, when budgets are kept by `llmkube-budgets`
 ///   ([`super::budgets`]);
 /// - no `retry_on` on one-backend routes ([`super::routing::retry_on_patches`]);
+/// - the client's `authorization` removed on every route ([`super::routing::authorization_patches`]);
 /// - the `ORIGINAL_DST` cluster of each backend whose pods the filter picks, and its rules'
 ///   routes pointed at it ([`super::pick`]);
 /// - shadow clusters and mirror policies ([`super::shadow`]).
@@ -119,6 +120,7 @@ fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef, routes: &[Strin
     patches.extend(super::security::local_reply_patch(ir, &listener));
     patches.extend(super::budgets::cluster_patch(ir, opts.budgets.as_ref()));
     patches.extend(super::routing::retry_on_patches(ir, routes, &listener));
+    patches.extend(super::routing::authorization_patches(ir, routes, &listener));
     patches.extend(super::pick::patches(ir, routes, &listener));
     patches.extend(super::shadow::patches(ir, routes, &listener));
     patches.push(json!({

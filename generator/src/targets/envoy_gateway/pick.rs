@@ -19,8 +19,14 @@
 //! not strip it; with their endpoint-picker wiring the picker's `ext_proc` overwrites it).
 //!
 //! An order mixing a picked backend with others is refused: Envoy Gateway gives a rule one
-//! cluster, and the envoy target's per-attempt hops (an aggregate over `via-<b>` clusters) are
-//! not expressible here.
+//! cluster, and the envoy target's way across (an aggregate over `via-<b>` clusters into one
+//! internal listener per backend; a plain aggregate would skip an `ORIGINAL_DST` member that has
+//! no hosts yet) is not expressible here: Envoy Gateway's bootstrap
+//! (`internal/xds/bootstrap/bootstrap.yaml.tpl`) does not load `envoy.bootstrap.internal_listener`,
+//! which internal listeners need (only an EnvoyProxy `spec.bootstrap` override on the user's
+//! Gateway could add it), and a hop's route would go to a patch-added cluster, bypassing the
+//! clusters Envoy AI Gateway builds for the order's other backends (their credentials, API
+//! translation and `modelNameOverride` run in its upstream filter there).
 
 use router_core::config::PluginConfig;
 use serde_json::{json, Value};
@@ -39,7 +45,8 @@ pub(super) fn plugin_config(ir: &Ir) -> PluginConfig {
     plugin_with_picks(ir, &|b| names::pick_cluster(ir, b))
 }
 
-/// Orders holding a picked backend among others are refused (see the module comment).
+/// Orders holding a picked backend among others are refused (see the module comment), naming
+/// the backend, the order, and what the user can change.
 pub(super) fn check(ir: &Ir, diags: &mut Diagnostics) {
     for p in &ir.routes {
         let picked = p.order.iter().find(|&&b| is_picked(ir, b));
@@ -48,10 +55,19 @@ pub(super) fn check(ir: &Ir, diags: &mut Diagnostics) {
         };
         let rule = p.rule.as_deref().unwrap_or("");
         let index = ir.router.spec.rules.iter().position(|r| r.name == rule);
+        let field = index.map_or("spec.defaultRoute".to_string(), |i| {
+            format!("spec.rules[{i}].route.backends")
+        });
+        let name = &ir.backends[b].name;
+        let order: Vec<&str> = p
+            .order
+            .iter()
+            .map(|&o| ir.backends[o].name.as_str())
+            .collect();
         diags.error(Problem::new(
             &ir.label,
-            index.map_or("spec.defaultRoute".to_string(), |i| format!("spec.rules[{i}].route.backends")),
-            format!("backend {} has its pods picked by the gateway (resolution: endpoint, balancing.mode: LoadAware) and shares attempt order {:?} with other backends; the envoy-gateway target sends a rule to one cluster, so such a backend must be alone in its orders (or use balancing.mode: RoundRobin)", ir.backends[b].name, p.key),
+            &field,
+            format!("backend {name} has its pods picked by the gateway (spec.backends[{b}]: resolution: endpoint, balancing.mode: LoadAware) and shares the attempt order {} (route {:?}) with other backends; on Envoy Gateway a rule sends to one cluster, and failing over from the picked pod's ORIGINAL_DST cluster to another backend needs the envoy target's per-attempt internal listeners, which Envoy Gateway's bootstrap does not enable: make {name} the only backend of {field}, or set spec.backends[{b}].balancing.mode: RoundRobin (its pods then balanced by Envoy Gateway, with failover), or use --target envoy", order.join(" → "), p.key),
         ));
     }
 }

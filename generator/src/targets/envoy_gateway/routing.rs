@@ -16,22 +16,44 @@ use crate::{Diagnostics, Problem};
 
 const AIG_API: &str = "aigateway.envoyproxy.io/v1beta1";
 const EG_API: &str = "gateway.envoyproxy.io/v1alpha1";
+/// The client's credential header, never forwarded (the envoy target's routes remove it too).
+const CLIENT_AUTHORIZATION: &str = "authorization";
 /// Same triggers as the envoy target's `retry_on`.
 const RETRY_TRIGGERS: [&str; 4] = ["5xx", "reset", "connect-failure", "refused-stream"];
 
 /// What this target cannot express the way the envoy target does, as a warning: an order whose
-/// attempts need different response-header timeouts gets the largest of them for every attempt
-/// (Envoy Gateway sets one per-try timeout per route rule).
+/// attempts need different response-header timeouts gets the largest of them for every attempt.
+/// Envoy Gateway sets one per-try timeout per route rule (BackendTrafficPolicy
+/// `retry.perRetry.timeout`); the envoy target sends such attempts through one internal listener
+/// per backend, which Envoy Gateway's bootstrap does not enable (no
+/// `envoy.bootstrap.internal_listener`) and whose hops would bypass the clusters Envoy AI Gateway
+/// builds (credentials, API translation, model override). The warning names each attempt's
+/// timeout and the field it comes from, and the two ways to make them one.
 pub(super) fn check(ir: &Ir, diags: &mut Diagnostics) {
     for (i, r) in ir.router.spec.rules.iter().enumerate() {
         let plans = ir.rule_plans(&r.name);
-        if let Some(p) = plans.iter().find(|p| p.per_backend_timeouts()) {
-            diags.warn(Problem::new(
-                &ir.label,
-                format!("spec.rules[{i}]"),
-                format!("route {:?} has attempts with different response-header timeouts ({:?} ms); Envoy Gateway applies one per-try timeout per rule, so every attempt gets the largest; set a rule timeout to choose one", p.key, p.attempt_timeouts_ms),
-            ));
-        }
+        let Some(p) = plans.iter().find(|p| p.per_backend_timeouts()) else {
+            continue;
+        };
+        let attempts: Vec<String> = p
+            .order
+            .iter()
+            .zip(&p.attempt_timeouts_ms)
+            .map(|(&b, &ms)| {
+                let source = match ir.router.spec.backends[b].timeout {
+                    Some(_) => format!("spec.backends[{b}].timeout"),
+                    None => "spec.proxy.responseHeaderTimeout".to_string(),
+                };
+                let t = gateway_duration(Duration::from_millis(ms));
+                format!("{} {t} ({source})", ir.backends[b].name)
+            })
+            .collect();
+        let largest = gateway_duration(Duration::from_millis(per_try_ms(p)));
+        diags.warn(Problem::new(
+            &ir.label,
+            format!("spec.rules[{i}].timeout"),
+            format!("is unset and route {:?} tries backends with different response-header timeouts: {}; Envoy Gateway applies one per-try timeout per rule (BackendTrafficPolicy retry.perRetry.timeout), so every attempt gets {largest}: set spec.rules[{i}].timeout to the timeout every attempt of this rule should have, or give these backends the same timeout", p.key, attempts.join(", ")),
+        ));
     }
 }
 
@@ -195,6 +217,25 @@ pub(super) fn retry_on_patches(ir: &Ir, route_names: &[String], listener: &str) 
                 "type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
                 "name": listener,
                 "operation": {"op": "remove", "jsonPath": path, "path": "/route/retry_policy/retry_on"},
+            })
+        })
+        .collect()
+}
+
+/// Removes the client's `authorization` from the requests of every route key, as the envoy
+/// target's routes do (`request_headers_to_remove`): a client's bearer token or JWT never
+/// reaches a backend. Route-level, so it also holds for the patch-added clusters (picked pods,
+/// shadow copies) that Envoy AI Gateway's upstream filter does not run on; a backend's own
+/// credential is set after it, by that upstream filter (BackendSecurityPolicy).
+pub(super) fn authorization_patches(ir: &Ir, route_names: &[String], listener: &str) -> Vec<Value> {
+    let all: Vec<usize> = (0..ir.routes.len()).collect();
+    rule_route_paths(ir, route_names, &all)
+        .into_iter()
+        .map(|path| {
+            json!({
+                "type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+                "name": listener,
+                "operation": {"op": "add", "jsonPath": path, "path": "/request_headers_to_remove", "value": [CLIENT_AUTHORIZATION]},
             })
         })
         .collect()

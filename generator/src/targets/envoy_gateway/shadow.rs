@@ -9,13 +9,19 @@
 //! (named as in [`super::routing::rule_route_paths`]).
 //!
 //! Mirrors follow the route key, so a request the filter keeps off the cloud (sensitive data,
-//! `failClosed`) gets a key whose order, hence whose mirrors, holds no cloud backend. Copies to
-//! an external backend are not sent here: its credentials and API translation live in the
-//! clusters Envoy AI Gateway builds (its upstream filters), which a patch-added cluster lacks;
-//! that is warned about. Envoy AI Gateway after v1.1.0 (its main branch) adds
-//! `AIGatewayRoute.spec.rules[].mirrors`, mirrored through clusters its extension server builds
-//! with those filters (`internal/controller/ai_gateway_route.go`, `newHTTPRoute`); not in the
-//! v1.1.0 CRD in shared/crds, and without a way to mark the copy, so not used yet.
+//! `failClosed`) gets a key whose order, hence whose mirrors, holds no cloud backend.
+//!
+//! Copies to an external backend are not sent (warned): what such a copy needs lives only in
+//! the clusters Envoy AI Gateway builds for a rule's backends, where its upstream filter injects
+//! the BackendSecurityPolicy's credential, translates the API and applies `modelNameOverride`
+//! (the envoy target's upstream module does the rewrite and credential on its shadow cluster).
+//! A patch-added cluster cannot carry a credential from a Kubernetes Secret (an EnvoyPatchPolicy
+//! holds literal xDS only; the generator writes no Secret value), and without the model rewrite
+//! the provider would get the client's model. Envoy AI Gateway v1.1.0 (the CRDs in
+//! shared/crds, and its source at that commit: no `mirror` anywhere in `api/` or
+//! `internal/controller/`) has no mirrors on an AIGatewayRoute rule. A copy sent through one of
+//! its rule clusters would also need the `x-llmkube-shadow` mark, so the filter discards the
+//! answer and charges no budget for it.
 
 use router_core::headers::SHADOW_HEADER;
 use serde_json::{json, Value};
@@ -48,7 +54,7 @@ pub(super) fn check(ir: &Ir, diags: &mut Diagnostics) {
             diags.warn(Problem::new(
                 &ir.label,
                 format!("spec.rules[{i}].route.strategy"),
-                format!("shadow copies to external backend(s) {} are not sent by the envoy-gateway target (their credentials and API translation live in Envoy AI Gateway's own clusters); copies to local backends are", external.join(", ")),
+                format!("shadow copies to external backend(s) {} are not sent by the envoy-gateway target: a copy needs the backend's credential, API translation and modelNameOverride, which exist only in Envoy AI Gateway's clusters for a rule's own attempts (AIGatewayRoute v1.1.0 has no mirrors, and an EnvoyPatchPolicy cannot hold a Secret's credential); copies to local backends are sent. To shadow to {}, serve it through an in-cluster OpenAI-compatible proxy holding the key (e.g. LiteLLM) declared as an inferenceServiceRef backend with tier: cloud, or use --target envoy", external.join(", "), external.join(", ")),
             ));
         }
     }

@@ -493,6 +493,15 @@ fn gauges(requests: f64, computed: f64, at: u64) -> EngineMetrics {
     }
 }
 
+/// Where a fresh picker over 4 pods places `pr` (its rendezvous home when all are idle).
+fn home_of(c: &Config, pr: &Prompt) -> usize {
+    let mut probe = Picker::new(c.clone(), &pods(4));
+    let t = pod(probe.pick(&req(pr), 0));
+    let h = t.pod();
+    probe.release(t, done(), 0);
+    h
+}
+
 /// With fresh gauges, a pod's request count is the engine's (every replica's requests) moved by
 /// what this gateway started and ended since the scrape, not the larger of a stale engine count
 /// and this gateway's own.
@@ -528,13 +537,7 @@ fn replicas_bound_prefill_work_alike_by_the_engines_counters() {
             ..cfg()
         };
         let pr = prompt(&text("a new tenant", 3000), 256);
-        let home = {
-            let mut probe = Picker::new(c.clone(), &pods(4));
-            let t = pod(probe.pick(&req(&pr), 0));
-            let h = t.pod();
-            probe.release(t, done(), 0);
-            h
-        };
+        let home = home_of(&c, &pr);
         let (mut a, mut b) = (
             Picker::new(c.clone(), &pods(4)),
             Picker::new(c.clone(), &pods(4)),
@@ -569,13 +572,7 @@ fn prefill_work_falls_back_to_own_sends_without_every_pods_counters() {
     };
     let pr = prompt(&text("a new tenant", 3000), 256);
     let mut a = Picker::new(c.clone(), &pods(4));
-    let home = {
-        let mut probe = Picker::new(c.clone(), &pods(4));
-        let t = pod(probe.pick(&req(&pr), 0));
-        let h = t.pod();
-        probe.release(t, done(), 0);
-        h
-    };
+    let home = home_of(&c, &pr);
     a.loads[home].sent(0, 200_000, c.recent_half_life_ns);
     for k in [1u64, 2] {
         // One pod is not vLLM (no counters).

@@ -213,7 +213,8 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
     let mut unplaced = 0;
     let mut scanner = Scanner::new();
     let mut prompt = Prompt::default();
-    let mut next_scrape = 0u64;
+    let phases = pickers.len() as u64;
+    let mut next_scrape: Vec<u64> = (0..phases).map(|r| r * s.scrape_ns / phases).collect();
 
     let mut i = 0;
     loop {
@@ -225,19 +226,26 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
             (Some(a), None) => a,
             (None, Some(e)) => e,
         };
-        while next_scrape <= now {
-            for (p, pod) in w.pods.iter().enumerate() {
-                let m = EngineMetrics {
-                    waiting: pod.queue.len() as f64,
-                    running: pod.busy as f64,
-                    kv_usage: pod.engine.kv_usage(),
-                    at_ns: next_scrape,
-                };
-                for pk in pickers.iter_mut() {
-                    pk.set_metrics(p, m);
+        // Each replica scrapes on its own timer, a fraction of the period apart (as
+        // independent gateways do), so their views of the engines differ between scrapes.
+        for (r, pk) in pickers.iter_mut().enumerate() {
+            while next_scrape[r] <= now {
+                for (p, pod) in w.pods.iter().enumerate() {
+                    pk.set_metrics(
+                        p,
+                        EngineMetrics {
+                            waiting: pod.queue.len() as f64,
+                            running: pod.busy as f64,
+                            kv_usage: pod.engine.kv_usage(),
+                            computed_tokens: Some(
+                                (pod.engine.prompt_tokens - pod.engine.cached_tokens) as f64,
+                            ),
+                            at_ns: next_scrape[r],
+                        },
+                    );
                 }
+                next_scrape[r] += s.scrape_ns;
             }
-            next_scrape += s.scrape_ns;
         }
         if next_event == Some(now) {
             let Some(Reverse((_, Ev::Done(r, p)))) = w.events.pop() else {

@@ -1,5 +1,6 @@
 //! The picking benchmark in virtual time:
-//! `cargo run --release -p picksim --bin picksim [-- --sweep] [--like-envoy] [--pods N]`.
+//! `cargo run --release -p picksim --bin picksim [-- --sweep] [--like-envoy] [--pods N]
+//! [--only WORKLOAD] [--set name=value]...`.
 //!
 //! Prints, per workload, hit rate, TTFT mean/p99 and imbalance for round-robin, least-loaded,
 //! the picker (1 and 3 replicas) and the oracle, and the targets checked against them.
@@ -48,7 +49,21 @@ fn main() {
     if let Some(n) = flag(&args, "--pods") {
         base.pods = n as usize;
     }
+    for (i, a) in args.iter().enumerate() {
+        if a == "--set" {
+            if let Some(kv) = args.get(i + 1) {
+                set(&mut base.picker, kv);
+            }
+        }
+    }
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1));
     for shape in Shape::ALL {
+        if only.is_some_and(|o| o != shape.name()) {
+            continue;
+        }
         let reqs = workload(shape, like_envoy);
         println!(
             "{} ({} requests, {} pods)",
@@ -129,6 +144,31 @@ fn main() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Sets one picker parameter from `name=value` (`--set`, for trying settings by hand).
+fn set(c: &mut router_core::pick::Config, kv: &str) {
+    let Some((k, v)) = kv.split_once('=') else {
+        eprintln!("--set wants name=value, got {kv}");
+        std::process::exit(2);
+    };
+    let Ok(n) = v.parse::<u64>() else {
+        eprintln!("--set {k}: {v} is not a number");
+        std::process::exit(2);
+    };
+    match k {
+        "engine_counts" => c.engine_counts = n != 0,
+        "unseen_load_percent" => c.unseen_load_percent = n,
+        "balance_percent" => c.balance_percent = n,
+        "balance_known" => c.balance_known = n != 0,
+        "spread_bytes" => c.spread_bytes = n,
+        "request_cost_bytes" => c.request_cost_bytes = n,
+        "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,
+        _ => {
+            eprintln!("--set: unknown parameter {k}");
+            std::process::exit(2);
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The picking benchmark through real Envoys (`--concurrency 2`) and vLLM-like engine pods on
 //! loopback: `cargo run --release -p picksim --bin pick_envoy [-- --pods N] [--only WORKLOAD]
-//! [--no-filter-cost]` (default 8 pods; about seven minutes for 4).
+//! [--rounds N] [--no-filter-cost]` (default 8 pods; about seven minutes for 4). `--rounds`
+//! repeats each workload with fresh pods, each round starting one arm later, so arms that run
+//! at different moments of a noisy machine can be compared round by round.
 //!
 //! For the shared-prompt, multi-turn and unique workloads of the simulation
 //! (`picksim::workload`), each arm gets its own fresh pods:
@@ -240,89 +242,125 @@ impl Oracle<'_> {
     }
 }
 
-fn workloads(n: usize, only: Option<&str>) {
+/// The five arms, in the order a round runs them before rotation.
+const ARMS: [&str; 5] = [
+    "round-robin",
+    "least-loaded",
+    "picker",
+    "oracle",
+    "picker, 3 replicas",
+];
+
+/// The machine's load average, for the record (benchmarks here share the machine).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn workloads(n: usize, only: Option<&str>, rounds: usize) {
     for shape in [Shape::SharedPrompt, Shape::MultiTurn, Shape::Unique] {
         if only.is_some_and(|o| o != shape.name()) {
             continue;
         }
         let reqs = generate(shape, REQUESTS, RATE, SEED);
-        let arms = [
-            ("round-robin", "rr", Kind::RoundRobin),
-            ("least-loaded", "ll", Kind::LeastLoaded),
-            ("picker", "pk", Kind::Picker),
-        ];
-        let pods: Vec<Vec<MockUpstream>> = arms.iter().map(|a| engine_pods(a.1, n)).collect();
-        let oracle_pods = engine_pods("or", n);
-        let mut backends: Vec<(String, Kind, usize)> =
-            arms.iter().map(|a| (a.1.to_string(), a.2, n)).collect();
-        backends.extend((0..n).map(|p| (format!("or{p}"), Kind::RoundRobin, 1)));
-        let mut b = Gateway::builder(&manifests(&backends)).concurrency(2);
-        for (a, p) in arms.iter().zip(&pods) {
-            b = b.endpoints(&format!("svc-{}", a.1), &addrs(p));
+        for round in 0..rounds {
+            println!(
+                "{} ({} requests at {RATE} req/s, {n} pods per arm, Envoy --concurrency 2){}, load average {}",
+                shape.name(),
+                reqs.len(),
+                if rounds > 1 { format!(", round {round}") } else { String::new() },
+                loadavg(),
+            );
+            // Each round starts one arm later, so no arm always runs first or last.
+            let order: Vec<&str> = (0..ARMS.len())
+                .map(|k| ARMS[(k + round) % ARMS.len()])
+                .collect();
+            let rows = round_of(n, &reqs, &order);
+            targets(shape, &rows);
         }
-        for (p, m) in oracle_pods.iter().enumerate() {
-            b = b.endpoints(&format!("svc-or{p}"), &[m.addr()]);
-        }
-        let gw = b.start();
-        println!(
-            "{} ({} requests at {RATE} req/s, {n} pods per arm, Envoy --concurrency 2)",
-            shape.name(),
-            reqs.len(),
-        );
-        let url = gw.url();
-        let mut rows = std::collections::HashMap::new();
-        for ((label, model, _), p) in arms.iter().zip(&pods) {
-            let route = |_: usize, _: &SimRequest| (url.clone(), model.to_string(), None);
-            let (lat, errors) = replay(&reqs, &route, &|_| {});
-            rows.insert(*label, report(label, p, &lat, errors));
-        }
-        let oracle = Oracle {
-            pods: &oracle_pods,
-            flight: Mutex::new(vec![(0, 0); n]),
-        };
-        let route = |_: usize, r: &SimRequest| {
-            let hold = oracle.choose(&r.body);
-            (url.clone(), format!("or{}", hold.0), Some(hold))
-        };
-        let (lat, errors) = replay(&reqs, &route, &|h| {
-            if let Some(h) = h {
-                oracle.done(h);
-            }
-        });
-        rows.insert("oracle", report("oracle", &oracle_pods, &lat, errors));
-        drop(gw);
-
-        // Independent replicas: nothing shared but the pods.
-        let rep_pods = engine_pods("pr", n);
-        let cfg = manifests(&[("pk".to_string(), Kind::Picker, n)]);
-        let gws: Vec<Gateway> = (0..REPLICAS)
-            .map(|_| {
-                Gateway::builder(&cfg)
-                    .endpoints("svc-pk", &addrs(&rep_pods))
-                    .concurrency(2)
-                    .start()
-            })
-            .collect();
-        let urls: Vec<String> = gws.iter().map(Gateway::url).collect();
-        let route = |i: usize, _: &SimRequest| (urls[i % urls.len()].clone(), "pk".into(), None);
-        let (lat, errors) = replay(&reqs, &route, &|_| {});
-        let r3 = report(
-            &format!("picker, {REPLICAS} replicas"),
-            &rep_pods,
-            &lat,
-            errors,
-        );
-        drop(gws);
-        targets(shape, &rows, &r3);
     }
 }
 
-fn targets(shape: Shape, rows: &std::collections::HashMap<&str, Row>, r3: &Row) {
-    let (pk, rr, ll, or) = (
+/// One round: fresh pods for every arm, the arms run one after another in `order`.
+fn round_of<'a>(
+    n: usize,
+    reqs: &[SimRequest],
+    order: &[&'a str],
+) -> std::collections::HashMap<&'a str, Row> {
+    let arms = [
+        ("round-robin", "rr", Kind::RoundRobin),
+        ("least-loaded", "ll", Kind::LeastLoaded),
+        ("picker", "pk", Kind::Picker),
+    ];
+    let pods: Vec<Vec<MockUpstream>> = arms.iter().map(|a| engine_pods(a.1, n)).collect();
+    let oracle_pods = engine_pods("or", n);
+    let mut backends: Vec<(String, Kind, usize)> =
+        arms.iter().map(|a| (a.1.to_string(), a.2, n)).collect();
+    backends.extend((0..n).map(|p| (format!("or{p}"), Kind::RoundRobin, 1)));
+    let mut b = Gateway::builder(&manifests(&backends)).concurrency(2);
+    for (a, p) in arms.iter().zip(&pods) {
+        b = b.endpoints(&format!("svc-{}", a.1), &addrs(p));
+    }
+    for (p, m) in oracle_pods.iter().enumerate() {
+        b = b.endpoints(&format!("svc-or{p}"), &[m.addr()]);
+    }
+    let gw = b.start();
+    let url = gw.url();
+    // Independent replicas: nothing shared but their pods.
+    let rep_pods = engine_pods("pr", n);
+    let cfg = manifests(&[("pk".to_string(), Kind::Picker, n)]);
+    let gws: Vec<Gateway> = (0..REPLICAS)
+        .map(|_| {
+            Gateway::builder(&cfg)
+                .endpoints("svc-pk", &addrs(&rep_pods))
+                .concurrency(2)
+                .start()
+        })
+        .collect();
+    let urls: Vec<String> = gws.iter().map(Gateway::url).collect();
+
+    let mut rows = std::collections::HashMap::new();
+    for &arm in order {
+        let row = if let Some(((label, model, _), p)) =
+            arms.iter().zip(&pods).find(|(a, _)| a.0 == arm)
+        {
+            let route = |_: usize, _: &SimRequest| (url.clone(), model.to_string(), None);
+            let (lat, errors) = replay(reqs, &route, &|_| {});
+            report(label, p, &lat, errors)
+        } else if arm == "oracle" {
+            let oracle = Oracle {
+                pods: &oracle_pods,
+                flight: Mutex::new(vec![(0, 0); n]),
+            };
+            let route = |_: usize, r: &SimRequest| {
+                let hold = oracle.choose(&r.body);
+                (url.clone(), format!("or{}", hold.0), Some(hold))
+            };
+            let (lat, errors) = replay(reqs, &route, &|h| {
+                if let Some(h) = h {
+                    oracle.done(h);
+                }
+            });
+            report("oracle", &oracle_pods, &lat, errors)
+        } else {
+            let route =
+                |i: usize, _: &SimRequest| (urls[i % urls.len()].clone(), "pk".into(), None);
+            let (lat, errors) = replay(reqs, &route, &|_| {});
+            report(arm, &rep_pods, &lat, errors)
+        };
+        rows.insert(arm, row);
+    }
+    rows
+}
+
+fn targets(shape: Shape, rows: &std::collections::HashMap<&str, Row>) {
+    let (pk, rr, ll, or, r3) = (
         rows["picker"],
         rows["round-robin"],
         rows["least-loaded"],
         rows["oracle"],
+        rows["picker, 3 replicas"],
     );
     let check = |ok: bool| if ok { "met" } else { "MISSED" };
     if shape == Shape::Unique {
@@ -407,7 +445,12 @@ fn main() {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .map(String::as_str);
-    workloads(pods, only);
+    let rounds = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(1);
+    workloads(pods, only, rounds);
     if !args.iter().any(|a| a == "--no-filter-cost") {
         filter_cost();
     }

@@ -6,18 +6,20 @@
 //! counts it announces, or counts beyond the bounds the live structures have, so a foreign or
 //! truncated value is treated as absent, never trusted. All integers are little-endian.
 //!
-//! - table (kind `T`, v1): capacity u32, limit u32, count u32, then `count` block hashes u64,
+//! - table (kind `T`, v2): capacity u32, limit u32, count u32, then `count` block hashes u64,
 //!   most recently sent first. 12 + 8 × count bytes after the header.
-//! - loads (kind `L`, v1): pods u16, then per pod [`BUCKETS`] × (epoch u64, requests u32, work
-//!   u64) and the gauges: flag u8, waiting f64, running f64, kv_usage f64, at u64.
-//! - sessions (kind `S`, v1): count u32, then count × (key u64, pod u16, last u64).
+//! - loads (kind `L`, v2): pods u16, then per pod [`BUCKETS`] × (epoch u64, requests u32, work
+//!   u64) and the gauges: flag u8, waiting f64, running f64, kv_usage f64, at u64, computed
+//!   tokens f64 (NaN: not reported).
+//! - sessions (kind `S`, v2): count u32, then count × (key u64, pod u16, last u64).
 
 use super::load::{Bucket, EngineMetrics, PodLoad, BUCKETS};
 use super::session::{Sessions, MAX_SESSIONS};
 use super::table::{BlockTable, MAX_CAPACITY};
 use super::MAX_PODS;
 
-pub const VERSION: u8 = 1;
+/// 2: the loads' gauges carry the engine's computed-token counter.
+pub const VERSION: u8 = 2;
 const TABLE: u8 = b'T';
 const LOADS: u8 = b'L';
 const SESSIONS: u8 = b'S';
@@ -118,11 +120,12 @@ pub fn encode_loads(loads: &[PodLoad]) -> Vec<u8> {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.extend_from_slice(&m.at_ns.to_le_bytes());
+        out.extend_from_slice(&m.computed_tokens.unwrap_or(f64::NAN).to_le_bytes());
     }
     out
 }
 
-const LOAD_BYTES: usize = BUCKETS * 20 + 1 + 32;
+const LOAD_BYTES: usize = BUCKETS * 20 + 1 + 40;
 
 pub fn decode_loads(b: &[u8], pods: usize) -> Option<Vec<PodLoad>> {
     let mut r = Reader::open(b, LOADS)?;
@@ -146,6 +149,10 @@ pub fn decode_loads(b: &[u8], pods: usize) -> Option<Vec<PodLoad>> {
             running: r.f64()?,
             kv_usage: r.f64()?,
             at_ns: r.u64()?,
+            computed_tokens: match f64::from_bits(r.u64()?) {
+                c if c.is_nan() => None,
+                c => Some(c).filter(|c| c.is_finite() && *c >= 0.0).map(Some)?,
+            },
         };
         l.metrics = (has == 1).then_some(m);
         loads.push(l);
@@ -209,7 +216,7 @@ mod tests {
         let raw = encode_table(&t);
         assert!(decode_table(&raw[..raw.len() - 1]).is_none());
         let mut v2 = raw.clone();
-        v2[3] = 2;
+        v2[3] = VERSION + 1;
         assert!(decode_table(&v2).is_none(), "another version");
         let mut kind = raw.clone();
         kind[2] = b'S';
@@ -221,8 +228,8 @@ mod tests {
         lie[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode_table(&lie).is_none());
         assert!(decode_table(b"").is_none());
-        assert!(decode_loads(b"LPL\x01", 0).is_none());
-        assert!(decode_sessions(b"LPS\x01\x05\x00\x00\x00", 3).is_none());
+        assert!(decode_loads(b"LPL\x02", 0).is_none());
+        assert!(decode_sessions(b"LPS\x02\x05\x00\x00\x00", 3).is_none());
     }
 
     #[test]
@@ -233,6 +240,7 @@ mod tests {
             waiting: 2.0,
             running: 5.0,
             kv_usage: 0.5,
+            computed_tokens: Some(640.0),
             at_ns: 77,
         });
         let raw = encode_loads(&loads);

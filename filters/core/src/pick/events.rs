@@ -90,7 +90,7 @@ impl Picker {
                     return;
                 };
                 l.acquire(epoch, work);
-                l.recent.add(at_ns, work, self.cfg.recent_half_life_ns);
+                l.sent(at_ns, work, self.cfg.recent_half_life_ns);
                 if self.prefix().is_some() {
                     self.tables[i].record(blocks);
                 }
@@ -122,7 +122,8 @@ impl Picker {
 }
 
 const MAGIC: [u8; 2] = *b"LE";
-const VERSION: u8 = 1;
+/// 2: `Metrics` carries the engine's computed-token counter.
+const VERSION: u8 = 2;
 
 /// `backend` (an index into the router's backends) and the event, as bytes.
 pub fn encode(backend: u16, e: &Event) -> Vec<u8> {
@@ -191,6 +192,8 @@ pub fn encode(backend: u16, e: &Event) -> Vec<u8> {
                     metrics.running.to_bits(),
                     metrics.kv_usage.to_bits(),
                     metrics.at_ns,
+                    // NaN's bits, never a valid count, say "not reported".
+                    metrics.computed_tokens.unwrap_or(f64::NAN).to_bits(),
                 ],
             );
         }
@@ -257,6 +260,10 @@ pub fn decode(raw: &[u8]) -> Option<(u16, Event)> {
                 running: gauge(r.u64()?)?,
                 kv_usage: gauge(r.u64()?)?,
                 at_ns: r.u64()?,
+                computed_tokens: match f64::from_bits(r.u64()?) {
+                    c if c.is_nan() => None,
+                    c => Some(gauge(c.to_bits())?),
+                },
             };
             Event::Metrics { pod, metrics }
         }
@@ -370,6 +377,7 @@ mod tests {
                 waiting: 2.0,
                 running: 3.0,
                 kv_usage: 0.5,
+                computed_tokens: Some(1234.0),
                 at_ns: 9,
             },
         };
@@ -382,9 +390,14 @@ mod tests {
         let mut nan = raw.clone();
         nan[8..16].copy_from_slice(&f64::NAN.to_bits().to_le_bytes());
         assert_eq!(decode(&nan), None);
-        let mut v2 = raw;
-        v2[2] = 2;
-        assert_eq!(decode(&v2), None);
+        let mut unknown = raw;
+        unknown[2] = VERSION + 1;
+        assert_eq!(decode(&unknown), None);
+        let unreported = Event::Metrics {
+            pod: 1,
+            metrics: EngineMetrics::default(),
+        };
+        assert_eq!(decode(&encode(0, &unreported)), Some((0, unreported)));
         let charged = encode(
             0,
             &Event::Charged {

@@ -29,8 +29,14 @@ pub struct EngineMetrics {
     pub running: f64,
     /// KV-cache usage, 0..1.
     pub kv_usage: f64,
+    /// Prompt tokens the engine computed since it started (vLLM's prefix-cache queries minus
+    /// hits, both counters), when it reports both.
+    pub computed_tokens: Option<f64>,
     pub at_ns: u64,
 }
+
+/// Rendered prompt bytes per token, to compare the engine's token counters with prompt bytes.
+pub const BYTES_PER_TOKEN: f64 = 4.0;
 
 /// One pod's load.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -40,6 +46,20 @@ pub struct PodLoad {
     /// Uncached prompt bytes sent here recently, decaying by half every half-life: the prefill
     /// share this pod has been given, which in-flight counts forget as soon as requests end.
     pub recent: Recent,
+    /// This gateway's view since the engine's gauges were last read.
+    pub scrape: SinceScrape,
+}
+
+/// What every gateway replica sees alike (the engine's own counts, scraped), and this
+/// gateway's in-flight count at that moment (to move the engine's count by what it did since). Other replicas' traffic shows only in the engine's counts, so a pick that
+/// weighs these agrees across replicas that share nothing but the pods.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SinceScrape {
+    /// Requests in flight from here when the gauges were applied.
+    pub requests_then: u32,
+    /// Prompt bytes the engine computed (from every replica), decaying like `recent`; known
+    /// once two scrapes reported the counters.
+    pub computed: Option<Recent>,
 }
 
 /// An exponentially decaying sum.
@@ -120,6 +140,38 @@ impl PodLoad {
         b.work = b.work.saturating_add(work);
     }
 
+    /// Counts `work` uncached bytes just sent here towards the recent prefill work.
+    pub(crate) fn sent(&mut self, now: u64, work: u64, half_life_ns: u64) {
+        self.recent.add(now, work, half_life_ns);
+    }
+
+    /// Takes the engine's gauges read at `m.at_ns` (`requests`: in flight from here now).
+    pub(crate) fn scraped(&mut self, m: EngineMetrics, requests: u32, half_life_ns: u64) {
+        // A reading older than the one held (another worker's, delivered late) is no news.
+        if self.metrics.is_some_and(|p| p.at_ns > m.at_ns) {
+            return;
+        }
+        let prev = self
+            .metrics
+            .and_then(|p| Some((p.computed_tokens?, p.at_ns)));
+        self.scrape.computed = match (m.computed_tokens, prev) {
+            (None, _) => None,
+            (Some(c), Some((pc, at))) => {
+                // A counter that went down is an engine restart: count what it did since.
+                let delta = if c >= pc { c - pc } else { c };
+                let mut r = self.scrape.computed.unwrap_or(Recent {
+                    value: 0.0,
+                    at_ns: at,
+                });
+                r.add(m.at_ns, (delta * BYTES_PER_TOKEN) as u64, half_life_ns);
+                Some(r)
+            }
+            (Some(_), None) => self.scrape.computed,
+        };
+        self.scrape.requests_then = requests;
+        self.metrics = Some(m);
+    }
+
     pub(crate) fn release(&mut self, epoch: u64, work: u64) {
         let b = &mut self.buckets[(epoch % BUCKETS as u64) as usize];
         // A bucket reused for a later epoch no longer holds this ticket's count.
@@ -142,8 +194,10 @@ pub const MAX_METRICS_BYTES: usize = 1 << 20;
 
 /// Reads vLLM's gauges from its Prometheus text page: `vllm:num_requests_waiting`,
 /// `vllm:num_requests_running`, and `vllm:gpu_cache_usage_perc` (or its newer name
-/// `vllm:kv_cache_usage_perc`). Series with several label sets (one per model) are summed,
-/// the usage is the largest. `None` when neither request gauge is present (not a vLLM page).
+/// `vllm:kv_cache_usage_perc`), and the counters `vllm:prefix_cache_queries_total` and
+/// `vllm:prefix_cache_hits_total` (their difference is the prompt tokens computed). Series with
+/// several label sets (one per model) are summed, the usage is the largest. `None` when neither
+/// request gauge is present (not a vLLM page).
 pub fn parse_vllm_metrics(text: &[u8], at_ns: u64) -> Option<EngineMetrics> {
     let text = &text[..text.len().min(MAX_METRICS_BYTES)];
     let mut m = EngineMetrics {
@@ -151,6 +205,7 @@ pub fn parse_vllm_metrics(text: &[u8], at_ns: u64) -> Option<EngineMetrics> {
         ..EngineMetrics::default()
     };
     let mut seen = false;
+    let (mut queries, mut hits) = (None::<f64>, None::<f64>);
     for line in text.split(|&b| b == b'\n') {
         if line.first() == Some(&b'#') {
             continue;
@@ -164,6 +219,8 @@ pub fn parse_vllm_metrics(text: &[u8], at_ns: u64) -> Option<EngineMetrics> {
             b"vllm:num_requests_waiting" => 0,
             b"vllm:num_requests_running" => 1,
             b"vllm:gpu_cache_usage_perc" | b"vllm:kv_cache_usage_perc" => 2,
+            b"vllm:prefix_cache_queries_total" => 3,
+            b"vllm:prefix_cache_hits_total" => 4,
             _ => continue,
         };
         let Some(v) = sample_value(&line[name_end..]) else {
@@ -178,8 +235,13 @@ pub fn parse_vllm_metrics(text: &[u8], at_ns: u64) -> Option<EngineMetrics> {
                 m.running += v;
                 seen = true;
             }
-            _ => m.kv_usage = m.kv_usage.max(v.min(1.0)),
+            2 => m.kv_usage = m.kv_usage.max(v.min(1.0)),
+            3 => *queries.get_or_insert(0.0) += v,
+            _ => *hits.get_or_insert(0.0) += v,
         }
+    }
+    if let (Some(q), Some(h)) = (queries, hits) {
+        m.computed_tokens = Some((q - h).max(0.0));
     }
     seen.then_some(m)
 }
@@ -262,6 +324,56 @@ vllm:prompt_tokens_total 12345\n";
         let bad = b"vllm:num_requests_waiting{x=\"unterminated 5\nvllm:num_requests_running NaN\nvllm:num_requests_running -3\nvllm:num_requests_running 2\n";
         let m = parse_vllm_metrics(bad, 0).unwrap();
         assert_eq!((m.waiting, m.running), (0.0, 2.0));
+    }
+
+    #[test]
+    fn computed_tokens_are_prefix_cache_queries_minus_hits() {
+        let page = b"vllm:num_requests_running 1\n\
+vllm:prefix_cache_queries_total{model_name=\"a\"} 900\n\
+vllm:prefix_cache_queries_total{model_name=\"b\"} 100\n\
+vllm:prefix_cache_hits_total{model_name=\"a\"} 600\n";
+        let m = parse_vllm_metrics(page, 0).unwrap();
+        assert_eq!(m.computed_tokens, Some(400.0));
+        let no_hits = b"vllm:num_requests_running 1\nvllm:prefix_cache_queries_total 9\n";
+        assert_eq!(
+            parse_vllm_metrics(no_hits, 0).unwrap().computed_tokens,
+            None
+        );
+    }
+
+    #[test]
+    fn scrapes_turn_counter_deltas_into_recent_computed_work() {
+        let h = 1_000;
+        let at = |c: f64, t: u64| EngineMetrics {
+            computed_tokens: Some(c),
+            at_ns: t,
+            ..EngineMetrics::default()
+        };
+        let mut l = PodLoad::default();
+        l.sent(0, 500, h);
+        l.scraped(at(100.0, 10), 2, h);
+        assert_eq!(l.scrape.computed, None, "one reading is no rate yet");
+        assert_eq!(l.scrape.requests_then, 2);
+        l.scraped(at(150.0, 10 + h), 1, h);
+        let c = l.scrape.computed.unwrap();
+        assert_eq!(c.at(10 + h, h), 50.0 * BYTES_PER_TOKEN);
+        // A restarted engine counts from zero: what it did since is the delta.
+        l.scraped(at(30.0, 10 + 2 * h), 1, h);
+        let c = l.scrape.computed.unwrap().at(10 + 2 * h, h);
+        assert_eq!(c, 100.0 + 30.0 * BYTES_PER_TOKEN);
+        // An older reading (another worker's, late) changes nothing; no counters forget them.
+        let before = l.clone();
+        l.scraped(at(999.0, 5), 0, h);
+        assert_eq!(l, before);
+        l.scraped(
+            EngineMetrics {
+                at_ns: 10 + 3 * h,
+                ..EngineMetrics::default()
+            },
+            1,
+            h,
+        );
+        assert_eq!(l.scrape.computed, None);
     }
 
     #[test]

@@ -94,6 +94,12 @@ pub struct Config {
     pub balance_known: bool,
     /// Half-life of the recent prefill work.
     pub recent_half_life_ns: u64,
+    /// Count load and prefill work as the engines report them (scraped, so every gateway
+    /// replica reads the same numbers) plus this gateway's own changes since the scrape,
+    /// instead of this gateway's own traffic, so independent replicas bound alike. Off: in the
+    /// simulation it did not raise 3-replica agreement and it raised one replica's imbalance
+    /// (docs/endpoint-picking.md, "Engine counts").
+    pub engine_counts: bool,
     /// Engine gauges older than this are ignored.
     pub metrics_max_age_ns: u64,
     /// Seeds the block chain (one per backend).
@@ -114,6 +120,7 @@ impl Default for Config {
             balance_percent: 110,
             balance_known: false,
             recent_half_life_ns: 10_000_000_000,
+            engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
         }
@@ -244,25 +251,39 @@ impl Picker {
 
     /// Records the engine's gauges for pod `i`.
     pub fn set_metrics(&mut self, i: usize, m: EngineMetrics) {
+        let e = self.epoch(m.at_ns);
+        let h = self.cfg.recent_half_life_ns;
         if let Some(l) = self.loads.get_mut(i) {
-            l.metrics = Some(m);
+            let own = l.requests(e);
+            l.scraped(m, own, h);
         }
     }
 
     /// Pod `i`'s load in prompt bytes: uncached bytes in flight plus a request cost for each
-    /// request running or queued there (the engine's own count when its gauges are fresh: it
-    /// also sees other replicas' requests).
+    /// request running or queued there. With fresh gauges the count is the engine's (it also
+    /// sees other replicas' requests) moved by what this gateway started and ended since
+    /// (`engine_counts`), or the larger of the engine's and this gateway's.
     pub fn load_bytes(&self, i: usize, now: u64) -> u64 {
         let Some(l) = self.loads.get(i) else {
             return u64::MAX;
         };
         let e = self.epoch(now);
         let own = l.requests(e) as u64;
-        let engine = l
-            .fresh_metrics(now, self.cfg.metrics_max_age_ns)
-            .map_or(0, |m| (m.running + m.waiting).min(1e9) as u64);
+        let requests = match l.fresh_metrics(now, self.cfg.metrics_max_age_ns) {
+            None => own,
+            Some(m) => {
+                let engine = (m.running + m.waiting).min(1e9) as u64;
+                if self.cfg.engine_counts {
+                    (engine + own)
+                        .saturating_sub(l.scrape.requests_then as u64)
+                        .max(own)
+                } else {
+                    own.max(engine)
+                }
+            }
+        };
         l.work(e)
-            .saturating_add(own.max(engine).saturating_mul(self.cfg.request_cost_bytes))
+            .saturating_add(requests.saturating_mul(self.cfg.request_cost_bytes))
     }
 
     fn queuing(&self, i: usize, now: u64) -> bool {
@@ -442,10 +463,23 @@ impl Picker {
         if self.cfg.balance_percent == 0 {
             return vec![false; n];
         }
+        // The engines' computed prompt bytes (every replica's) plus this gateway's uncached
+        // bytes in flight (queued ones are not computed yet), when every eligible pod reports
+        // them freshly; else this gateway's own recent sends.
+        let max_age = self.cfg.metrics_max_age_ns;
+        let engine = self.cfg.engine_counts
+            && (0..n).filter(|&i| self.eligible(i, now, avoid)).all(|i| {
+                let l = &self.loads[i];
+                l.scrape.computed.is_some() && l.fresh_metrics(now, max_age).is_some()
+            });
         let recent: Vec<Option<f64>> = (0..n)
             .map(|i| {
+                let l = &self.loads[i];
                 self.eligible(i, now, avoid)
-                    .then(|| self.loads[i].recent.at(now, h))
+                    .then(|| match l.scrape.computed {
+                        Some(c) if engine => c.at(now, h) + l.work(self.epoch(now)) as f64,
+                        _ => l.recent.at(now, h),
+                    })
             })
             .collect();
         let live = recent.iter().flatten().count().max(1) as f64;
@@ -467,9 +501,7 @@ impl Picker {
     ) -> Ticket {
         let epoch = self.epoch(now);
         self.loads[i].acquire(epoch, work);
-        self.loads[i]
-            .recent
-            .add(now, work, self.cfg.recent_half_life_ns);
+        self.loads[i].sent(now, work, self.cfg.recent_half_life_ns);
         if self.prefix().is_some() {
             // Recorded now, not when the response ends: a burst of one new prompt then finds
             // it on the first pod instead of missing everywhere.

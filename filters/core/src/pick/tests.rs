@@ -284,6 +284,7 @@ fn a_session_stays_moves_only_when_its_pod_queues_and_is_clearly_busier_then_sta
             waiting: 0.0,
             running: 1.0,
             kv_usage: 0.5,
+            computed_tokens: None,
             at_ns: 0,
         },
     );
@@ -298,6 +299,7 @@ fn a_session_stays_moves_only_when_its_pod_queues_and_is_clearly_busier_then_sta
             waiting: 0.0,
             running: 4.0,
             kv_usage: 0.5,
+            computed_tokens: None,
             at_ns: S,
         },
     );
@@ -311,6 +313,7 @@ fn a_session_stays_moves_only_when_its_pod_queues_and_is_clearly_busier_then_sta
             waiting: 3.0,
             running: 4.0,
             kv_usage: 0.9,
+            computed_tokens: None,
             at_ns: S,
         },
     );
@@ -322,7 +325,13 @@ fn a_session_stays_moves_only_when_its_pod_queues_and_is_clearly_busier_then_sta
     for t in held.drain(..) {
         p.release(t, done(), S);
     }
-    p.set_metrics(home, EngineMetrics::default());
+    p.set_metrics(
+        home,
+        EngineMetrics {
+            at_ns: 2 * S,
+            ..EngineMetrics::default()
+        },
+    );
     let t = pod(p.pick(&s, 2 * S));
     assert_eq!(t.pod(), moved);
     p.release(t, done(), 2 * S);
@@ -472,4 +481,113 @@ fn recent_prefill_work_bounds_where_unseen_prefixes_go() {
     // Within 110 % of the mean (20) plus one prompt: at most 23 and so at least 17 each.
     assert!(range(bounded) <= 6, "{bounded:?}");
     assert!(range(free) > range(bounded), "{free:?} vs {bounded:?}");
+}
+
+/// What an engine reports: `requests` running, `computed` prompt tokens so far, read at `at`.
+fn gauges(requests: f64, computed: f64, at: u64) -> EngineMetrics {
+    EngineMetrics {
+        running: requests,
+        computed_tokens: Some(computed),
+        at_ns: at,
+        ..EngineMetrics::default()
+    }
+}
+
+/// Where a fresh picker over 4 pods places `pr` (its rendezvous home when all are idle).
+fn home_of(c: &Config, pr: &Prompt) -> usize {
+    let mut probe = Picker::new(c.clone(), &pods(4));
+    let t = pod(probe.pick(&req(pr), 0));
+    let h = t.pod();
+    probe.release(t, done(), 0);
+    h
+}
+
+/// With fresh gauges, a pod's request count is the engine's (every replica's requests) moved by
+/// what this gateway started and ended since the scrape, not the larger of a stale engine count
+/// and this gateway's own.
+#[test]
+fn the_engine_count_moves_with_what_this_gateway_did_since_the_scrape() {
+    let run = |engine_counts: bool| {
+        let c = Config {
+            engine_counts,
+            ..cfg()
+        };
+        let cost = c.request_cost_bytes;
+        let mut p = Picker::new(c, &pods(1));
+        let pr = prompt(&text("short", 100), 256);
+        let mine = pod(p.pick(&req(&pr), 0));
+        // The engine runs ours and two from other replicas.
+        p.set_metrics(0, gauges(3.0, 0.0, S));
+        assert_eq!(p.load_bytes(0, S), 3 * cost + mine.work);
+        p.release(mine, done(), S);
+        p.load_bytes(0, S) / cost
+    };
+    assert_eq!(run(true), 2, "the other replicas' two are left");
+    assert_eq!(run(false), 3, "the stale count");
+}
+
+/// Two replicas that sent the same unseen prefix's home different amounts of prefill work
+/// themselves still place the next unseen prefix alike, because both bound prefill work by what
+/// the engines computed for everyone (plus their own in flight), with `engine_counts` on.
+#[test]
+fn replicas_bound_prefill_work_alike_by_the_engines_counters() {
+    let run = |engine_counts: bool| {
+        let c = Config {
+            engine_counts,
+            ..cfg()
+        };
+        let pr = prompt(&text("a new tenant", 3000), 256);
+        let home = home_of(&c, &pr);
+        let (mut a, mut b) = (
+            Picker::new(c.clone(), &pods(4)),
+            Picker::new(c.clone(), &pods(4)),
+        );
+        // Replica a alone sent the home a lot of prefill; the engines computed alike overall.
+        a.loads[home].sent(0, 200_000, c.recent_half_life_ns);
+        for k in [1u64, 2] {
+            for i in 0..4 {
+                let m = gauges(0.0, k as f64 * 60_000.0, k * S);
+                a.set_metrics(i, m);
+                b.set_metrics(i, m);
+            }
+        }
+        let ta = pod(a.pick(&req(&pr), 2 * S));
+        let tb = pod(b.pick(&req(&pr), 2 * S));
+        assert_eq!(tb.pod(), home);
+        let agree = ta.pod() == tb.pod();
+        a.release(ta, done(), 2 * S);
+        b.release(tb, done(), 2 * S);
+        agree
+    };
+    assert!(run(true), "both bound by the engines' counters");
+    assert!(!run(false), "a bounds by its own sends");
+}
+
+/// Without fresh counters from every pod, prefill work is this gateway's own again.
+#[test]
+fn prefill_work_falls_back_to_own_sends_without_every_pods_counters() {
+    let c = Config {
+        engine_counts: true,
+        ..cfg()
+    };
+    let pr = prompt(&text("a new tenant", 3000), 256);
+    let mut a = Picker::new(c.clone(), &pods(4));
+    let home = home_of(&c, &pr);
+    a.loads[home].sent(0, 200_000, c.recent_half_life_ns);
+    for k in [1u64, 2] {
+        // One pod is not vLLM (no counters).
+        for i in 0..3 {
+            a.set_metrics(i, gauges(0.0, k as f64 * 60_000.0, k * S));
+        }
+        a.set_metrics(
+            3,
+            EngineMetrics {
+                at_ns: k * S,
+                ..EngineMetrics::default()
+            },
+        );
+    }
+    let t = pod(a.pick(&req(&pr), 2 * S));
+    assert_ne!(t.pod(), home, "its own sends bound the home");
+    a.release(t, done(), 2 * S);
 }

@@ -10,8 +10,14 @@ PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); 
 python3 -m http.server --bind 127.0.0.1 --directory target/playground/site "$PORT" >/dev/null 2>&1 &
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null || true' EXIT
-for _ in $(seq 50); do
-    curl -fs "http://127.0.0.1:$PORT/" >/dev/null 2>&1 && break
+# Up to 30 s for the file server: a loaded CI machine can be slow to start python.
+up=0
+for _ in $(seq 300); do
+    if curl -fs "http://127.0.0.1:$PORT/" >/dev/null 2>&1; then
+        up=1
+        break
+    fi
     sleep 0.1
 done
+[ "$up" = 1 ] || { echo "playground: the file server on port $PORT did not answer" >&2; exit 1; }
 node playground/browser-test/test.mjs "http://127.0.0.1:$PORT/" "$ROOT/target/playground"

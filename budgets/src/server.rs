@@ -296,7 +296,7 @@ impl Service {
 }
 
 fn state(l: &LedgerRef, now: LedgerUse) -> LedgerState {
-    LedgerState::of(l, now.spent, now.held)
+    LedgerState::of(l, now.spent, now.held, now.version)
 }
 
 /// `router=<value>` from a query string, percent-decoded.

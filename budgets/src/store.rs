@@ -56,10 +56,14 @@ pub enum Reserve {
 pub struct LedgerUse {
     pub spent: Amount,
     pub held: Amount,
+    /// Orders this answer after every earlier one on the ledger (`stamp` in ledger.lua); 0 for
+    /// a status read, which no gateway's gauges take.
+    pub version: u64,
 }
 
-/// The script's answer: two integers, then the ledger (spent tokens, pico, held tokens, pico).
-type ScriptReply = (i64, i64, u64, String, u64, String);
+/// The script's answer: two integers, then the ledger (spent tokens, pico, held tokens, pico)
+/// and the answer's version.
+type ScriptReply = (i64, i64, u64, String, u64, String, u64);
 
 fn ledger_use(st: u64, sp: &str, ht: u64, hp: &str) -> Result<LedgerUse, StoreError> {
     let pico = |s: &str| {
@@ -69,6 +73,7 @@ fn ledger_use(st: u64, sp: &str, ht: u64, hp: &str) -> Result<LedgerUse, StoreEr
     Ok(LedgerUse {
         spent: Amount::new(st, pico(sp)?),
         held: Amount::new(ht, pico(hp)?),
+        version: 0,
     })
 }
 
@@ -184,7 +189,7 @@ impl RedisStore {
     ) -> Result<(Reserve, LedgerUse), StoreError> {
         let caps = l.caps().map_err(StoreError::Internal)?;
         let op = if self.hold { "reserve" } else { "check" };
-        let (ok, wait, st, sp, ht, hp): ScriptReply = self
+        let (ok, wait, st, sp, ht, hp, version): ScriptReply = self
             .call(op, clock, router, l, id, amount, ttl_ms, caps)
             .await?;
         self.remember(router, l).await?;
@@ -194,7 +199,11 @@ impl RedisStore {
             (_, w) if w < 0 => Reserve::Refused(None),
             (_, w) => Reserve::Refused(Some(w.max(1) as u64)),
         };
-        Ok((outcome, ledger_use(st, &sp, ht, &hp)?))
+        let now = LedgerUse {
+            version,
+            ..ledger_use(st, &sp, ht, &hp)?
+        };
+        Ok((outcome, now))
     }
 
     /// Drops the hold `id` (if it is still there) and charges `actual` (zero for a release),
@@ -215,7 +224,7 @@ impl RedisStore {
         } else {
             "release"
         };
-        let (found, _, st, sp, ht, hp): ScriptReply = self
+        let (found, _, st, sp, ht, hp, version): ScriptReply = self
             .call(
                 op,
                 clock,
@@ -227,7 +236,11 @@ impl RedisStore {
                 Caps::default(),
             )
             .await?;
-        Ok((found == 1, ledger_use(st, &sp, ht, &hp)?))
+        let now = LedgerUse {
+            version,
+            ..ledger_use(st, &sp, ht, &hp)?
+        };
+        Ok((found == 1, now))
     }
 
     /// (spent, held) on one ledger.

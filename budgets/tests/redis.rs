@@ -645,3 +645,86 @@ fn svc_tokens(svc: &InProcess, router: &str, budget: &str) -> (u64, u64) {
             )
         })
 }
+
+/// Every answer on a ledger carries a version above every earlier answer's on it (gateways
+/// keep the newest state for their gauges, answers reaching them out of order): at the same
+/// millisecond, for a refusal, when the clock steps back, and after the ledger's keys expired
+/// (an idle ledger disappears from Redis, and its counter with it).
+#[test]
+fn answer_versions_only_grow_on_a_ledger() {
+    let Some(redis) = common::redis() else { return };
+    rt().block_on(async {
+        let store = RedisStore::new(&redis.url(), &common::test_options(true, false)).unwrap();
+        let router = unique("versions");
+        let l = LedgerRef {
+            budget: "b".into(),
+            team: None,
+            window_s: 60,
+            max_tokens: Some(100),
+            max_usd: None,
+        };
+        let ttl = 900_000;
+        let t = 1_700_000_000_000u64;
+        let mut last = 0;
+        let mut grew = |v: u64, what: &str| {
+            assert!(v > last, "{what}: version {v} after {last}");
+            last = v;
+        };
+        let reserve = |at: u64, id: &'static str, tokens: u64| {
+            let (store, router, l) = (&store, &router, &l);
+            async move {
+                store
+                    .reserve(Some(at), router, l, id, Amount::new(tokens, 0), ttl)
+                    .await
+                    .unwrap()
+            }
+        };
+        let (r, u) = reserve(t, "a", 10).await;
+        assert_eq!(r, Reserve::Held);
+        grew(u.version, "reserve");
+        let (_, u) = store
+            .settle(Some(t), &router, &l, "a", Some(Amount::new(5, 0)), ttl)
+            .await
+            .unwrap();
+        grew(u.version, "settle in the same millisecond");
+        let (r, u) = reserve(t, "big", 500).await;
+        assert!(matches!(r, Reserve::Refused(_)), "{r:?}");
+        grew(u.version, "refusal");
+        let (_, u) = reserve(t - 60_000, "c", 1).await;
+        grew(u.version, "the clock a minute back");
+        let key = RedisStore::ledger_key(&router, &l);
+        let port = redis
+            .url()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        let del = std::process::Command::new("redis-cli")
+            .args([
+                "-p",
+                &port,
+                "del",
+                &format!("{key}:w"),
+                &format!("{key}:r"),
+                &format!("{key}:x"),
+            ])
+            .output()
+            .expect("redis-cli runs");
+        assert_eq!(String::from_utf8_lossy(&del.stdout).trim(), "3", "{del:?}");
+        // Keys expire only after the ledger was idle for over a minute of Redis time.
+        let (_, u) = reserve(t + 61_000, "d", 1).await;
+        grew(u.version, "after the keys expired");
+        assert_eq!(
+            store
+                .usage(Some(t + 61_000), &router, &l)
+                .await
+                .unwrap()
+                .1
+                .tokens,
+            1
+        );
+    });
+}

@@ -151,9 +151,14 @@ impl Budgets {
                 }
             })
             .collect();
+        let prefix = format!("llmkube.budget|{}|", router.config.router);
+        let stats = BudgetStats::new(&compiled.budgets);
         let budgets = Budgets {
-            stats: BudgetStats::new(&compiled.budgets),
-            prefix: format!("llmkube.budget|{}|", router.config.router),
+            stats: match &config.service {
+                Some(_) => stats.shared_by_workers(format!("{prefix}gauge|")),
+                None => stats,
+            },
+            prefix,
             ledgers: match &config.service {
                 Some(service) => LedgerBackend::Remote(Remote::new(
                     &router.config.router,
@@ -491,10 +496,12 @@ impl Budgets {
         })
     }
 
-    /// Sends the queued settles and releases of remote ledgers (the root's tick).
+    /// Sends the queued settles and releases of remote ledgers, and sets again the gauges
+    /// another worker's newer answer overtook (the root's tick).
     pub fn flush(&self) {
         if let LedgerBackend::Remote(remote) = &self.ledgers {
             remote.flush();
+            self.stats.republish();
         }
     }
 

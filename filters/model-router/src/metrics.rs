@@ -79,9 +79,17 @@ pub(crate) struct BudgetStats {
     estimated: Vec<Option<u32>>,
     unenforced: Vec<Option<u32>>,
     gauges: RefCell<FnvHashMap<LedgerKey, Option<[u32; 4]>>>,
+    /// Shared ledgers only: where the newest state of each ledger is kept in shared data
+    /// (`<prefix><budget>[|<team>]`), `None` for embedded ledgers.
+    shared_prefix: Option<String>,
+    /// Shared ledgers this worker set gauges for, with what it set, until a tick finds shared
+    /// data still holding that (`router_core::budget::gauge`).
+    unconfirmed: RefCell<FnvHashMap<LedgerKey, (String, Reading)>>,
 }
 
+use filter_edge::table::HostStore;
 use router_core::budget::admit::LedgerKey;
+use router_core::budget::gauge::{self, Reading};
 use router_core::budget::shared::{SharedData, SharedLedger, SharedLedgers};
 
 fn counter(name: &str) -> Option<u32> {
@@ -118,7 +126,16 @@ impl BudgetStats {
             estimated: per("estimated_charges"),
             unenforced: per("unenforced"),
             gauges: RefCell::new(FnvHashMap::default()),
+            shared_prefix: None,
+            unconfirmed: RefCell::new(FnvHashMap::default()),
         }
+    }
+
+    /// For ledgers kept by `llmkube-budgets`: their gauges follow the newest state any worker
+    /// got, kept in shared data under `prefix`.
+    pub fn shared_by_workers(mut self, prefix: String) -> Self {
+        self.shared_prefix = Some(prefix);
+        self
     }
 
     pub fn refused(&self, budget: usize) {
@@ -173,11 +190,49 @@ impl BudgetStats {
         }
     }
 
-    /// Sets the gauges of shared ledgers from what the service reported.
+    /// Sets the gauges of shared ledgers from what the service reported: each to the newest
+    /// state of its ledger any worker has got (this answer may be older than one another
+    /// worker already processed).
     pub fn record_all(&self, gauges: &[router_core::budget::remote::Gauge]) {
         for g in gauges {
-            self.record(&g.key, g.spent, g.held_tokens);
+            let Some(key) = self.shared_key(&g.key) else {
+                self.record(&g.key, g.reading.spent, g.reading.held_tokens);
+                continue;
+            };
+            let newest = gauge::publish(&HostStore, &key, g.reading);
+            self.record(&g.key, newest.spent, newest.held_tokens);
+            self.unconfirmed
+                .borrow_mut()
+                .insert(g.key.clone(), (key, newest));
         }
+    }
+
+    /// The root's tick: a gauge this worker set since shared data got a newer state (another
+    /// worker recorded that one before this worker's older write) is set again, so the last
+    /// write to every gauge is its ledger's newest state within a tick. A ledger is dropped
+    /// from the list once a tick finds nothing newer.
+    pub fn republish(&self) {
+        let mut unconfirmed = self.unconfirmed.borrow_mut();
+        if unconfirmed.is_empty() {
+            return;
+        }
+        unconfirmed.retain(|ledger, (key, set)| match gauge::newest(&HostStore, key) {
+            Some(newest) if newest != *set => {
+                self.record(ledger, newest.spent, newest.held_tokens);
+                *set = newest;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    fn shared_key(&self, key: &LedgerKey) -> Option<String> {
+        let prefix = self.shared_prefix.as_ref()?;
+        let name = self.names.get(key.budget)?;
+        Some(match &key.team {
+            Some(t) => format!("{prefix}{name}|{t}"),
+            None => format!("{prefix}{name}"),
+        })
     }
 
     fn record(&self, key: &LedgerKey, spent: router_core::budget::Amount, held_tokens: u64) {

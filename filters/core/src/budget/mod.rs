@@ -11,6 +11,7 @@
 //! - [`table`]: the bounded directory of team ledgers kept in shared data.
 //! - [`usage`], [`inject`]: usage from response bodies; asking streams for it.
 //! - [`wire`]: the JSON the filter and `llmkube-budgets` exchange.
+//! - [`gauge`]: the newest state of each shared ledger across workers, for its gauges.
 //! - [`remote`]: the calls the filter sends to `llmkube-budgets` and what their answers mean.
 //! - [`reply`]: the 429 and 503 answers.
 //! - [`plan`]: the budget step of one request: what to reserve where, what to charge.
@@ -18,6 +19,7 @@
 pub mod admit;
 pub mod bound;
 pub mod config;
+pub mod gauge;
 pub mod inject;
 pub mod ledger;
 pub mod money;

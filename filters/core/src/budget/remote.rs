@@ -10,6 +10,7 @@
 
 use super::admit::LedgerKey;
 use super::config::CompiledBudgets;
+use super::gauge::Reading;
 use super::money::format_usd;
 use super::reply::{self, Refused};
 use super::window::Amount;
@@ -115,8 +116,7 @@ pub enum Admission {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gauge {
     pub key: LedgerKey,
-    pub spent: Amount,
-    pub held_tokens: u64,
+    pub reading: Reading,
 }
 
 /// The ledgers of an answer that name one of this gateway's budgets (others, and amounts that
@@ -133,8 +133,11 @@ pub fn gauges(c: &CompiledBudgets, states: &[LedgerState]) -> Vec<Gauge> {
                     budget,
                     team: s.team.clone(),
                 },
-                spent,
-                held_tokens,
+                reading: Reading {
+                    version: s.version,
+                    spent,
+                    held_tokens,
+                },
             })
         })
         .collect()
@@ -398,7 +401,7 @@ mod tests {
     fn answers_carry_the_ledgers_for_the_gauges() {
         let c = compiled();
         let body = br#"{"admitted":true,"reservation":"r","ledgers":[
-            {"budget":"all","tokens_used":40,"usd_used":"0","tokens_reserved":7},
+            {"budget":"all","tokens_used":40,"usd_used":"0","tokens_reserved":7,"version":12},
             {"budget":"teams","team":"alpha","tokens_used":3,"usd_used":"0.25","tokens_reserved":0},
             {"budget":"gone","tokens_used":1,"usd_used":"0","tokens_reserved":0},
             {"budget":"all","tokens_used":1,"usd_used":"bad","tokens_reserved":0}]}"#;
@@ -410,23 +413,25 @@ mod tests {
             2,
             "unknown budgets and bad amounts are skipped: {g:?}"
         );
+        let r = g[0].reading;
         assert_eq!(
-            (g[0].key.budget, g[0].spent.tokens, g[0].held_tokens),
-            (0, 40, 7)
+            (g[0].key.budget, r.spent.tokens, r.held_tokens, r.version),
+            (0, 40, 7, 12)
         );
         assert_eq!(g[1].key, keys()[1]);
-        assert_eq!(g[1].spent.pico, 250_000_000_000);
+        assert_eq!(g[1].reading.spent.pico, 250_000_000_000);
+        assert_eq!(g[1].reading.version, 0, "a missing version is the oldest");
         let refused = br#"{"admitted":false,"retry_after_s":3,"refused":["all"],"ledgers":[
             {"budget":"all","tokens_used":1000,"usd_used":"0","tokens_reserved":0}]}"#;
         let (a, states) = read_reserve(200, None, refused);
         assert!(matches!(a, Admission::Refused(_)));
-        assert_eq!(gauges(&c, &states)[0].spent.tokens, 1000);
+        assert_eq!(gauges(&c, &states)[0].reading.spent.tokens, 1000);
         let settled = read_end(
             200,
             br#"{"ok":true,"holds_found":1,"ledgers":[{"budget":"all","tokens_used":9,"usd_used":"0","tokens_reserved":0}]}"#,
         )
         .unwrap();
-        assert_eq!(gauges(&c, &settled.ledgers)[0].spent.tokens, 9);
+        assert_eq!(gauges(&c, &settled.ledgers)[0].reading.spent.tokens, 9);
         assert!(read_reserve(503, None, b"").1.is_empty());
     }
 

@@ -87,16 +87,26 @@ pub struct LedgerState {
     pub tokens_used: u64,
     pub usd_used: String,
     pub tokens_reserved: u64,
+    /// Orders the states of one ledger: a larger version is a later state. Answers reach a
+    /// gateway out of order (its workers process them independently), so its gauges keep the
+    /// newest. Absent (a service older than this field) is 0, the oldest.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl LedgerState {
-    pub fn of(l: &LedgerRef, spent: Amount, held: Amount) -> LedgerState {
+    pub fn of(l: &LedgerRef, spent: Amount, held: Amount, version: u64) -> LedgerState {
         LedgerState {
             budget: l.budget.clone(),
             team: l.team.clone(),
             tokens_used: spent.tokens,
             usd_used: format_usd(spent.pico),
             tokens_reserved: held.tokens,
+            version,
         }
     }
     /// (spent, held tokens); `None` when the USD amount does not parse.

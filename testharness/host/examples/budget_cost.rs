@@ -19,7 +19,14 @@ use std::time::Duration;
 use wasm_host::{Host, VmOptions};
 
 const WARM: usize = 5;
-const MEASURED: usize = 20;
+
+/// Requests measured per case (`BUDGET_COST_ROUNDS`, e.g. many under `perf record`).
+fn measured() -> usize {
+    std::env::var("BUDGET_COST_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20)
+}
 
 fn config(budgets: bool) -> Value {
     let mut c = json!({
@@ -142,7 +149,7 @@ fn measure(wasm: &std::path::Path, budgets: bool, req: &[u8], stream: bool) -> T
         one(&mut h, req, stream, None);
     }
     let mut t = Tally::default();
-    for _ in 0..MEASURED {
+    for _ in 0..measured() {
         one(&mut h, req, stream, Some(&mut t));
     }
     t
@@ -164,10 +171,15 @@ fn main() {
         ("256 KiB stream", 256 * 1024, true),
     ];
     let mut report = Vec::new();
+    // `BUDGET_COST_CASE=json` runs only the cases whose name contains it.
+    let only = std::env::var("BUDGET_COST_CASE").unwrap_or_default();
     for wasm in &wasms {
         let size = std::fs::metadata(wasm).map(|m| m.len()).unwrap_or(0);
         println!("== {} ({size} bytes)", wasm.display());
         for (name, kib, stream) in cases {
+            if !name.contains(only.as_str()) {
+                continue;
+            }
             let head = if stream {
                 r#""stream":true,"max_tokens":16,"#
             } else {
@@ -176,7 +188,7 @@ fn main() {
             let req = body(kib, head);
             let base = measure(wasm, false, &req, stream);
             let with = measure(wasm, true, &req, stream);
-            let per = |x: u64| x / MEASURED as u64;
+            let per = |x: u64| x / measured() as u64;
             let total = |t: &Tally| per(t.fuel.iter().sum());
             println!(
                 "{name}: instructions per request routing {} / + local budgets {} (+{}, {:.1} %)",
@@ -202,15 +214,15 @@ fn main() {
             let mut calls = serde_json::Map::new();
             for n in names {
                 let (b, w) = (
-                    base.calls.get(n).copied().unwrap_or(0) as f64 / MEASURED as f64,
-                    with.calls.get(n).copied().unwrap_or(0) as f64 / MEASURED as f64,
+                    base.calls.get(n).copied().unwrap_or(0) as f64 / measured() as f64,
+                    with.calls.get(n).copied().unwrap_or(0) as f64 / measured() as f64,
                 );
                 if b != w {
                     println!("    hostcall {n:<37} {b:>5.1} {w:>5.1} {:>+5.1}", w - b);
                 }
                 calls.insert(n.to_string(), json!([b, w]));
             }
-            let sum = |t: &Tally| t.calls.values().sum::<u64>() as f64 / MEASURED as f64;
+            let sum = |t: &Tally| t.calls.values().sum::<u64>() as f64 / measured() as f64;
             println!(
                 "    hostcalls per request            {:>5.1} {:>5.1} {:>+5.1}",
                 sum(&base),

@@ -43,18 +43,6 @@ fn config(budgets: bool) -> Value {
     c
 }
 
-/// A chat body of `size` bytes with `head` before `messages`, `model` last (as the bench's).
-fn body(size: usize, head: &str) -> Vec<u8> {
-    let head = format!(r#"{{{head}"messages":[{{"role":"user","content":""#);
-    let tail = r#""}],"model":"qwen3-8b"}"#;
-    let pad = size.saturating_sub(head.len() + tail.len());
-    format!(
-        "{head}{}{tail}",
-        &"lorem ipsum ".repeat(pad / 12 + 1)[..pad]
-    )
-    .into_bytes()
-}
-
 const PHASES: [&str; 5] = [
     "request headers",
     "request body",
@@ -185,7 +173,7 @@ fn main() {
             } else {
                 r#""max_tokens":16,"#
             };
-            let req = body(kib, head);
+            let req = e2e::bench::chat_body(kib, head);
             let base = measure(wasm, false, &req, stream);
             let with = measure(wasm, true, &req, stream);
             let per = |x: u64| x / measured() as u64;

@@ -62,6 +62,34 @@ const EMPTY: i32 = Status::Empty as i32;
 
 pub(crate) type C<'a> = Caller<'a, HostState>;
 
+/// The position of `name` in [`FUNCTIONS`] (a compile-time constant at each hostcall).
+pub(crate) const fn slot(name: &str) -> usize {
+    let mut i = 0;
+    while i < FUNCTIONS.len() {
+        let f = FUNCTIONS[i].as_bytes();
+        let n = name.as_bytes();
+        if f.len() == n.len() {
+            let mut j = 0;
+            while j < f.len() && f[j] == n[j] {
+                j += 1;
+            }
+            if j == f.len() {
+                return i;
+            }
+        }
+        i += 1;
+    }
+    panic!("not a proxy-wasm function of this host")
+}
+
+/// Counts one guest call of hostcall `slot` ([`crate::Vm::hostcalls`]): what a filter costs its
+/// host depends on how many it makes, which the guest's own instruction count does not show.
+pub(crate) fn tally(c: &mut C<'_>, slot: usize) {
+    if let Some(n) = c.data_mut().hostcalls.get_mut(slot) {
+        *n += 1;
+    }
+}
+
 // ---- guest memory helpers -------------------------------------------------------------------
 
 pub(crate) fn read(caller: &mut C<'_>, ptr: i32, len: i32) -> Option<Vec<u8>> {
@@ -399,6 +427,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_log",
         |mut c: C<'_>, level: i32, ptr: i32, len: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_log") });
             let Some(level) = LogLevel::from_raw(level) else {
                 return BAD_ARGUMENT;
             };
@@ -416,6 +445,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_get_log_level",
         |mut c: C<'_>, ret: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_get_log_level") });
             let level = c.data().opts.log_level as u32;
             written(write_u32(&mut c, ret, level))
         },
@@ -424,6 +454,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_get_current_time_nanoseconds",
         |mut c: C<'_>, ret: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_get_current_time_nanoseconds") });
             let now = c.data().opts.clock.realtime_nanos();
             written(write_u64(&mut c, ret, now))
         },
@@ -432,6 +463,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_set_tick_period_milliseconds",
         |mut c: C<'_>, ms: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_set_tick_period_milliseconds") });
             let st = c.data_mut();
             st.tick_period_ms = ms as u32;
             st.next_tick_nanos = st.opts.clock.monotonic_nanos() + (ms as u32 as u64) * 1_000_000;
@@ -442,6 +474,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_get_configuration",
         |mut c: C<'_>, pp: i32, sp: i32| -> wasmtime::Result<i32> {
+            tally(&mut c, const { slot("proxy_get_configuration") });
             let cfg = c.data().opts.plugin_configuration.clone();
             copy_out(&mut c, &cfg, pp, sp)
         },
@@ -450,6 +483,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_get_buffer_bytes",
         |mut c: C<'_>, ty: i32, start: i32, max: i32, pp: i32, sp: i32| -> wasmtime::Result<i32> {
+            tally(&mut c, const { slot("proxy_get_buffer_bytes") });
             let buf = match buffer_get(c.data(), ty) {
                 Ok(b) => b,
                 Err(s) => return Ok(s),
@@ -467,6 +501,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_set_buffer_bytes",
         |mut c: C<'_>, ty: i32, start: i32, size: i32, dp: i32, ds: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_set_buffer_bytes") });
             let Some(data) = read(&mut c, dp, ds) else {
                 return INVALID_MEMORY;
             };
@@ -507,6 +542,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_get_header_map_pairs",
         |mut c: C<'_>, ty: i32, pp: i32, sp: i32| -> wasmtime::Result<i32> {
+            tally(&mut c, const { slot("proxy_get_header_map_pairs") });
             match map_get(c.data(), ty) {
                 Ok(m) => copy_out(&mut c, &serialize_map(&m), pp, sp),
                 Err(s) => Ok(s),
@@ -517,6 +553,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_set_header_map_pairs",
         |mut c: C<'_>, ty: i32, dp: i32, ds: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_set_header_map_pairs") });
             let Some(bytes) = read(&mut c, dp, ds) else {
                 return INVALID_MEMORY;
             };
@@ -530,6 +567,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_get_header_map_value",
         |mut c: C<'_>, ty: i32, kp: i32, ks: i32, pp: i32, sp: i32| -> wasmtime::Result<i32> {
+            tally(&mut c, const { slot("proxy_get_header_map_value") });
             let Some(key) = read_str(&mut c, kp, ks) else {
                 return Ok(INVALID_MEMORY);
             };
@@ -547,6 +585,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_replace_header_map_value",
         |mut c: C<'_>, ty: i32, kp: i32, ks: i32, vp: i32, vs: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_replace_header_map_value") });
             edit_header(&mut c, ty, (kp, ks), (vp, vs), |m, key, val| {
                 match m.iter().position(|(k, _)| *k == key) {
                     Some(first) => {
@@ -566,6 +605,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_remove_header_map_value",
         |mut c: C<'_>, ty: i32, kp: i32, ks: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_remove_header_map_value") });
             let Some(key) = read_str(&mut c, kp, ks) else {
                 return INVALID_MEMORY;
             };
@@ -577,6 +617,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_add_header_map_value",
         |mut c: C<'_>, ty: i32, kp: i32, ks: i32, vp: i32, vs: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_add_header_map_value") });
             edit_header(&mut c, ty, (kp, ks), (vp, vs), |m, key, val| {
                 m.push((key, val))
             })
@@ -586,6 +627,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_get_property",
         |mut c: C<'_>, pp: i32, ps: i32, rp: i32, rs: i32| -> wasmtime::Result<i32> {
+            tally(&mut c, const { slot("proxy_get_property") });
             let Some(raw) = read(&mut c, pp, ps) else {
                 return Ok(INVALID_MEMORY);
             };
@@ -601,6 +643,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_set_property",
         |mut c: C<'_>, pp: i32, ps: i32, vp: i32, vs: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_set_property") });
             let (Some(raw), Some(val)) = (read(&mut c, pp, ps), read(&mut c, vp, vs)) else {
                 return INVALID_MEMORY;
             };
@@ -617,6 +660,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_get_shared_data",
         |mut c: C<'_>, kp: i32, ks: i32, rp: i32, rs: i32, cas_ptr: i32| -> wasmtime::Result<i32> {
+            tally(&mut c, const { slot("proxy_get_shared_data") });
             let Some(key) = read_str(&mut c, kp, ks) else {
                 return Ok(INVALID_MEMORY);
             };
@@ -634,6 +678,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_set_shared_data",
         |mut c: C<'_>, kp: i32, ks: i32, vp: i32, vs: i32, cas: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_set_shared_data") });
             let (Some(key), Some(val)) = (read_str(&mut c, kp, ks), read(&mut c, vp, vs)) else {
                 return INVALID_MEMORY;
             };
@@ -648,6 +693,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_register_shared_queue",
         |mut c: C<'_>, np: i32, ns: i32, ret: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_register_shared_queue") });
             let Some(name) = read_str(&mut c, np, ns) else {
                 return INVALID_MEMORY;
             };
@@ -668,6 +714,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_resolve_shared_queue",
         |mut c: C<'_>, vp: i32, vs: i32, np: i32, ns: i32, ret: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_resolve_shared_queue") });
             let (Some(vm_id), Some(name)) = (read_str(&mut c, vp, vs), read_str(&mut c, np, ns))
             else {
                 return INVALID_MEMORY;
@@ -682,6 +729,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_dequeue_shared_queue",
         |mut c: C<'_>, id: i32, rp: i32, rs: i32| -> wasmtime::Result<i32> {
+            tally(&mut c, const { slot("proxy_dequeue_shared_queue") });
             match c.data().opts.shared.dequeue(id as u32) {
                 Ok(item) => copy_out(&mut c, &item, rp, rs),
                 Err(Status::Empty) => Ok(EMPTY),
@@ -693,6 +741,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_enqueue_shared_queue",
         |mut c: C<'_>, id: i32, vp: i32, vs: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_enqueue_shared_queue") });
             let Some(val) = read(&mut c, vp, vs) else {
                 return INVALID_MEMORY;
             };
@@ -705,20 +754,29 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
     l.func_wrap(
         "env",
         "proxy_continue_stream",
-        |mut c: C<'_>, ty: i32| -> i32 { continue_stream(c.data_mut(), ty) },
+        |mut c: C<'_>, ty: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_continue_stream") });
+            continue_stream(c.data_mut(), ty)
+        },
     )?;
     // Pre-0.2.0 names some SDKs still import.
     l.func_wrap("env", "proxy_continue_request", |mut c: C<'_>| -> i32 {
+        tally(&mut c, const { slot("proxy_continue_request") });
         continue_stream(c.data_mut(), 0)
     })?;
     l.func_wrap("env", "proxy_continue_response", |mut c: C<'_>| -> i32 {
+        tally(&mut c, const { slot("proxy_continue_response") });
         continue_stream(c.data_mut(), 1)
     })?;
-    l.func_wrap("env", "proxy_clear_route_cache", |_c: C<'_>| -> i32 { OK })?;
+    l.func_wrap("env", "proxy_clear_route_cache", |mut c: C<'_>| -> i32 {
+        tally(&mut c, const { slot("proxy_clear_route_cache") });
+        OK
+    })?;
     l.func_wrap(
         "env",
         "proxy_close_stream",
         |mut c: C<'_>, ty: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_close_stream") });
             let st = c.data_mut();
             let id = st.effective;
             match (ty, st.streams.get_mut(&id)) {
@@ -744,6 +802,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
          hs: i32,
          grpc: i32|
          -> i32 {
+            tally(&mut c, const { slot("proxy_send_local_response") });
             let (Some(details), Some(body), Some(hdrs)) = (
                 read_str(&mut c, dp, ds),
                 read(&mut c, bp, bs),
@@ -784,6 +843,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
          timeout: i32,
          ret: i32|
          -> i32 {
+            tally(&mut c, const { slot("proxy_http_call") });
             let (Some(upstream), Some(h), Some(body), Some(t)) = (
                 read_str(&mut c, up, us),
                 read(&mut c, hp, hs),
@@ -825,7 +885,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
     l.func_wrap(
         "env",
         "proxy_grpc_stream",
-        |_c: C<'_>,
+        |mut c: C<'_>,
          _a: i32,
          _b: i32,
          _d: i32,
@@ -835,20 +895,28 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
          _h: i32,
          _i: i32,
          _r: i32|
-         -> i32 { INTERNAL_FAILURE },
+         -> i32 {
+            tally(&mut c, const { slot("proxy_grpc_stream") });
+            INTERNAL_FAILURE
+        },
     )?;
     l.func_wrap(
         "env",
         "proxy_grpc_send",
-        |_c: C<'_>, _t: i32, _p: i32, _s: i32, _e: i32| -> i32 { NOT_FOUND },
+        |mut c: C<'_>, _t: i32, _p: i32, _s: i32, _e: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_grpc_send") });
+            NOT_FOUND
+        },
     )?;
-    l.func_wrap("env", "proxy_grpc_close", |_c: C<'_>, _t: i32| -> i32 {
+    l.func_wrap("env", "proxy_grpc_close", |mut c: C<'_>, _t: i32| -> i32 {
+        tally(&mut c, const { slot("proxy_grpc_close") });
         NOT_FOUND
     })?;
     l.func_wrap(
         "env",
         "proxy_get_status",
         |mut c: C<'_>, code: i32, pp: i32, sp: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_get_status") });
             let ok =
                 write_u32(&mut c, code, 0) && write_u32(&mut c, pp, 0) && write_u32(&mut c, sp, 0);
             if ok {
@@ -862,6 +930,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_set_effective_context",
         |mut c: C<'_>, id: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_set_effective_context") });
             let st = c.data_mut();
             let id = id as u32;
             if id == crate::ROOT_CONTEXT_ID || st.streams.contains_key(&id) {
@@ -873,6 +942,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         },
     )?;
     l.func_wrap("env", "proxy_done", |mut c: C<'_>| -> i32 {
+        tally(&mut c, const { slot("proxy_done") });
         c.data_mut().done_called = true;
         OK
     })?;
@@ -887,6 +957,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
          rp: i32,
          rs: i32|
          -> wasmtime::Result<i32> {
+            tally(&mut c, const { slot("proxy_call_foreign_function") });
             let Some(name) = read_str(&mut c, np, ns) else {
                 return Ok(INVALID_MEMORY);
             };
@@ -906,6 +977,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_define_metric",
         |mut c: C<'_>, ty: i32, np: i32, ns: i32, ret: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_define_metric") });
             let kind = match ty {
                 0 => MetricKind::Counter,
                 1 => MetricKind::Gauge,
@@ -946,6 +1018,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_increment_metric",
         |mut c: C<'_>, id: i32, offset: i64| -> i32 {
+            tally(&mut c, const { slot("proxy_increment_metric") });
             let Some(m) = metric_mut(c.data_mut(), id) else {
                 return NOT_FOUND;
             };
@@ -961,6 +1034,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_record_metric",
         |mut c: C<'_>, id: i32, value: i64| -> i32 {
+            tally(&mut c, const { slot("proxy_record_metric") });
             let keep = c.data().opts.limits.histogram_samples;
             let Some(m) = metric_mut(c.data_mut(), id) else {
                 return NOT_FOUND;
@@ -980,6 +1054,7 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
         "env",
         "proxy_get_metric",
         |mut c: C<'_>, id: i32, ret: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_get_metric") });
             let Some(m) = metric_mut(c.data_mut(), id) else {
                 return NOT_FOUND;
             };

@@ -9,11 +9,18 @@ use wasmtime::{Engine, Linker, Module};
 pub(crate) fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        // `WASM_HOST_PERFMAP=1` writes /tmp/perf-<pid>.map so `perf report` names the module's
-        // functions (profiling a filter's own code: testharness/host/examples/filter_cost.rs).
-        if std::env::var_os("WASM_HOST_PERFMAP").is_some() {
+        let perfmap = std::env::var_os("WASM_HOST_PERFMAP").is_some();
+        let fuel = std::env::var_os("WASM_HOST_FUEL").is_some();
+        if perfmap || fuel {
             let mut config = wasmtime::Config::new();
-            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+            // `WASM_HOST_PERFMAP=1` writes /tmp/perf-<pid>.map so `perf report` names the
+            // module's functions (profiling a filter's own code: testharness/host/examples).
+            if perfmap {
+                config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+            }
+            // `WASM_HOST_FUEL=1` counts the guest's instructions ([`crate::Vm::fuel_used`]):
+            // a measure of a filter's own work that machine load cannot blur.
+            config.consume_fuel(fuel);
             if let Ok(engine) = Engine::new(&config) {
                 return engine;
             }

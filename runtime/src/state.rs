@@ -186,6 +186,8 @@ pub(crate) struct HostState {
     pub done_called: bool,
     /// The most recent names passed to `proxy_call_foreign_function` (at most 64).
     pub foreign_calls: VecDeque<String>,
+    /// Guest calls per `env.proxy_*` function, by position in `abi::FUNCTIONS`.
+    pub hostcalls: Vec<u64>,
 }
 
 impl HostState {

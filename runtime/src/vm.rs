@@ -162,8 +162,11 @@ impl Vm {
             rng: seed | 1,
             done_called: false,
             foreign_calls: VecDeque::new(),
+            hostcalls: vec![0; crate::abi::FUNCTIONS.len()],
         };
         let mut store = Store::new(engine(), state);
+        // Only an engine built with `WASM_HOST_FUEL` meters fuel; otherwise this is refused.
+        let _ = store.set_fuel(u64::MAX);
         let instance = linker()?
             .instantiate(&mut store, &module.0)
             .map_err(anyhow::Error::from)
@@ -213,6 +216,23 @@ impl Vm {
             .is_none_or(|r| r != 0);
         host.pump()?;
         Ok(host)
+    }
+
+    /// Wasm instructions the guest has executed so far (wasmtime fuel: about one per operator),
+    /// when the process runs with `WASM_HOST_FUEL=1`; `None` otherwise. Unlike time, it does not
+    /// move with machine load: compare a filter's callbacks before and after a change by it.
+    pub fn fuel_used(&self) -> Option<u64> {
+        self.store.get_fuel().ok().map(|left| u64::MAX - left)
+    }
+
+    /// How many times the guest called each `env.proxy_*` function so far (those it called).
+    pub fn hostcalls(&self) -> Vec<(&'static str, u64)> {
+        crate::abi::FUNCTIONS
+            .iter()
+            .zip(&self.store.data().hostcalls)
+            .filter(|(_, n)| **n > 0)
+            .map(|(f, n)| (*f, *n))
+            .collect()
     }
 
     pub fn configure_ok(&self) -> bool {

@@ -61,6 +61,23 @@ pub struct Fields {
     /// `stream: true` at the top level; any other value (or absence) is not streaming.
     pub stream: bool,
     pub spans: TopLevel,
+    pub knobs: Knobs,
+}
+
+/// The top-level numbers and flags that bound what a request may cost (budgets,
+/// `budget::bound`), read in the same pass as everything else so admission needs neither the
+/// body again nor a second walk over it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Knobs {
+    /// The largest of `max_tokens`, `max_completion_tokens`, `max_output_tokens` given as a
+    /// non-negative integer (a backend may read any of them); other values are not caps.
+    pub max_output: Option<u64>,
+    /// The larger of `n` and `best_of` given as a non-negative integer.
+    pub choices: Option<u64>,
+    /// `stream_options.include_usage` when `stream_options` is an object and it is a boolean.
+    pub include_usage: Option<bool>,
+    /// Offset of the body's opening `{` (after any leading whitespace).
+    pub open: usize,
 }
 
 /// Reusable state, so a filter scans request after request without re-allocating. It also
@@ -98,6 +115,9 @@ struct Progress {
     model: Option<String>,
     model_not_string: bool,
     stream: bool,
+    knobs: Knobs,
+    /// The key just read is `include_usage` directly inside `stream_options`.
+    at_include_usage: bool,
     serial: u32,
     top_key: TopKey,
     top_value_start: usize,
@@ -117,6 +137,8 @@ impl Default for Progress {
             model: None,
             model_not_string: false,
             stream: false,
+            knobs: Knobs::default(),
+            at_include_usage: false,
             serial: 0,
             top_key: TopKey::Other,
             top_value_start: 0,
@@ -143,6 +165,8 @@ enum TopKey {
     System,
     Prompt,
     Input,
+    MaxOutput,
+    Choices,
     Other,
 }
 
@@ -296,6 +320,7 @@ impl Scanner {
                 model: m,
                 stream: at.stream,
                 spans: at.spans,
+                knobs: at.knobs,
             }),
             Some(_) => Err(ScanError::MissingModel),
             None if at.model_not_string => Err(ScanError::ModelNotString),
@@ -354,6 +379,7 @@ impl Scanner {
                 State::Start => match p.peek() {
                     None => return Err(p.end(p.i, "the body is empty")),
                     Some(b'{') => {
+                        self.at.knobs.open = p.base + p.i;
                         p.i += 1;
                         self.push_frame(true)?;
                         *state = State::KeyOrEnd { first: true };
@@ -379,6 +405,10 @@ impl Scanner {
                         }
                         if depth == 1 {
                             self.at.top_key = classify_top(&key);
+                            self.at.at_include_usage = false;
+                        } else if depth == 2 {
+                            self.at.at_include_usage =
+                                self.at.top_key == TopKey::StreamOptions && key == "include_usage";
                         }
                         self.note_key(fingerprint(&key), &key, depth == 1)?;
                         if p.peek() != Some(b':') {
@@ -439,10 +469,12 @@ impl Scanner {
                             if at_top && self.at.top_key == TopKey::Stream {
                                 self.at.stream = true;
                             }
+                            self.note_include_usage(true);
                             self.ended(p, state);
                         }
                         Some(b'f') => {
                             p.literal(b"false")?;
+                            self.note_include_usage(false);
                             self.ended(p, state);
                         }
                         Some(b'n') => {
@@ -450,7 +482,11 @@ impl Scanner {
                             self.ended(p, state);
                         }
                         Some(b'-' | b'0'..=b'9') => {
+                            let start = p.i;
                             p.number()?;
+                            if at_top {
+                                self.note_number(&p.b[start..p.i]);
+                            }
                             self.ended(p, state);
                         }
                         Some(_) => return Err(invalid(p.i, "expected a JSON value").into()),
@@ -474,7 +510,7 @@ impl Scanner {
                             TopKey::System => spans.system = span,
                             TopKey::Prompt => spans.prompt = span,
                             TopKey::Input => spans.input = span,
-                            TopKey::Other => {}
+                            TopKey::MaxOutput | TopKey::Choices | TopKey::Other => {}
                         }
                         self.at.top_key = TopKey::Other;
                     }
@@ -514,6 +550,31 @@ impl Scanner {
                     }
                 }
             }
+        }
+    }
+
+    /// A top-level number: a cap when its key is one and it is a non-negative integer.
+    fn note_number(&mut self, text: &[u8]) {
+        let slot = match self.at.top_key {
+            TopKey::MaxOutput => &mut self.at.knobs.max_output,
+            TopKey::Choices => &mut self.at.knobs.choices,
+            _ => return,
+        };
+        if let Some(n) = std::str::from_utf8(text)
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok())
+        {
+            *slot = Some(slot.map_or(n, |f| f.max(n)));
+        }
+    }
+
+    /// A boolean ended: `stream_options.include_usage` when that is where it sits.
+    fn note_include_usage(&mut self, value: bool) {
+        if self.frames.len() == 2
+            && self.at.at_include_usage
+            && self.at.top_key == TopKey::StreamOptions
+        {
+            self.at.knobs.include_usage = Some(value);
         }
     }
 
@@ -594,6 +655,8 @@ fn classify_top(key: &str) -> TopKey {
         "system" => TopKey::System,
         "prompt" => TopKey::Prompt,
         "input" => TopKey::Input,
+        "max_tokens" | "max_completion_tokens" | "max_output_tokens" => TopKey::MaxOutput,
+        "n" | "best_of" => TopKey::Choices,
         _ => TopKey::Other,
     }
 }

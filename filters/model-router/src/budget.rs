@@ -23,9 +23,7 @@ use router_core::audit::{AuditRecord, AuditTokens};
 use router_core::budget::admit::{admit_all, LedgerKey, LedgerStore, Refusal, Scope};
 use router_core::budget::bound::request_facts;
 use router_core::budget::config::CompiledBudgets;
-use router_core::budget::inject::{
-    add_include_usage, add_max_tokens, span_after_include_usage, stream_needs_asking,
-};
+use router_core::budget::inject::{edits, stream_needs_asking, Splice};
 use router_core::budget::ledger::{Hold, Wait};
 use router_core::budget::money::format_usd;
 use router_core::budget::plan::{charged, plan, Attempt, BudgetPlan};
@@ -39,7 +37,12 @@ use router_core::budget::usage::{charge, BodyKind, Charge, Usage, UsageReader};
 use router_core::budget::window::Amount;
 use router_core::errors::ApiError;
 use router_core::router::{RequestHeaders, Router};
-use router_core::scan::{Fields, Span};
+use router_core::scan::Fields;
+use std::cell::RefCell;
+
+/// (team budget, team) → its slot and a time until which the team table is known to keep that
+/// slot the team's (`quiet_until` as this worker last wrote or read it).
+type SlotCache = fnv::FnvHashMap<(usize, String), (usize, u64)>;
 
 /// Where ledgers live.
 pub(crate) enum LedgerBackend {
@@ -57,6 +60,9 @@ pub(crate) struct Budgets {
     /// Per backend index: its price and `modelInfo.contextLength`.
     attempts: Vec<Attempt>,
     stats: BudgetStats,
+    /// The team slots this worker knows, so a request of a known team neither reads nor writes
+    /// the team table ([`Budgets::team_slot`]).
+    slots: RefCell<SlotCache>,
 }
 
 /// What the client gets instead of an upstream answer.
@@ -74,6 +80,8 @@ struct Held {
     shared: String,
     /// `None` in charge-after mode, which holds nothing.
     hold: Option<Hold>,
+    /// For a team ledger: until when the team table keeps this slot the team's.
+    owned_until: u64,
 }
 
 /// An admitted request, from admission to settlement.
@@ -97,20 +105,20 @@ impl Metered {
     }
 }
 
-/// What admission did to the request: the holds, and the body to send if it was edited.
+/// What admission did to the request: the holds, and the edit to make to its body.
 pub(crate) struct Admitted {
     pub metered: Metered,
-    /// The edited body (`max_tokens` set, `include_usage` asked) to send upstream.
-    pub body: Option<Vec<u8>>,
-    /// Where the `model` token now is, when the edit moved it.
-    pub model_span: Option<Span>,
+    /// `max_tokens` set, `include_usage` asked: the splice of the body's head to send upstream.
+    pub splice: Option<Splice>,
 }
 
 /// The request as the budget step reads it.
 pub(crate) struct RequestView<'a> {
     pub rule: Option<&'a str>,
     pub headers: &'a RequestHeaders,
-    pub body: &'a [u8],
+    /// The body, when the filter holds it whole (one that arrived in pieces is not kept).
+    pub body: Option<&'a [u8]>,
+    pub body_len: usize,
     pub fields: &'a Fields,
     /// The attempt order (backend indexes).
     pub order: &'a [usize],
@@ -169,6 +177,7 @@ impl Budgets {
             },
             attempts,
             compiled,
+            slots: RefCell::new(SlotCache::default()),
         };
         if matches!(budgets.ledgers, LedgerBackend::Local(_)) {
             budgets.create_keys()?;
@@ -248,13 +257,46 @@ impl Budgets {
         }
     }
 
-    /// The slot of `team` in team budget `budget`, taking one if it has none (compare-and-swap
-    /// on the team table).
-    fn team_slot(&self, budget: usize, team: &str, now_ms: u64) -> Result<usize, Answer> {
+    /// The slot of `team` in team budget `budget`, taking one if it has none, and until when
+    /// the table keeps it the team's. Table entries are only given to another team once their
+    /// `quiet_until` has passed, and it only grows, so a slot this worker knows the table keeps
+    /// past what this request needs is still the team's: no hostcall. Otherwise the table is
+    /// updated (compare-and-swap), with `quiet_until` pushed a window bucket past what this
+    /// request needs, so a busy team's entry is written about once per bucket per worker (a
+    /// team's slot is then kept up to one bucket longer before another team may take it).
+    fn team_slot(&self, budget: usize, team: &str, now_ms: u64) -> Result<(usize, u64), Answer> {
+        let b = &self.compiled.budgets[budget];
+        let shape = b.shape(self.compiled.hold_ttl_s);
+        let needed = TeamTable::quiet_bound(&shape, now_ms);
+        let cache_key = (budget, team.to_string());
+        if let Some(&(slot, until)) = self.slots.borrow().get(&cache_key) {
+            if until >= needed {
+                return Ok((slot, until));
+            }
+        }
+        let until = needed.saturating_add(shape.window.width_ms);
+        let slot = self.claim_slot(budget, team, until, now_ms)?;
+        let mut slots = self.slots.borrow_mut();
+        // Bounded: teams that went quiet are forgotten with the rest.
+        if slots.len() >= self.compiled.max_teams * self.compiled.budgets.len() {
+            slots.clear();
+        }
+        slots.insert(cache_key, (slot, until));
+        Ok((slot, until))
+    }
+
+    /// Gives `team` its slot in the table of team budget `budget`, busy until at least
+    /// `until` (compare-and-swap on the team table).
+    fn claim_slot(
+        &self,
+        budget: usize,
+        team: &str,
+        until: u64,
+        now_ms: u64,
+    ) -> Result<usize, Answer> {
         let data = self.data();
         let key = self.table_name(budget);
         let b = &self.compiled.budgets[budget];
-        let until = TeamTable::quiet_bound(&b.shape(self.compiled.hold_ttl_s), now_ms);
         let max = self.compiled.max_teams;
         let mut buf = Vec::new();
         for _ in 0..router_core::budget::shared::MAX_CAS_ATTEMPTS {
@@ -294,20 +336,13 @@ impl Budgets {
         }
     }
 
-    /// Whether any budget applies to a request of `rule` with these headers: without one,
-    /// admission has nothing to do and the body need not be read back.
-    pub fn applies(&self, rule: Option<&str>, headers: &RequestHeaders) -> bool {
-        !router_core::budget::admit::applicable(&self.compiled.budgets, rule, |h| headers.first(h))
-            .is_empty()
-    }
-
     /// Admission. `Ok(None)`: no budget applies, the request goes as it is.
     pub fn admit(
         &self,
         r: &RequestView,
         audit: &mut AuditRecord,
     ) -> Result<Option<Admitted>, Answer> {
-        let facts = request_facts(r.body, r.fields);
+        let facts = request_facts(r.body_len, r.fields);
         let attempts: Vec<Attempt> = r
             .order
             .iter()
@@ -322,6 +357,8 @@ impl Budgets {
         ) else {
             return Ok(None);
         };
+        // Before any hold: a body that cannot be edited holds nothing.
+        let splice = self.splice(r, &facts, &p)?;
         if let LedgerBackend::Remote(remote) = &self.ledgers {
             audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
             let id = remote.new_id();
@@ -337,26 +374,31 @@ impl Budgets {
                         .map(|()| None);
                 }
             };
-            return Ok(Some(self.edited(r, &facts, &p, Vec::new(), Some(pending))));
+            return Ok(Some(admitted(&facts, splice, Vec::new(), Some(pending))));
         }
         let now = now_ms();
         let mut names = Vec::with_capacity(p.keys.len());
+        let mut owned = Vec::with_capacity(p.keys.len());
         for key in &p.keys {
-            let slot = match &key.team {
-                Some(team) => Some(self.team_slot(key.budget, team, now)?),
-                None => None,
+            let (slot, until) = match &key.team {
+                Some(team) => {
+                    let (s, u) = self.team_slot(key.budget, team, now)?;
+                    (Some(s), u)
+                }
+                None => (None, 0),
             };
             names.push((key.clone(), self.ledger_name(key.budget, slot)));
+            owned.push(until);
         }
         audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
         let mut store = self.store(&names, now);
-        let admitted = if self.compiled.charge_after {
+        let admitted_holds = if self.compiled.charge_after {
             charge_after_check(&mut store, &p.keys, p.amount)
         } else {
             admit_all(&mut store, &p.keys, p.amount)
                 .map(|r| r.map(|holds| holds.into_iter().map(|(k, h)| (k, Some(h))).collect()))
         };
-        let holds = match admitted.map_err(|e| unavailable(&e))? {
+        let holds = match admitted_holds.map_err(|e| unavailable(&e))? {
             Ok(holds) => holds,
             Err(refusal) => {
                 let answer = self.refusal(&refusal);
@@ -370,59 +412,57 @@ impl Budgets {
         let held = holds
             .into_iter()
             .map(|(key, hold)| {
-                let shared = names
-                    .iter()
-                    .find(|(k, _)| *k == key)
-                    .map(|(_, n)| n.clone())
-                    .unwrap_or_default();
-                Held { key, shared, hold }
+                let i = names.iter().position(|(k, _)| *k == key);
+                let shared = i.map(|i| names[i].1.clone()).unwrap_or_default();
+                let owned_until = i.map_or(0, |i| owned[i]);
+                Held {
+                    key,
+                    shared,
+                    hold,
+                    owned_until,
+                }
             })
             .collect();
-        Ok(Some(self.edited(r, &facts, &p, held, None)))
+        Ok(Some(admitted(&facts, splice, held, None)))
     }
 
-    /// The admitted request, with its body edits: ask the stream for usage; cap the completion
-    /// when nothing else does.
-    fn edited(
+    /// The body edits admission makes (ask the stream for usage; cap the completion when
+    /// nothing else does), as a splice of the body's head: from the body when the filter holds
+    /// it, else from the few head bytes it needs (none when the body starts with its brace and
+    /// only members are added there).
+    fn splice(
         &self,
         r: &RequestView,
         facts: &router_core::budget::bound::RequestFacts,
         p: &BudgetPlan,
-        held: Vec<Held>,
-        remote: Option<RemoteHold>,
-    ) -> Admitted {
+    ) -> Result<Option<Splice>, Answer> {
         let path = std::str::from_utf8(r.path).unwrap_or("");
-        let asked = if stream_needs_asking(path) {
-            add_include_usage(r.body, r.fields, facts)
-        } else {
-            None
+        let Some(e) = edits(
+            r.fields,
+            facts,
+            stream_needs_asking(path),
+            p.bound.set_max_tokens,
+        ) else {
+            return Ok(None);
         };
-        let strip = asked.is_some();
-        let model_span = match (&asked, r.fields.spans.model) {
-            (Some(b), Some(span)) => Some(span_after_include_usage(
-                span,
-                r.fields,
-                b.len() - r.body.len(),
-            )),
-            _ => None,
-        };
-        let body = match p.bound.set_max_tokens {
-            Some(n) => add_max_tokens(asked.as_deref().unwrap_or(r.body), n),
-            None => asked,
-        };
-        Admitted {
-            metered: Metered {
-                held,
-                request_bytes: facts.body_bytes,
-                strip,
-                reader: None,
-                served: None,
-                out: Vec::new(),
-                remote,
+        let needed = e.needed();
+        let read;
+        let head: &[u8] = match r.body {
+            Some(b) => b,
+            None if needed == 1 => b"{",
+            None => match edge::buffer(Buffer::RequestBody, 0, needed) {
+                Ok(b) => {
+                    read = b.unwrap_or_default();
+                    &read
+                }
+                Err(e) => {
+                    let why = format!("reading the request body: {e}");
+                    edge::log(Level::Error, &format!("model-router: budgets: {why}"));
+                    return Err(Answer::Unavailable(ApiError::internal(&why)));
+                }
             },
-            body,
-            model_span,
-        }
+        };
+        Ok(e.splice(head))
     }
 
     /// The shared ledger gave no usable answer: 503 `budget_store_unavailable`, or with
@@ -637,18 +677,18 @@ impl Budgets {
         self.end_remote(m, None);
         let now = now_ms();
         let names = self.names(m);
-        let mut store = self.store(&names, now);
+        let store = self.store(&names, now);
         for h in m.held.drain(..) {
-            if let Some(hold) = &h.hold {
-                if let Err(e) = store.release(&h.key, hold) {
-                    edge::log(
-                        Level::Error,
-                        &format!("model-router: budgets: release: {e:?}"),
-                    );
-                }
+            let Some(hold) = &h.hold else { continue };
+            // A settle of nothing: the hold goes, and the gauges get the ledger as it left it.
+            match store.settle(&h.key, Some(hold), Amount::ZERO) {
+                Ok((spent, held)) => self.stats.record(&h.key, spent, held.tokens),
+                Err(e) => edge::log(
+                    Level::Error,
+                    &format!("model-router: budgets: release: {e:?}"),
+                ),
             }
         }
-        self.stats.update(&store, names.iter().map(|(k, _)| k));
     }
 
     fn names(&self, m: &Metered) -> Vec<(LedgerKey, String)> {
@@ -680,11 +720,12 @@ impl Budgets {
             if !self.slot_still_owned(&h, now) {
                 continue;
             }
-            if let Err(e) = store.settle(&h.key, h.hold.as_ref(), amount) {
-                edge::log(
+            match store.settle(&h.key, h.hold.as_ref(), amount) {
+                Ok((spent, held)) => self.stats.record(&h.key, spent, held.tokens),
+                Err(e) => edge::log(
                     Level::Error,
                     &format!("model-router: budgets: settle: {e:?}"),
-                );
+                ),
             }
         }
         if c.estimated {
@@ -692,7 +733,6 @@ impl Budgets {
                 self.stats.estimated(k.budget);
             }
         }
-        self.stats.update(&store, names.iter().map(|(k, _)| k));
         audit.tokens = Some(AuditTokens {
             prompt: c.prompt,
             completion: c.completion,
@@ -704,16 +744,41 @@ impl Budgets {
     /// A team slot is only reused once its team's ledger has rolled off, and a request's hold
     /// keeps it busy for the hold TTL; a request that outlived the TTL finds its slot may belong
     /// to another team by now, and must not charge that team.
-    fn slot_still_owned(&self, h: &Held, _now: u64) -> bool {
+    fn slot_still_owned(&self, h: &Held, now: u64) -> bool {
         let Some(team) = &h.key.team else {
             return true;
         };
+        if now < h.owned_until {
+            // The table cannot have given the slot away yet (`team_slot`): no read.
+            return true;
+        }
         let table = self
             .data()
             .get(&self.table_name(h.key.budget))
             .and_then(|(raw, _)| TeamTable::decode(&raw, self.compiled.max_teams).ok());
         let slot = table.and_then(|t| t.slot_of(team));
         slot.is_some_and(|s| h.shared == self.ledger_name(h.key.budget, Some(s)))
+    }
+}
+
+/// An admitted request, its holds and its body edit.
+fn admitted(
+    facts: &router_core::budget::bound::RequestFacts,
+    splice: Option<Splice>,
+    held: Vec<Held>,
+    remote: Option<RemoteHold>,
+) -> Admitted {
+    Admitted {
+        metered: Metered {
+            held,
+            request_bytes: facts.body_bytes,
+            strip: splice.as_ref().is_some_and(|s| s.asked),
+            reader: None,
+            served: None,
+            out: Vec::new(),
+            remote,
+        },
+        splice,
     }
 }
 
@@ -738,15 +803,15 @@ fn charge_after_check<S: LedgerStore>(
     Ok(Ok(keys.iter().map(|k| (k.clone(), None)).collect()))
 }
 
-/// The edited request body goes upstream in place of the client's (Envoy does not fix
-/// `content-length` itself).
-pub(crate) fn send_body(old_len: usize, body: &[u8]) -> Result<(), String> {
-    edge::replace_buffer(Buffer::RequestBody, old_len, body)
+/// The edited head goes upstream in place of the client's first bytes, the rest of the body
+/// untouched (Envoy does not fix `content-length` itself). `len`: the client's body length.
+pub(crate) fn send_splice(len: usize, splice: &Splice) -> Result<(), String> {
+    edge::replace_buffer(Buffer::RequestBody, splice.replace, &splice.with)
         .map_err(|e| format!("editing the request body: {e}"))?;
     edge::set_header(
         Map::RequestHeaders,
         "content-length",
-        &body.len().to_string(),
+        &splice.new_len(len).to_string(),
     )
     .map_err(|e| format!("setting content-length: {e}"))
 }

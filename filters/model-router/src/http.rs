@@ -330,9 +330,9 @@ impl Request {
     }
 
     /// The budget step, once routing has decided: reserve on the request's budgets or answer
-    /// (429/503) before anything goes upstream; carry out its body edits. `None`: go on.
-    /// A body that arrived in pieces (`body` is `None`) is read back whole only when a budget
-    /// applies: a request no budget covers pays nothing for them.
+    /// (429/503) before anything goes upstream; carry out its body edit. `None`: go on.
+    /// Admission reads what it needs from the scan (`fields`), so a body that arrived in pieces
+    /// (`body` is `None`) is not read back; an edit replaces only the body's head.
     fn budget_step(
         &mut self,
         worker: &Worker,
@@ -344,24 +344,11 @@ impl Request {
         let (Some(budgets), Some(fields)) = (&worker.budgets, fields) else {
             return None;
         };
-        if !budgets.applies(forward.rule_name(), &self.headers) {
-            return None;
-        }
-        let read_back;
-        let body = match body {
-            Some(b) => b,
-            None => match edge::buffer(Buffer::RequestBody, 0, body_len) {
-                Ok(b) => {
-                    read_back = b.unwrap_or_default();
-                    &read_back
-                }
-                Err(e) => return Some(self.internal(&format!("reading the request body: {e}"))),
-            },
-        };
         let view = RequestView {
             rule: forward.rule_name(),
             headers: &self.headers,
             body,
+            body_len,
             fields,
             order: &forward.decision.order,
             path: &self.path,
@@ -372,16 +359,18 @@ impl Request {
             Err(answer) => return Some(self.answer_budget(&answer)),
         };
         self.budget = Some(admitted.metered);
-        let edited = admitted.body?;
-        if let Err(e) = budget::send_body(body.len(), &edited) {
+        let splice = admitted.splice?;
+        if let Err(e) = budget::send_splice(body_len, &splice) {
             return Some(self.internal(&e));
         }
         // The per-attempt filter finds `model` by the stamped span and body length.
         for (name, value) in forward.stamps.iter_mut() {
             if *name == MODEL_SPAN_HEADER {
                 if let Some((span, _)) = router_core::rewrite::parse_span(value.as_bytes()) {
-                    let span = admitted.model_span.unwrap_or(span);
-                    *value = router_core::rewrite::format_span(span, edited.len());
+                    *value = router_core::rewrite::format_span(
+                        splice.moved(span),
+                        splice.new_len(body_len),
+                    );
                 }
             }
         }
@@ -491,7 +480,7 @@ impl Request {
             return self.refuse(Refusal::invalid(ApiError::empty_body()));
         }
         // The audit policy may want the body in its record; one that arrived in pieces is read
-        // back whole. (Budgets read it back themselves, only for a request a budget applies to.)
+        // back whole. (Budgets need only what the scan read, never the body again.)
         let body = if whole.is_none() && worker.router.config.audit.include_request_body {
             edge::buffer(Buffer::RequestBody, 0, len).ok().flatten()
         } else {

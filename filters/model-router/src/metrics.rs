@@ -235,7 +235,12 @@ impl BudgetStats {
         })
     }
 
-    fn record(&self, key: &LedgerKey, spent: router_core::budget::Amount, held_tokens: u64) {
+    pub(crate) fn record(
+        &self,
+        key: &LedgerKey,
+        spent: router_core::budget::Amount,
+        held_tokens: u64,
+    ) {
         let Some(ids) = self.ids(key) else { return };
         let caps = self.caps.get(key.budget).copied().unwrap_or_default();
         edge::record_metric(ids[0], spent.tokens);

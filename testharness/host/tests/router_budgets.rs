@@ -181,3 +181,137 @@ fn a_body_in_pieces_is_held_and_edited_as_a_whole_one_where_a_budget_applies() {
     assert_eq!(sent["max_tokens"], 4096);
     assert_eq!(sent["messages"][0]["content"], "hi");
 }
+
+/// Hostcalls of one request and its response on `h`, by name (after warm-up, the same every
+/// request).
+fn calls_of(
+    h: &mut Host,
+    extra: &[(&str, &str)],
+    chunk: usize,
+) -> std::collections::BTreeMap<&'static str, u64> {
+    let before: std::collections::BTreeMap<_, _> = h.hostcalls().into_iter().collect();
+    let mut headers = vec![(":authority", "gw"), ("content-type", "application/json")];
+    headers.extend_from_slice(extra);
+    let req = send_body(h, &headers, BODY, chunk);
+    assert!(req.local_response.is_none(), "{:?}", req.local_response);
+    let usage = br#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20}}"#;
+    let json = [(":status", "200"), ("content-type", "application/json")];
+    h.run_response(req.stream, &json, usage, 0).unwrap();
+    h.log_and_done(req.stream).unwrap();
+    h.advance_clock(Duration::from_millis(10)).unwrap();
+    h.hostcalls()
+        .into_iter()
+        .map(|(n, c)| (n, c - before.get(n).copied().unwrap_or(0)))
+        .filter(|(_, c)| *c > 0)
+        .collect()
+}
+
+fn two_ledgers(extra: Value) -> Value {
+    let mut c = router_config();
+    let mut b = json!({"budgets": [
+        {"name": "all", "scope": "router", "max_tokens": 100000000, "window_s": 3600},
+        {"name": "t", "scope": "team", "max_tokens": 100000000, "window_s": 3600}
+    ]});
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        b[k] = v.clone();
+    }
+    c["budgets"] = b;
+    c
+}
+
+/// The budget step's hostcalls are what its guarantees need and no more: one read and one
+/// compare-and-swap per ledger to reserve, the same to settle (the gauges come from the settle's
+/// own read), the response body read for usage; a known team's slot costs nothing, and a body
+/// that arrived in pieces is not read back.
+#[test]
+fn a_budgeted_request_costs_one_cas_per_ledger_each_way_and_no_body_read_back() {
+    let red = [("x-llmkube-team", "red")];
+    for chunk in [0, 9] {
+        let mut plain = router();
+        let mut h = host_with("llmkube_model_router", &two_ledgers(json!({})));
+        for _ in 0..3 {
+            calls_of(&mut plain, &red, chunk);
+            calls_of(&mut h, &red, chunk);
+        }
+        let base = calls_of(&mut plain, &red, chunk);
+        let with = calls_of(&mut h, &red, chunk);
+        let n = |m: &std::collections::BTreeMap<&str, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+        assert_eq!(
+            n(&with, "proxy_get_shared_data"),
+            n(&base, "proxy_get_shared_data") + 4,
+            "{with:?}"
+        );
+        assert_eq!(
+            n(&with, "proxy_set_shared_data"),
+            n(&base, "proxy_set_shared_data") + 4,
+            "{with:?}"
+        );
+        // The response body (one piece), read for its usage; the request body exactly as often
+        // as routing reads it.
+        assert_eq!(
+            n(&with, "proxy_get_buffer_bytes"),
+            n(&base, "proxy_get_buffer_bytes") + 1,
+            "chunk {chunk}: {base:?} vs {with:?}"
+        );
+        assert_eq!(
+            n(&with, "proxy_set_buffer_bytes"),
+            n(&base, "proxy_set_buffer_bytes"),
+            "no edit needed"
+        );
+        // Four gauges per ledger, after the settle.
+        assert_eq!(
+            n(&with, "proxy_record_metric"),
+            n(&base, "proxy_record_metric") + 8,
+            "{with:?}"
+        );
+        assert_eq!(gauge(&h, "all.tokens_used"), 4 * 30);
+        assert_eq!(gauge(&h, "t.team.red.tokens_used"), 4 * 30);
+        assert_eq!(gauge(&h, "all.tokens_reserved"), 0);
+    }
+}
+
+/// A worker remembers its teams' slots only while the table must keep them: once a quiet
+/// team's slot went to another team (on another worker), the first worker asks the table again
+/// and is refused, and never charges the other team's ledger.
+#[test]
+fn a_remembered_slot_given_to_another_team_is_asked_again_not_charged() {
+    let config = two_ledgers(json!({"max_teams": 1, "hold_ttl_s": 2}));
+    let mut c = config.clone();
+    c["budgets"]["budgets"][1]["window_s"] = json!(1);
+    let a_opts = wasm_host::VmOptions {
+        root_id: "model-router".into(),
+        ..Default::default()
+    }
+    .with_plugin_config(serde_json::to_vec(&c).unwrap())
+    .allow_stop_iteration(true);
+    let shared = a_opts.shared.clone();
+    let mut a = Host::from_file(wasm("llmkube_model_router"), a_opts.clone()).unwrap();
+    let mut b = Host::from_file(wasm("llmkube_model_router"), a_opts.with_shared(&shared)).unwrap();
+    assert!(a.configure_ok() && b.configure_ok());
+    let red = [("x-llmkube-team", "red")];
+    let blue = [("x-llmkube-team", "blue")];
+    for _ in 0..2 {
+        let r = post(&mut a, &red, BODY);
+        assert!(r.local_response.is_none());
+        usage_json(&mut a, &r);
+    }
+    // Red's ledger rolls off (1 s window, 2 s hold TTL, table bound plus its bucket of slack).
+    for h in [&mut a, &mut b] {
+        h.advance_clock(Duration::from_secs(10)).unwrap();
+    }
+    let r = post(&mut b, &blue, BODY);
+    assert!(r.local_response.is_none(), "blue takes red's quiet slot");
+    usage_json(&mut b, &r);
+    let again = post(&mut a, &red, BODY);
+    assert_eq!(
+        error_of(&again),
+        (429, "budget_exceeded".into()),
+        "the table is full (blue)"
+    );
+    a.log_and_done(again.stream).unwrap();
+    // Blue's ledger holds blue's charges only.
+    let r = post(&mut b, &blue, BODY);
+    assert!(r.local_response.is_none());
+    usage_json(&mut b, &r);
+    assert_eq!(gauge(&b, "t.team.blue.tokens_used"), 60);
+}

@@ -1,8 +1,9 @@
 //! What a request may cost at most, reserved before it goes upstream.
 //!
-//! The scanner validates the body and gives `stream` and the spans of the big values; it does
-//! not read `max_tokens`, so [`request_facts`] walks the top-level keys once more, jumping over
-//! the spans the scanner recorded (messages, tools, prompt, …) so the prompt is not walked twice.
+//! The scanner reads what the bound needs (`max_tokens` and its kin, `n`/`best_of`, `stream`,
+//! `stream_options.include_usage`: [`crate::scan::Knobs`]) in its one pass over the body, so
+//! admission needs neither the body again nor a second walk over it (a body that arrived in
+//! pieces is not kept).
 //!
 //! The bound, per request (documented in docs/budgets.md):
 //! - prompt ≤ body bytes + [`TEMPLATE_MARGIN`]: tokenizers in use (byte-level BPE, SentencePiece
@@ -14,22 +15,10 @@
 //!   the configured default ([`Bound::set_max_tokens`]) so the bound still holds.
 //! - prompt + completion ≤ `contextLength` when the backend declares it (the engine refuses more).
 
-use crate::scan::{Fields, Span};
+use crate::scan::Fields;
 
 /// Tokens a chat template may add beyond what the body's bytes account for.
 pub const TEMPLATE_MARGIN: u64 = 256;
-/// Keys that cap the completion, across the OpenAI chat/completions, Responses and Anthropic APIs.
-const MAX_OUTPUT_KEYS: &[&[u8]] = &[
-    b"max_tokens",
-    b"max_completion_tokens",
-    b"max_output_tokens",
-];
-/// Keys that ask for several completions, each up to the cap (`best_of` is billed in full).
-const CHOICES_KEYS: &[&[u8]] = &[b"n", b"best_of"];
-/// `stream_options` longer than this is not read (it is a one-flag object).
-const MAX_STREAM_OPTIONS: usize = 4096;
-/// Escaped keys longer than this cannot be one of ours.
-const MAX_KEY: usize = 64;
 
 /// The request-body facts budgets need.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,164 +33,15 @@ pub struct RequestFacts {
     pub include_usage: Option<bool>,
 }
 
-/// Reads the facts from a body the scanner accepted (`fields` is its answer for `body`).
-pub fn request_facts(body: &[u8], fields: &Fields) -> RequestFacts {
-    let spans = &fields.spans;
-    let big: Vec<Span> = [
-        spans.messages,
-        spans.tools,
-        spans.system,
-        spans.prompt,
-        spans.input,
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let numbers = top_level_numbers(body, &big);
+/// The facts of a body of `body_bytes` the scanner accepted (`fields` is its answer).
+pub fn request_facts(body_bytes: usize, fields: &Fields) -> RequestFacts {
+    let k = &fields.knobs;
     RequestFacts {
-        body_bytes: body.len() as u64,
-        max_output: numbers.max_output,
-        choices: numbers.choices.unwrap_or(1).max(1),
+        body_bytes: body_bytes as u64,
+        max_output: k.max_output,
+        choices: k.choices.unwrap_or(1).max(1),
         stream: fields.stream,
-        include_usage: spans.stream_options.and_then(|s| include_usage(body, s)),
-    }
-}
-
-fn include_usage(body: &[u8], (a, b): Span) -> Option<bool> {
-    if b - a > MAX_STREAM_OPTIONS {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_slice(body.get(a..b)?).ok()?;
-    v.get("include_usage")?.as_bool()
-}
-
-#[derive(Default)]
-struct Numbers {
-    max_output: Option<u64>,
-    choices: Option<u64>,
-}
-
-/// The largest non-negative integer given for any of the keys we read, per kind.
-fn top_level_numbers(body: &[u8], big: &[Span]) -> Numbers {
-    let mut found = Numbers::default();
-    let Some(open) = body.iter().position(|&c| c == b'{') else {
-        return found;
-    };
-    let mut i = ws(body, open + 1);
-    while i < body.len() && body[i] == b'"' {
-        let Some(q) = string_end(body, i + 1) else {
-            return found;
-        };
-        let key = &body[i + 1..q];
-        i = ws(body, q + 1);
-        if body.get(i) != Some(&b':') {
-            return found;
-        }
-        i = ws(body, i + 1);
-        let start = i;
-        i = match big.iter().find(|s| s.0 == start) {
-            Some(s) => s.1,
-            None => match value_end(body, i) {
-                Some(end) => end,
-                None => return found,
-            },
-        };
-        let slot = match key_kind(key) {
-            Some(KeyKind::MaxOutput) => Some(&mut found.max_output),
-            Some(KeyKind::Choices) => Some(&mut found.choices),
-            None => None,
-        };
-        if let Some(slot) = slot {
-            if let Some(n) = std::str::from_utf8(&body[start..i])
-                .ok()
-                .and_then(|t| t.parse::<u64>().ok())
-            {
-                *slot = Some(slot.map_or(n, |f| f.max(n)));
-            }
-        }
-        i = ws(body, i);
-        if body.get(i) != Some(&b',') {
-            break;
-        }
-        i = ws(body, i + 1);
-    }
-    found
-}
-
-enum KeyKind {
-    MaxOutput,
-    Choices,
-}
-
-/// Which of our keys `raw` (a key's bytes between the quotes) is, escapes decoded as the backend
-/// would decode them.
-fn key_kind(raw: &[u8]) -> Option<KeyKind> {
-    let kind = |k: &[u8]| {
-        if MAX_OUTPUT_KEYS.contains(&k) {
-            Some(KeyKind::MaxOutput)
-        } else if CHOICES_KEYS.contains(&k) {
-            Some(KeyKind::Choices)
-        } else {
-            None
-        }
-    };
-    if !raw.contains(&b'\\') {
-        return kind(raw);
-    }
-    if raw.len() > MAX_KEY {
-        return None;
-    }
-    let mut quoted = Vec::with_capacity(raw.len() + 2);
-    quoted.push(b'"');
-    quoted.extend_from_slice(raw);
-    quoted.push(b'"');
-    let key = serde_json::from_slice::<String>(&quoted).ok()?;
-    kind(key.as_bytes())
-}
-
-fn ws(b: &[u8], mut i: usize) -> usize {
-    while i < b.len() && matches!(b[i], b' ' | b'\t' | b'\n' | b'\r') {
-        i += 1;
-    }
-    i
-}
-
-/// Index of the quote closing a string whose content starts at `from`.
-fn string_end(b: &[u8], from: usize) -> Option<usize> {
-    crate::fast::skip_string(b, from, |j| Ok::<usize, ()>(j + 2)).ok()?
-}
-
-/// End of the (valid) JSON value starting at `i`.
-fn value_end(b: &[u8], i: usize) -> Option<usize> {
-    match *b.get(i)? {
-        b'"' => string_end(b, i + 1).map(|q| q + 1),
-        b'{' | b'[' => {
-            let mut depth = 0usize;
-            let mut j = i;
-            while j < b.len() {
-                match b[j] {
-                    b'"' => j = string_end(b, j + 1)?,
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Some(j + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                j += 1;
-            }
-            None
-        }
-        _ => {
-            let mut j = i;
-            while j < b.len() && !matches!(b[j], b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
-            {
-                j += 1;
-            }
-            Some(j)
-        }
+        include_usage: k.include_usage,
     }
 }
 
@@ -272,7 +112,7 @@ mod tests {
 
     fn facts(body: &str) -> RequestFacts {
         let fields = Scanner::new().scan(body.as_bytes()).unwrap();
-        request_facts(body.as_bytes(), &fields)
+        request_facts(body.len(), &fields)
     }
 
     #[test]
@@ -313,6 +153,30 @@ mod tests {
         assert_eq!(facts(body).choices, 1);
         assert_eq!(facts(r#"{"model":"m","n":3,"best_of":5}"#).choices, 5);
         assert_eq!(facts(r#"{"model":"m","n":0}"#).choices, 1);
+    }
+
+    #[test]
+    fn include_usage_is_read_only_directly_inside_a_stream_options_object() {
+        for body in [
+            r#"{"model":"m","stream_options":{"include_usage":1},"x":[true]}"#,
+            r#"{"model":"m","stream_options":{"a":{"include_usage":true}}}"#,
+            r#"{"model":"m","stream_options":[{"include_usage":true}]}"#,
+            r#"{"model":"m","stream_options":{"include_usage":[true]}}"#,
+            r#"{"model":"m","metadata":{"include_usage":true}}"#,
+            r#"{"model":"m","include_usage":true}"#,
+        ] {
+            assert_eq!(facts(body).include_usage, None, "{body}");
+        }
+        let f =
+            facts(r#"{"model":"m","stream_options":{"x":[1,{"y":null}],"include_usage":false}}"#);
+        assert_eq!(f.include_usage, Some(false));
+        // However long the object (a client's `false` must be seen, or the gateway would add
+        // a second include_usage).
+        let long = format!(
+            r#"{{"model":"m","stream_options":{{"pad":"{}","include_usage":false}}}}"#,
+            "x".repeat(8192)
+        );
+        assert_eq!(facts(&long).include_usage, Some(false));
     }
 
     #[test]

@@ -1,5 +1,13 @@
-//! Asking an OpenAI-shaped backend for usage on a stream: `stream_options.include_usage: true`,
-//! added with a byte edit that keeps everything else as the client sent it.
+//! The gateway's edits to a request body for budgets: `stream_options.include_usage: true` for an
+//! OpenAI-shaped stream, `max_tokens` when nothing else bounds the completion. Byte edits that
+//! keep everything else as the client sent it.
+//!
+//! Envoy lets a filter replace only the first bytes of a buffered body (`proxy_set_buffer_bytes`
+//! from offset 0: drain that many, prepend the new ones), so the edits are made as one splice of
+//! the body's head ([`Splice`]): new members go right after the opening brace, and an existing
+//! `stream_options` object is edited where it is. The rest of the body (the prompt, most of it)
+//! is neither read back nor copied. Member order means nothing in JSON, and the scanner refuses
+//! duplicate keys, so a member the client did not send can go first.
 
 use super::bound::RequestFacts;
 use crate::scan::{Fields, Span};
@@ -13,74 +21,144 @@ pub fn stream_needs_asking(path: &str) -> bool {
     matches!(path, "/v1/chat/completions" | "/v1/completions")
 }
 
-/// The body to send upstream when the gateway must add `include_usage` (a `stream: true` request
-/// whose client did not set it), or `None` when the body goes as sent: not streaming, the client
-/// said `true` (it wants the chunk) or `false` (the gateway then estimates), or `stream_options`
-/// is something other than an object or null (the backend will refuse it anyway).
-/// When `Some`, the client did not ask for the usage chunk and the response reader should strip it.
-pub fn add_include_usage(body: &[u8], fields: &Fields, facts: &RequestFacts) -> Option<Vec<u8>> {
-    if !fields.stream || facts.include_usage.is_some() {
+/// What to change in a request body, before its bytes are looked at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edits {
+    /// The opening brace.
+    open: usize,
+    /// `stream_options` to edit in place (the client sent it without `include_usage`).
+    options: Option<Span>,
+    /// Members to add after the opening brace, each followed by a comma.
+    front: Vec<u8>,
+    /// `include_usage` is to be asked for (in `front` or in `options`).
+    ask: bool,
+}
+
+/// The edits as one replacement of the body's first `replace` bytes by `with`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Splice {
+    pub replace: usize,
+    pub with: Vec<u8>,
+    /// The gateway added `include_usage`: the usage-only chunk is not the client's, strip it.
+    pub asked: bool,
+    /// Where bytes were added, in the client's body, and how many: `(at, grew)`, in order.
+    moves: Vec<(usize, usize)>,
+}
+
+impl Splice {
+    /// Length of the edited body, from the client's `len`.
+    pub fn new_len(&self, len: usize) -> usize {
+        len - self.replace + self.with.len()
+    }
+
+    /// Where a span of the client's body (the `model` token) is in the edited body.
+    pub fn moved(&self, span: Span) -> Span {
+        let grew: usize = self
+            .moves
+            .iter()
+            .filter(|(at, _)| *at <= span.0)
+            .map(|(_, g)| g)
+            .sum();
+        (span.0 + grew, span.1 + grew)
+    }
+
+    /// The whole edited body (tests, and hosts that rewrite bodies whole).
+    pub fn apply(&self, body: &[u8]) -> Vec<u8> {
+        let mut out = self.with.clone();
+        out.extend_from_slice(&body[self.replace.min(body.len())..]);
+        out
+    }
+}
+
+/// The edits a request needs: `ask_usage` (a stream on a path that needs asking) unless the
+/// client set `include_usage` itself, and `max_tokens` = `set_max_tokens`. `None`: the body goes
+/// as sent.
+pub fn edits(
+    fields: &Fields,
+    facts: &RequestFacts,
+    ask_usage: bool,
+    set_max_tokens: Option<u64>,
+) -> Option<Edits> {
+    let ask = ask_usage && fields.stream && facts.include_usage.is_none();
+    let mut front = Vec::new();
+    if let Some(n) = set_max_tokens {
+        front.extend_from_slice(format!("\"max_tokens\":{n},").as_bytes());
+    }
+    let options = fields.spans.stream_options.filter(|_| ask);
+    if ask && options.is_none() {
+        front.extend_from_slice(br#""stream_options":{"#);
+        front.extend_from_slice(OPTION);
+        front.extend_from_slice(b"},");
+    }
+    if front.is_empty() && options.is_none() {
         return None;
     }
-    match fields.spans.stream_options {
-        None => {
-            let close = body.iter().rposition(|&c| c == b'}')?;
-            let mut out = Vec::with_capacity(body.len() + OPTION.len() + 20);
-            out.extend_from_slice(&body[..close]);
-            out.extend_from_slice(br#","stream_options":{"#);
-            out.extend_from_slice(OPTION);
-            out.push(b'}');
-            out.extend_from_slice(&body[close..]);
-            Some(out)
+    Some(Edits {
+        open: fields.knobs.open,
+        options,
+        front,
+        ask,
+    })
+}
+
+impl Edits {
+    /// How many of the body's first bytes the splice is made from (and replaces): up to the
+    /// opening brace, or to the end of a `stream_options` edited in place.
+    pub fn needed(&self) -> usize {
+        self.options.map_or(self.open + 1, |(_, b)| b)
+    }
+
+    /// The splice, from `head`: the body's first [`Edits::needed`] bytes (`None` if it is
+    /// shorter). A `stream_options` that is neither an object nor null is left alone (the
+    /// backend refuses it anyway): then usage is not asked for.
+    pub fn splice(&self, head: &[u8]) -> Option<Splice> {
+        let head = head.get(..self.needed())?;
+        let body_open = self.open + 1;
+        let mut with = Vec::with_capacity(head.len() + self.front.len() + OPTION.len() + 2);
+        with.extend_from_slice(&head[..body_open]);
+        with.extend_from_slice(&self.front);
+        let mut moves = Vec::with_capacity(2);
+        if !self.front.is_empty() {
+            moves.push((body_open, self.front.len()));
         }
-        Some((a, b)) => {
-            let value = body.get(a..b)?;
-            let mut out = Vec::with_capacity(body.len() + OPTION.len() + 2);
-            out.extend_from_slice(&body[..a]);
+        let mut asked = self.ask;
+        if let Some((a, b)) = self.options {
+            with.extend_from_slice(&head[body_open..a]);
+            let value = &head[a..b];
+            let before = with.len();
             if value == b"null" {
-                out.push(b'{');
-                out.extend_from_slice(OPTION);
-                out.push(b'}');
+                with.push(b'{');
+                with.extend_from_slice(OPTION);
+                with.push(b'}');
             } else if value.first() == Some(&b'{') {
                 let empty = value[1..]
                     .iter()
                     .all(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r' | b'}'));
-                out.push(b'{');
-                out.extend_from_slice(OPTION);
+                with.push(b'{');
+                with.extend_from_slice(OPTION);
                 if !empty {
-                    out.push(b',');
+                    with.push(b',');
                 }
-                out.extend_from_slice(&value[1..]);
+                with.extend_from_slice(&value[1..]);
             } else {
-                return None;
+                with.extend_from_slice(value);
+                asked = false;
             }
-            out.extend_from_slice(&body[b..]);
-            Some(out)
+            let grew = (with.len() - before) - value.len();
+            if grew > 0 {
+                // Inside the value: only what comes after its start moves.
+                moves.push((a + 1, grew));
+            }
         }
-    }
-}
-
-/// The body with `"max_tokens": n` added as its last top-level member: the client set no
-/// completion cap and the backend declares no context length, so the gateway sets one the backend
-/// enforces for the reserved bound to hold ([`super::bound::Bound::set_max_tokens`]). `None` when
-/// the body has no closing brace (the scanner accepted no such body).
-pub fn add_max_tokens(body: &[u8], n: u64) -> Option<Vec<u8>> {
-    let close = body.iter().rposition(|&c| c == b'}')?;
-    let member = format!(",\"max_tokens\":{n}");
-    let mut out = Vec::with_capacity(body.len() + member.len());
-    out.extend_from_slice(&body[..close]);
-    out.extend_from_slice(member.as_bytes());
-    out.extend_from_slice(&body[close..]);
-    Some(out)
-}
-
-/// Where a span of the client's body (the `model` token) is after [`add_include_usage`] made the
-/// body `grew` bytes longer: the edit is at `stream_options` (or at the closing brace, after
-/// every member), so only a span after `stream_options` moves.
-pub fn span_after_include_usage(span: Span, fields: &Fields, grew: usize) -> Span {
-    match fields.spans.stream_options {
-        Some((a, _)) if span.0 > a => (span.0 + grew, span.1 + grew),
-        _ => span,
+        if moves.is_empty() {
+            return None;
+        }
+        Some(Splice {
+            replace: head.len(),
+            with,
+            asked,
+            moves,
+        })
     }
 }
 
@@ -89,15 +167,23 @@ mod tests {
     use super::*;
     use crate::budget::bound::request_facts;
     use crate::scan::Scanner;
+    use serde_json::{json, Value};
 
-    fn inject(body: &str) -> Option<String> {
+    /// The edited body and its splice, for `body` with usage asked for and `max_tokens`.
+    fn edit(body: &str, max_tokens: Option<u64>) -> Option<(String, Splice)> {
         let fields = Scanner::new().scan(body.as_bytes()).unwrap();
-        let facts = request_facts(body.as_bytes(), &fields);
-        add_include_usage(body.as_bytes(), &fields, &facts).map(|b| String::from_utf8(b).unwrap())
+        let facts = request_facts(body.len(), &fields);
+        let splice = edits(&fields, &facts, true, max_tokens)?.splice(body.as_bytes())?;
+        let out = String::from_utf8(splice.apply(body.as_bytes())).unwrap();
+        Some((out, splice))
     }
 
-    fn options(body: &str) -> serde_json::Value {
-        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    fn inject(body: &str) -> Option<String> {
+        edit(body, None).filter(|(_, s)| s.asked).map(|(b, _)| b)
+    }
+
+    fn options(body: &str) -> Value {
+        let v: Value = serde_json::from_str(body).unwrap();
         v["stream_options"].clone()
     }
 
@@ -106,19 +192,16 @@ mod tests {
         let got = inject(r#"{"model":"m","stream":true,"messages":[]}"#).unwrap();
         assert_eq!(
             got,
-            r#"{"model":"m","stream":true,"messages":[],"stream_options":{"include_usage":true}}"#
+            r#"{"stream_options":{"include_usage":true},"model":"m","stream":true,"messages":[]}"#
         );
         let got = inject("{\"model\":\"m\",\"stream\":true,\"stream_options\":{ \"x\" : 1 } }\n")
             .unwrap();
-        assert_eq!(
-            options(&got),
-            serde_json::json!({"include_usage": true, "x": 1})
-        );
+        assert_eq!(options(&got), json!({"include_usage": true, "x": 1}));
         assert!(got.ends_with(" }\n"));
         let got = inject(r#"{"model":"m","stream":true,"stream_options":{ }}"#).unwrap();
-        assert_eq!(options(&got), serde_json::json!({"include_usage": true}));
+        assert_eq!(options(&got), json!({"include_usage": true}));
         let got = inject(r#"{"model":"m","stream_options":null,"stream":true}"#).unwrap();
-        assert_eq!(options(&got), serde_json::json!({"include_usage": true}));
+        assert_eq!(options(&got), json!({"include_usage": true}));
         for as_sent in [
             r#"{"model":"m","messages":[]}"#,
             r#"{"model":"m","stream":false}"#,
@@ -139,41 +222,78 @@ mod tests {
         assert!(!stream_needs_asking("/v1/embeddings"));
     }
 
+    /// Every edit leaves the body the client's JSON plus the members added, scanning to the
+    /// same model at the moved span, and replaces only the head it needed.
     #[test]
-    fn the_edited_body_still_scans_with_the_same_model() {
-        for body in [
+    fn the_splice_is_the_clients_json_plus_the_edits_and_the_model_span_follows() {
+        let bodies = [
             r#"{"model":"m","stream":true}"#,
+            " \n\t{\"stream\":true,\"model\":\"m\"} ",
             r#"{"stream":true,"model":"m","stream_options":{"a":{"b":[1,2]}}}"#,
-        ] {
-            let got = inject(body).unwrap();
-            let fields = Scanner::new().scan(got.as_bytes()).unwrap();
-            assert_eq!(fields.model, "m");
-            assert_eq!(options(&got)["include_usage"], serde_json::json!(true));
+            r#"{"stream_options":null,"stream":true,"model":"m"} "#,
+            r#"{"model":"m","stream":true,"stream_options":{}}"#,
+            r#"{"model":"m","stream_options":{ },"stream":true,"messages":[{"role":"user","content":"x"}]}"#,
+            r#"{"model":"m","stream":true,"stream_options":[]}"#,
+            r#"{"model":"m","messages":[]}"#,
+        ];
+        for body in bodies {
+            let fields = Scanner::new().scan(body.as_bytes()).unwrap();
+            let span = fields.spans.model.unwrap();
+            for max_tokens in [None, Some(4096)] {
+                let Some((got, splice)) = edit(body, max_tokens) else {
+                    assert!(max_tokens.is_none(), "{body}");
+                    continue;
+                };
+                assert_eq!(splice.new_len(body.len()), got.len());
+                let scanned = Scanner::new().scan(got.as_bytes()).unwrap();
+                assert_eq!(scanned.model, "m", "{got}");
+                let moved = splice.moved(span);
+                assert_eq!(&got[moved.0..moved.1], r#""m""#, "{got}");
+                assert_eq!(scanned.spans.model, Some(moved));
+                let mut want: Value = serde_json::from_str(body).unwrap();
+                if let Some(n) = max_tokens {
+                    want["max_tokens"] = json!(n);
+                }
+                if splice.asked {
+                    let o = &mut want["stream_options"];
+                    if o.is_null() {
+                        *o = json!({});
+                    }
+                    o["include_usage"] = json!(true);
+                }
+                assert_eq!(serde_json::from_str::<Value>(&got).unwrap(), want, "{got}");
+                let head = fields
+                    .spans
+                    .stream_options
+                    .map_or(fields.knobs.open + 1, |s| s.1);
+                assert!(
+                    splice.replace <= head,
+                    "{body}: replaced {}",
+                    splice.replace
+                );
+                assert!(got.ends_with(&body[splice.replace..]));
+            }
         }
     }
 
     #[test]
-    fn max_tokens_goes_last_and_the_model_span_follows_the_edit() {
-        let body = br#"{"stream_options":null,"stream":true,"model":"m"} "#;
-        let got = add_max_tokens(body, 4096).unwrap();
+    fn max_tokens_goes_first_and_only_the_brace_is_replaced() {
+        let body = r#"{"messages":[{"role":"user","content":"long prompt"}],"model":"m"}"#;
+        let (got, splice) = edit(body, Some(4096)).unwrap();
         assert_eq!(
             got,
-            br#"{"stream_options":null,"stream":true,"model":"m","max_tokens":4096} "#
+            r#"{"max_tokens":4096,"messages":[{"role":"user","content":"long prompt"}],"model":"m"}"#
         );
-        let fields = Scanner::new().scan(body).unwrap();
-        let facts = request_facts(body, &fields);
-        let edited = add_include_usage(body, &fields, &facts).unwrap();
-        let span = fields.spans.model.unwrap();
-        let moved = span_after_include_usage(span, &fields, edited.len() - body.len());
-        assert_eq!(&edited[moved.0..moved.1], br#""m""#);
-        // A model before stream_options stays where it was.
-        let body = br#"{"model":"m","stream":true,"stream_options":{}}"#;
-        let fields = Scanner::new().scan(body).unwrap();
-        let facts = request_facts(body, &fields);
-        let edited = add_include_usage(body, &fields, &facts).unwrap();
-        let span = fields.spans.model.unwrap();
-        let kept = span_after_include_usage(span, &fields, edited.len() - body.len());
-        assert_eq!(&edited[kept.0..kept.1], br#""m""#);
-        assert_eq!(add_max_tokens(b"no object", 1), None);
+        assert_eq!(
+            (splice.replace, splice.with.as_slice()),
+            (1, &br#"{"max_tokens":4096,"#[..])
+        );
+        assert!(!splice.asked);
+        // A head shorter than what the edit needs gives no splice.
+        let fields = Scanner::new().scan(body.as_bytes()).unwrap();
+        let facts = request_facts(body.len(), &fields);
+        let e = edits(&fields, &facts, false, Some(1)).unwrap();
+        assert_eq!(e.needed(), 1);
+        assert_eq!(e.splice(b""), None);
     }
 }

@@ -105,13 +105,19 @@ impl<S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger>> SharedLedgers<'_,
         Err(SharedError::Contended(l.key.clone()))
     }
 
+    /// Drops `hold` (if any) and charges `actual` (zero: a release), in one compare-and-swap,
+    /// answering (spent, held) as it left the ledger: the gauges show those, and reading them
+    /// here saves reading the ledger again.
     pub fn settle(
         &self,
         key: &LedgerKey,
         hold: Option<&Hold>,
         actual: Amount,
-    ) -> Result<(), SharedError> {
-        self.update(key, |l, shape, _, now| l.settle(shape, hold, actual, now))
+    ) -> Result<(Amount, Amount), SharedError> {
+        self.update(key, |l, shape, _, now| {
+            l.settle(shape, hold, actual, now);
+            (l.spent(shape, now), l.held(shape, now))
+        })
     }
 
     /// (spent, held) now.
@@ -274,13 +280,11 @@ mod tests {
         let holds = admit_all(&mut store, &[KEY], Amount::new(70, 0))
             .unwrap()
             .unwrap();
-        store
+        let after = store
             .settle(&KEY, Some(&holds[0].1), Amount::new(20, 0))
             .unwrap();
-        assert_eq!(
-            store.usage(&KEY).unwrap(),
-            (Amount::new(20, 0), Amount::ZERO)
-        );
+        assert_eq!(after, (Amount::new(20, 0), Amount::ZERO));
+        assert_eq!(store.usage(&KEY).unwrap(), after);
         let refusal = admit_all(&mut store, &[KEY], Amount::new(81, 0))
             .unwrap()
             .unwrap_err();

@@ -92,39 +92,15 @@ pub fn newest<S: SharedData>(data: &S, key: &str) -> Option<Reading> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::{Cell, RefCell};
-    use std::collections::HashMap;
+    use crate::budget::test_store::Envoyish;
 
-    /// Envoy's shared data: a new token per write, any token creates an absent key.
-    #[derive(Default)]
-    struct Store {
-        map: RefCell<HashMap<String, (Vec<u8>, u32)>>,
-        tokens: Cell<u32>,
-        /// Written just before the next `set`: another worker's write landing in between.
-        interleave: RefCell<Option<Reading>>,
-    }
-
-    impl SharedData for Store {
-        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-            self.map.borrow().get(key).cloned()
-        }
-        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
-            let other = self.interleave.borrow_mut().take();
-            if let Some(other) = other {
-                let mut b = Vec::new();
-                other.encode(&mut b);
-                self.set(key, &b, None)?;
-            }
-            let mut map = self.map.borrow_mut();
-            if let (Some(c), Some((_, cur))) = (cas, map.get(key)) {
-                if c != *cur {
-                    return Err(SetError::CasMismatch);
-                }
-            }
-            self.tokens.set(self.tokens.get() + 1);
-            map.insert(key.to_string(), (value.to_vec(), self.tokens.get()));
-            Ok(())
-        }
+    /// Another worker stores `other` under `key` between this worker's read and its write.
+    fn interleave(s: &Envoyish, key: &'static str, other: Reading) {
+        *s.interleave.borrow_mut() = Some(Box::new(move |s: &Envoyish| {
+            let mut b = Vec::new();
+            other.encode(&mut b);
+            s.set(key, &b, None).unwrap();
+        }));
     }
 
     fn at(version: u64, tokens: u64) -> Reading {
@@ -139,7 +115,7 @@ mod tests {
 
     #[test]
     fn an_older_answer_after_a_newer_one_leaves_the_newer() {
-        let s = Store::default();
+        let s = Envoyish::default();
         assert_eq!(publish(&s, K, at(5, 3946)), at(5, 3946));
         assert_eq!(publish(&s, K, at(9, 5919)), at(9, 5919));
         // The other worker's answer, older, processed last: the gauges show the newer.
@@ -153,22 +129,22 @@ mod tests {
 
     #[test]
     fn a_newer_state_written_in_between_wins_over_an_older_one() {
-        let s = Store::default();
+        let s = Envoyish::default();
         publish(&s, K, at(1, 10));
         // Between this worker's read and its write, the other worker stores version 9.
-        *s.interleave.borrow_mut() = Some(at(9, 90));
+        interleave(&s, K, at(9, 90));
         assert_eq!(publish(&s, K, at(4, 40)), at(9, 90));
         assert_eq!(newest(&s, K), Some(at(9, 90)));
         // And when the key is created by the other worker in between, not overwritten.
-        let s = Store::default();
-        *s.interleave.borrow_mut() = Some(at(9, 90));
+        let s = Envoyish::default();
+        interleave(&s, "new", at(9, 90));
         assert_eq!(publish(&s, "new", at(4, 40)), at(9, 90));
         assert_eq!(newest(&s, "new"), Some(at(9, 90)));
     }
 
     #[test]
     fn versionless_answers_keep_the_last_one_and_bad_bytes_are_replaced() {
-        let s = Store::default();
+        let s = Envoyish::default();
         publish(&s, K, at(0, 10));
         assert_eq!(
             publish(&s, K, at(0, 4)),

@@ -28,6 +28,8 @@ pub mod remote;
 pub mod reply;
 pub mod shared;
 pub mod table;
+#[cfg(test)]
+mod test_store;
 pub mod usage;
 mod varint;
 pub mod window;

@@ -156,53 +156,7 @@ impl<S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger>> LedgerStore
 mod tests {
     use super::*;
     use crate::budget::admit::admit_all;
-    use std::cell::{Cell, RefCell};
-    use std::collections::HashMap;
-
-    type Map = HashMap<String, (Vec<u8>, u32)>;
-    type Hook = Box<dyn FnOnce(&Envoyish)>;
-
-    /// Envoy's semantics: a new token per write; an absent key accepts any token.
-    fn envoy_set(
-        map: &mut Map,
-        tokens: &mut u32,
-        key: &str,
-        value: &[u8],
-        cas: Option<u32>,
-    ) -> Result<(), SetError> {
-        if let (Some(c), Some((_, cur))) = (cas, map.get(key)) {
-            if c != *cur {
-                return Err(SetError::CasMismatch);
-            }
-        }
-        *tokens += 1;
-        map.insert(key.to_string(), (value.to_vec(), *tokens));
-        Ok(())
-    }
-
-    #[derive(Default)]
-    struct Envoyish {
-        map: RefCell<Map>,
-        tokens: Cell<u32>,
-        /// Runs once before the next `set`, as another worker's write landing in between.
-        interleave: RefCell<Option<Hook>>,
-    }
-
-    impl SharedData for Envoyish {
-        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-            self.map.borrow().get(key).cloned()
-        }
-        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
-            let hook = self.interleave.borrow_mut().take();
-            if let Some(f) = hook {
-                f(self);
-            }
-            let mut t = self.tokens.get();
-            let r = envoy_set(&mut self.map.borrow_mut(), &mut t, key, value, cas);
-            self.tokens.set(t);
-            r
-        }
-    }
+    use crate::budget::test_store::{envoy_set, Envoyish, Map};
 
     fn one(_: &LedgerKey) -> Option<SharedLedger> {
         Some(SharedLedger {

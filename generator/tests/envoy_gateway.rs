@@ -1006,10 +1006,7 @@ fn picked_backends_get_an_original_dst_cluster_on_the_filters_header() {
         serde_json::to_value(&cfg).unwrap(),
         serde_json::to_value(&envoy_cfg).unwrap()
     );
-    let patches = of_kind(&docs, "EnvoyPatchPolicy")[0]["spec"]["jsonPatches"]
-        .as_array()
-        .unwrap()
-        .clone();
+    let patches = json_patches(&docs);
     let add = patches
         .iter()
         .find(|p| p["name"] == cluster && p["operation"]["op"] == "add")
@@ -1080,10 +1077,7 @@ fn a_picked_backend_sharing_an_order_is_refused() {
 fn shadow_rules_mirror_to_local_backends() {
     let text = dataplane_docs(with_gateway(dataplane_router()));
     let docs = compile_docs(&text, &opts());
-    let patches = of_kind(&docs, "EnvoyPatchPolicy")[0]["spec"]["jsonPatches"]
-        .as_array()
-        .unwrap()
-        .clone();
+    let patches = json_patches(&docs);
     let shadow_cluster = "llmkube-shadow/llm/dp/local-b";
     let add = patches
         .iter()
@@ -1202,10 +1196,7 @@ fn for_envoy_plugin(docs: &[Value]) -> PluginConfig {
 fn every_route_removes_the_clients_authorization() {
     let text = dataplane_docs(with_gateway(dataplane_router()));
     let docs = compile_docs(&text, &opts());
-    let patches = of_kind(&docs, "EnvoyPatchPolicy")[0]["spec"]["jsonPatches"]
-        .as_array()
-        .unwrap()
-        .clone();
+    let patches = json_patches(&docs);
     let regexes: Vec<regex::Regex> = patches
         .iter()
         .filter(|p| p["operation"]["path"] == "/request_headers_to_remove")
@@ -1264,4 +1255,12 @@ fn warnings_name_the_field_and_the_fix() {
         "30s",
     )))));
     assert!(!w.iter().any(|w| w.contains(".timeout:")), "{w:#?}");
+}
+
+/// The JSON patches of the (one) EnvoyPatchPolicy.
+fn json_patches(docs: &[Value]) -> Vec<Value> {
+    of_kind(docs, "EnvoyPatchPolicy")[0]["spec"]["jsonPatches"]
+        .as_array()
+        .unwrap()
+        .clone()
 }

@@ -100,6 +100,8 @@ fn quarantine_health_and_panic_on_backend_clusters() {
                 "base_ejection_time": "20s", "max_ejection_time": "20s", "max_ejection_percent": 100,
                 "split_external_local_origin_errors": true, "enforcing_consecutive_local_origin_failure": 0,
                 "enforcing_success_rate": 0, "enforcing_local_origin_success_rate": 0,
+                // A passing health check must not end the quarantine early.
+                "successful_active_health_check_uneject_host": false,
             }),
             "{name}"
         );

@@ -136,6 +136,9 @@ pub(super) fn backend_cluster_config(
         "enforcing_consecutive_local_origin_failure": 0,
         "enforcing_success_rate": 0,
         "enforcing_local_origin_success_rate": 0,
+        // Envoy's default lets the next passing TCP health check (1 s) lift the ejection, which
+        // would end the quarantine long before `quarantineDuration`.
+        "successful_active_health_check_uneject_host": false,
     });
     c["health_checks"] = json!([{
         "timeout": "1s",

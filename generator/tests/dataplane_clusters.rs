@@ -107,6 +107,8 @@ fn quarantine_health_and_panic_on_backend_clusters() {
         );
         let hc = &c["health_checks"][0];
         assert_eq!(hc["interval"], "1s");
+        // A backend the check marks down sits out its quarantine before the next check.
+        assert_eq!(hc["unhealthy_interval"], "20s");
         assert_eq!(hc["unhealthy_threshold"], 1);
         assert_eq!(hc["healthy_threshold"], 1);
         assert_eq!(hc["tcp_health_check"], json!({}));

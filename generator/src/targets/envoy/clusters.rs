@@ -117,7 +117,8 @@ pub(super) fn via_cluster_config(backend: &str, tier: rc::Tier, buffer_limit: u6
 
 /// `backend-<b>`: the backend's endpoints with the quarantine (one 5xx ejects for
 /// `quarantine`; statistical ejection off so a many-endpoint backend is never ejected for being
-/// slow), a TCP health check for refused connections, and no panic mode.
+/// slow), a TCP health check for refused connections (a backend it marks down is checked again
+/// only `quarantine` later), and no panic mode.
 pub(super) fn backend_cluster_config(
     b: &Backend,
     quarantine: &str,
@@ -144,6 +145,11 @@ pub(super) fn backend_cluster_config(
         "timeout": "1s",
         "interval": "1s",
         "no_traffic_interval": "1s",
+        // Checks of a backend marked down (and Envoy's unhealthy edge interval, which defaults
+        // to this): a refused connection is a network error, which quarantines for
+        // `quarantineDuration` like a 5xx instead of ending at the next 1 s check; a backend
+        // that stays down is probed once per quarantine (the seed's half-open probe).
+        "unhealthy_interval": quarantine,
         "unhealthy_threshold": 1,
         "healthy_threshold": 1,
         "tcp_health_check": {},

@@ -27,6 +27,23 @@ fn body(kib: usize) -> Vec<u8> {
     .into_bytes()
 }
 
+/// Content span (after the opening quote, up to the closing one) of the longest string in `b`.
+fn longest_string(b: &[u8]) -> (usize, usize) {
+    let (mut best, mut i) = ((0, 0), 0);
+    while let Some(q) = b[i..].iter().position(|&c| c == b'"') {
+        let start = i + q + 1;
+        let end = match router_core::fast::skip_string(b, start, |j| Ok::<usize, ()>(j + 2)) {
+            router_core::fast::Walk::Quote(e) => e,
+            _ => break,
+        };
+        if end - start > best.1 - best.0 {
+            best = (start, end);
+        }
+        i = end + 1;
+    }
+    best
+}
+
 /// Seconds per scan of a `bytes`-long body: a warm-up, then the best of several rounds sized so
 /// each round reads about 64 MiB.
 fn time<F: FnMut()>(bytes: usize, mut f: F) -> f64 {
@@ -38,7 +55,13 @@ fn time<F: FnMut()>(bytes: usize, mut f: F) -> f64 {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    // `--scan-only BODY...`: just the whole-body scan's µs/KiB per body, for quick A/B runs
+    // (several runs of each build interleaved; the other lines take most of a run's time).
+    let scan_only = args.first().map(String::as_str) == Some("--scan-only");
+    if scan_only {
+        args.remove(0);
+    }
     let bodies: Vec<(String, Vec<u8>)> = if args.is_empty() {
         [1usize, 16, 256, 2048]
             .iter()
@@ -65,6 +88,14 @@ fn main() {
             let f = s.scan(std::hint::black_box(b)).expect("valid");
             std::hint::black_box(f.stream);
         });
+        if scan_only {
+            println!(
+                "{name:<28} {kib:>10.0} {:>10.2} {:>7.3}",
+                scan * 1e6,
+                scan * 1e6 / kib
+            );
+            continue;
+        }
         // As the filter feeds a body that arrives in pieces (Envoy hands over a 2 MiB body in
         // about eight reads of ~256 KiB): a window keeping only what the scan may read again.
         let piece = 256 * 1024;
@@ -124,6 +155,37 @@ fn main() {
             "{:<28} copied in and scanned, µs/KiB, read whole / 256 / 64 / 16 KiB at a time: {}",
             "",
             per_chunk.join(" / ")
+        );
+        // The passes over every byte, each alone: the copy (as the host makes it), the UTF-8
+        // check over the whole body (the scan's separate first pass until it moved into the
+        // string walk) and the string walk over the body's longest string (where nearly all
+        // bytes are).
+        let copy = time(b.len(), || {
+            let mut v = Vec::with_capacity(b.len());
+            v.extend_from_slice(std::hint::black_box(b));
+            std::hint::black_box(&v);
+        });
+        let utf8_pass = time(b.len(), || {
+            std::hint::black_box(router_core::fast::validate_utf8(std::hint::black_box(b)).is_ok());
+        });
+        let (start, end) = longest_string(b);
+        let walk = time(end - start, || {
+            let w = router_core::fast::skip_string(std::hint::black_box(b), start, |j| {
+                Ok::<usize, ()>(if b.get(j + 1) == Some(&b'u') {
+                    j + 6
+                } else {
+                    j + 2
+                })
+            });
+            std::hint::black_box(w);
+        });
+        println!(
+            "{:<28} passes alone, µs/KiB: copy {:.3} · UTF-8 over the body {:.3} · walk of the longest string ({:.0} KiB) {:.3}",
+            "",
+            copy * 1e6 / kib,
+            utf8_pass * 1e6 / kib,
+            (end - start) as f64 / 1024.0,
+            walk * 1e6 / ((end - start) as f64 / 1024.0)
         );
     }
 }

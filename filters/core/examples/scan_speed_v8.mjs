@@ -1,5 +1,6 @@
 // Runs the wasm32-wasip1 build of examples/scan_speed.rs on Node's V8 (the engine Envoy embeds).
 // node filters/core/examples/scan_speed_v8.mjs [BODY.json ...]   (paths inside the repo)
+// node filters/core/examples/scan_speed_v8.mjs --scan-only BODY.json ...   (the whole-body scan only)
 //
 // Envoy's V8 (proxy-wasm-cpp-host) turns Liftoff off, so every function is TurboFan-compiled
 // up front; do the same here, or the timing loop (never re-entered, so never tiered up) would
@@ -13,10 +14,18 @@ import { fileURLToPath } from "node:url";
 
 v8.setFlagsFromString("--no-liftoff");
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../..");
-const wasmPath = path.join(root, "target/wasm32-wasip1/release/examples/scan_speed.wasm");
+// SCAN_SPEED_WASM: another build of the example (an A/B of two scanner versions).
+const wasmPath =
+  process.env.SCAN_SPEED_WASM ?? path.join(root, "target/wasm32-wasip1/release/examples/scan_speed.wasm");
 const wasi = new WASI({
   version: "preview1",
-  args: ["scan_speed", ...argv.slice(2).map((p) => "/root/" + path.relative(root, path.resolve(p)))],
+  // Paths are seen from the repository root; options (`--scan-only`) pass as they are.
+  args: [
+    "scan_speed",
+    ...argv
+      .slice(2)
+      .map((p) => (p.startsWith("--") ? p : "/root/" + path.relative(root, path.resolve(p)))),
+  ],
   preopens: { "/root": root },
 });
 const module = await WebAssembly.compile(await readFile(wasmPath));

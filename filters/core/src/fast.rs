@@ -11,21 +11,54 @@ pub fn find_string_special(b: &[u8], from: usize) -> usize {
     imp::find_string_special(b, from)
 }
 
-/// Walks string content from `from` (just after the opening quote) to the closing quote without
-/// decoding it. `special(j)` is called for every `\\` or control byte at `j` and returns where to
-/// resume (after the escape) or an error. Returns the index of the closing quote, or `None` if the
-/// body ends first.
+/// Where a walk over string content ([`skip_string`]) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Walk<E> {
+    /// The closing quote is at this index: every special byte before it passed `special` and
+    /// the content before it is valid UTF-8.
+    Quote(usize),
+    /// The bytes ran out first. The content is valid UTF-8 before `unchecked` (a character
+    /// boundary, up to `b.len()`); what follows was not checked, because only the caller knows
+    /// whether the body ends there (a sequence cut at the end is then invalid) or goes on.
+    End { unchecked: usize },
+    /// `special` failed at a byte; the content before that byte is valid UTF-8.
+    Special(E),
+    /// Invalid UTF-8 at this index, before any byte `special` refused.
+    BadUtf8(usize),
+}
+
+/// Walks string content from `from` (just after the opening quote, or any character boundary in
+/// it that is not inside an escape) to the closing quote without decoding it, checking UTF-8 on
+/// the way. `special(j)` is called for every `\\` or control byte at `j` and returns where to
+/// resume (after the escape) or an error. The first problem by offset wins: a UTF-8 error is
+/// reported only if no earlier byte failed `special`, and a `special` error only if the content
+/// before it is valid UTF-8.
 ///
 /// With SIMD, one 16-byte load yields the positions of every special byte in the block, and the
 /// escapes in it are handled from that bitmask without reloading: chat text escapes `\n` and `\"`
-/// every few dozen bytes, so not restarting the search per escape is most of the speed.
+/// every few dozen bytes, so not restarting the search per escape is most of the speed. UTF-8 is
+/// checked in the same pass: the test that finds control bytes in a block also finds non-ASCII
+/// ones, and only stretches holding non-ASCII bytes go to the validator, so the bytes of an ASCII
+/// prompt are loaded once (the validator used to be a separate pass over the whole body).
 #[inline]
 pub fn skip_string<E>(
     b: &[u8],
     from: usize,
     special: impl FnMut(usize) -> Result<usize, E>,
-) -> Result<Option<usize>, E> {
+) -> Walk<E> {
     imp::skip_string(b, from, special)
+}
+
+/// `then`, unless the string content `b[pend..to]` holds invalid UTF-8. `to` is a quote, a
+/// backslash or a control byte (ASCII), so a sequence it cuts is invalid.
+#[inline(always)]
+fn checked<E>(b: &[u8], pend: usize, to: usize, then: Walk<E>) -> Walk<E> {
+    if pend < to {
+        if let Err(n) = validate_utf8(&b[pend..to]) {
+            return Walk::BadUtf8(pend + n);
+        }
+    }
+    then
 }
 
 /// `Err(n)` where `n` is the length of the longest valid UTF-8 prefix (what
@@ -60,7 +93,7 @@ fn is_special(c: u8) -> bool {
 
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod imp {
-    use super::is_special;
+    use super::{is_special, Walk};
     use core::arch::wasm32::*;
 
     #[inline]
@@ -111,23 +144,30 @@ mod imp {
 
     /// 16 bytes per load, each special byte handled from the bitmask; stops at the closing
     /// quote or at the first token boundary at or after `stop` (`At(b.len())` at the end).
+    /// A failing `special` comes back with the byte it failed at. `pend` is lowered to the start
+    /// of the first 16 bytes (or the byte) holding a non-ASCII byte, as in `skip_string`.
     #[inline(always)]
     fn walk16<E>(
         b: &[u8],
         from: usize,
         stop: usize,
+        pend: &mut usize,
         special: &mut impl FnMut(usize) -> Result<usize, E>,
-    ) -> Result<Step, E> {
+    ) -> Result<Step, (usize, E)> {
         let mut i = from;
         'block: while i < stop && i + 16 <= b.len() {
             // SAFETY: i + 16 <= len, and v128_load has no alignment requirement.
-            let mut mask = special16(unsafe { v128_load(b.as_ptr().add(i) as *const v128) });
+            let v = unsafe { v128_load(b.as_ptr().add(i) as *const v128) };
+            if u8x16_bitmask(v) != 0 {
+                *pend = (*pend).min(i);
+            }
+            let mut mask = special16(v);
             while mask != 0 {
                 let j = i + mask.trailing_zeros() as usize;
                 if b[j] == b'"' {
                     return Ok(Step::Quote(j));
                 }
-                let next = special(j)?;
+                let next = special(j).map_err(|e| (j, e))?;
                 let skip = next - i;
                 if skip >= 16 {
                     i = next;
@@ -143,7 +183,14 @@ mod imp {
             if c == b'"' {
                 return Ok(Step::Quote(i));
             }
-            i = if is_special(c) { special(i)? } else { i + 1 };
+            if c >= 0x80 {
+                *pend = (*pend).min(i);
+            }
+            i = if is_special(c) {
+                special(i).map_err(|e| (i, e))?
+            } else {
+                i + 1
+            };
         }
         Ok(Step::At(i))
     }
@@ -153,16 +200,25 @@ mod imp {
     /// block is a plain two-byte one (`\n`, `\"`, ...) with no control byte before the closing
     /// quote. A block that is anything else (`\u`, an error) is walked by `walk16` instead, which
     /// hands each special byte to `special`, so errors and `\u` handling are exactly that path's.
+    ///
+    /// UTF-8: `pend` is where content not yet checked, and holding non-ASCII bytes, starts
+    /// (`NONE` while every byte walked since the last check is ASCII). A block with a non-ASCII
+    /// byte sets it (to the block's start, a character boundary since the bytes before are
+    /// ASCII); the next all-ASCII block checks `b[pend..]` up to itself (any sequence its first
+    /// byte cuts is invalid), and so does the end of the string. An English prompt never calls
+    /// the validator; text with non-ASCII bytes is checked once, by stretches.
     #[inline]
     pub fn skip_string<E>(
         b: &[u8],
         from: usize,
         mut special: impl FnMut(usize) -> Result<usize, E>,
-    ) -> Result<Option<usize>, E> {
+    ) -> Walk<E> {
         const EVEN: u64 = 0x5555_5555_5555_5555;
+        const NONE: usize = usize::MAX;
         let mut i = from;
         // 1 when the byte at `i` is escaped by a backslash at `i - 1`.
         let mut prev: u64 = 0;
+        let mut pend = NONE;
         // LLVM emits each splat as a `v128.const` inside the loop and V8 builds it there on every
         // pass (several instructions each); values LLVM cannot see through are loop-invariant
         // locals instead, which V8 keeps in registers or reloads with one load.
@@ -199,14 +255,29 @@ mod imp {
                 )
             }));
             // Control bytes are rare inside strings (but common just after one, in pretty-printed
-            // JSON): one test for the block, their positions only when there are some.
-            let low = u8x16_min(u8x16_min(v[0], v[1]), u8x16_min(v[2], v[3]));
-            // (`u8x16_lt` has no x64 instruction; V8 spends four on it, these take one or two.)
-            let ctrl = if v128_any_true(u8x16_sub_sat(space_c, low)) {
-                bits(v.map(|x| u8x16_eq(u8x16_min(x, ctrl_max_c), x)))
+            // JSON), and so are non-ASCII bytes in most prompts. Read as signed bytes, both are
+            // below 0x20 (non-ASCII ones are negative): one compare tests the block for either,
+            // and which kind and where only when there are some. (`i8x16.gt_s` is one x64
+            // instruction, as the `u8x16_sub_sat` this replaced was.)
+            let low = i8x16_min(i8x16_min(v[0], v[1]), i8x16_min(v[2], v[3]));
+            let (ctrl, wide) = if v128_any_true(i8x16_gt(space_c, low)) {
+                let high = v128_or(v128_or(v[0], v[1]), v128_or(v[2], v[3]));
+                (
+                    bits(v.map(|x| u8x16_eq(u8x16_min(x, ctrl_max_c), x))),
+                    u8x16_bitmask(high) != 0,
+                )
             } else {
-                0
+                (0, false)
             };
+            if wide {
+                pend = pend.min(i);
+            } else if pend != NONE {
+                // An all-ASCII block ends whatever multi-byte text came before it.
+                if let Err(n) = super::validate_utf8(&b[pend..i]) {
+                    return Walk::BadUtf8(pend + n);
+                }
+                pend = NONE;
+            }
             // Escaped bytes: the byte after each backslash that is not itself escaped.
             let bs_start = bs & !prev;
             let follows = (bs_start << 1) | prev;
@@ -229,24 +300,29 @@ mod imp {
             }
             if plain {
                 if real != 0 {
-                    return Ok(Some(i + real.trailing_zeros() as usize));
+                    let q = i + real.trailing_zeros() as usize;
+                    return super::checked(b, pend, q, Walk::Quote(q));
                 }
                 prev = carry as u64;
                 i += 64;
                 continue;
             }
             // Start at the backslash if the block's first byte is escaped.
-            match walk16(b, i - prev as usize, i + 64, &mut special)? {
-                Step::Quote(q) => return Ok(Some(q)),
-                Step::At(next) => {
+            match walk16(b, i - prev as usize, i + 64, &mut pend, &mut special) {
+                Ok(Step::Quote(q)) => return super::checked(b, pend, q, Walk::Quote(q)),
+                Ok(Step::At(next)) => {
                     i = next;
                     prev = 0;
                 }
+                Err((j, e)) => return super::checked(b, pend, j, Walk::Special(e)),
             }
         }
-        match walk16(b, i - prev as usize, b.len(), &mut special)? {
-            Step::Quote(q) => Ok(Some(q)),
-            Step::At(_) => Ok(None),
+        match walk16(b, i - prev as usize, b.len(), &mut pend, &mut special) {
+            Ok(Step::Quote(q)) => super::checked(b, pend, q, Walk::Quote(q)),
+            Ok(Step::At(_)) => Walk::End {
+                unchecked: pend.min(b.len()),
+            },
+            Err((j, e)) => super::checked(b, pend, j, Walk::Special(e)),
         }
     }
 
@@ -309,7 +385,7 @@ mod imp {
 
 #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
 mod imp {
-    use super::is_special;
+    use super::{is_special, Walk};
 
     const LO: u64 = 0x0101_0101_0101_0101;
     const HI: u64 = 0x8080_8080_8080_8080;
@@ -350,20 +426,24 @@ mod imp {
     }
 
     /// SWAR masks can flag bytes above the first hit falsely, so search again after each
-    /// escape instead of reusing the mask.
+    /// escape instead of reusing the mask. UTF-8 is checked over the whole walk at its end
+    /// (this path only serves native builds: tests, fuzzing, tools).
     #[inline]
     pub fn skip_string<E>(
         b: &[u8],
         from: usize,
         mut special: impl FnMut(usize) -> Result<usize, E>,
-    ) -> Result<Option<usize>, E> {
+    ) -> Walk<E> {
         let mut i = from;
         loop {
             i = find_string_special(b, i);
             match b.get(i) {
-                None => return Ok(None),
-                Some(b'"') => return Ok(Some(i)),
-                Some(_) => i = special(i)?,
+                None => return Walk::End { unchecked: from },
+                Some(b'"') => return super::checked(b, from, i, Walk::Quote(i)),
+                Some(_) => match special(i) {
+                    Ok(next) => i = next,
+                    Err(e) => return super::checked(b, from, i, Walk::Special(e)),
+                },
             }
         }
     }
@@ -482,17 +562,43 @@ mod tests {
         }
     }
 
-    /// Reference: the closing quote of a string, each special byte judged by `two_byte_escape`.
-    fn naive_skip(b: &[u8], from: usize) -> Result<Option<usize>, usize> {
+    /// Reference: where a string walk ends, each special byte judged by `two_byte_escape`, UTF-8
+    /// checked over everything walked (so a `BadUtf8` before a failing byte wins).
+    fn naive_skip(b: &[u8], from: usize) -> Walk<usize> {
+        let utf8 = |to: usize, then: Walk<usize>| match std::str::from_utf8(&b[from..to]) {
+            Err(e) => Walk::BadUtf8(from + e.valid_up_to()),
+            Ok(_) => then,
+        };
         let mut i = from;
         while i < b.len() {
             match b[i] {
-                b'"' => return Ok(Some(i)),
-                c if is_special(c) => i = two_byte_escape(b, i)?,
+                b'"' => return utf8(i, Walk::Quote(i)),
+                c if is_special(c) => match two_byte_escape(b, i) {
+                    Ok(next) => i = next,
+                    Err(j) => return utf8(j, Walk::Special(j)),
+                },
                 _ => i += 1,
             }
         }
-        Ok(None)
+        utf8(b.len(), Walk::End { unchecked: b.len() })
+    }
+
+    /// A walk as its caller settles it at the end of a whole body: what was left unchecked is
+    /// checked (so a wrong `unchecked`, one inside a character or past a bad byte, shows up).
+    fn walk(b: &[u8], from: usize) -> Walk<usize> {
+        match skip_string(b, from, |j| two_byte_escape(b, j)) {
+            Walk::End { unchecked } => {
+                assert!(
+                    (from..=b.len()).contains(&unchecked),
+                    "unchecked {unchecked}"
+                );
+                match validate_utf8(&b[unchecked..]) {
+                    Err(n) => Walk::BadUtf8(unchecked + n),
+                    Ok(()) => Walk::End { unchecked: b.len() },
+                }
+            }
+            w => w,
+        }
     }
 
     #[test]
@@ -517,6 +623,21 @@ mod tests {
             b"\\\x01",
             b"\\q",
             b"\\u",
+            // UTF-8 is checked in the same walk: valid sequences of each length, invalid and
+            // cut ones, next to escapes, at every offset.
+            "é".as_bytes(),
+            "€".as_bytes(),
+            "😀".as_bytes(),
+            "é\\n".as_bytes(),
+            "\\\"😀".as_bytes(),
+            b"\xC3",
+            b"\xE2\x82",
+            b"\xF0\x9F\x98",
+            b"\xFF",
+            b"\xC0\xAF",
+            b"\xED\xA0\x80",
+            b"\xC3\\n",
+            b"\x80\x01",
         ];
         for u in units {
             for pos in 0..150 {
@@ -527,8 +648,22 @@ mod tests {
                     b.push(b'"');
                     // A control byte right after the string (pretty-printed JSON) is not in it.
                     b.extend_from_slice(b"\n\tafter\"");
-                    let got = skip_string(&b, 0, |j| two_byte_escape(&b, j));
-                    assert_eq!(got, naive_skip(&b, 0), "{u:?} at {pos}, tail {tail}");
+                    assert_eq!(
+                        walk(&b, 0),
+                        naive_skip(&b, 0),
+                        "{u:?} at {pos}, tail {tail}"
+                    );
+                    // Non-ASCII text before the unit too (a pending stretch the unit ends).
+                    let mut w = "日本".as_bytes().to_vec();
+                    w.extend_from_slice(&b);
+                    assert_eq!(
+                        walk(&w, 0),
+                        naive_skip(&w, 0),
+                        "{u:?} at {pos}+6, tail {tail}"
+                    );
+                    // And no closing quote: the walk runs out inside the string.
+                    let open = &b[..pos + u.len() + tail];
+                    assert_eq!(walk(open, 0), naive_skip(open, 0), "{u:?} at {pos}, open");
                 }
             }
         }
@@ -546,6 +681,9 @@ mod tests {
             b"\x01",
             b"\"",
             "é".as_bytes(),
+            "😀".as_bytes(),
+            b"\xC3",
+            b"\xE2\x82\xAC",
         ];
         let mut seed = 0x2545F4914F6CDD1Du64;
         for _ in 0..4000 {
@@ -560,16 +698,15 @@ mod tests {
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 // Mostly plain bytes, so strings run across several blocks.
-                let k = (s >> 33) as usize % 24;
+                let k = (s >> 33) as usize % 27;
                 b.extend_from_slice(units[if k < units.len() { k } else { 0 }]);
             }
             for from in [0, 1, 3] {
                 if from > b.len() {
                     continue;
                 }
-                let got = skip_string(&b, from, |j| two_byte_escape(&b, j));
                 assert_eq!(
-                    got,
+                    walk(&b, from),
                     naive_skip(&b, from),
                     "{:?} from {from}",
                     String::from_utf8_lossy(&b)

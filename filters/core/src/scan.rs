@@ -104,8 +104,6 @@ const MIN_STEP: usize = 16 * 1024;
 struct Progress {
     state: State,
     pos: usize,
-    /// UTF-8 is known valid before this offset.
-    validated: usize,
     /// Body length at the last parse attempt.
     attempted: usize,
     /// Inside a string value nobody reads (its quote at `pos`): skipping resumes here instead of
@@ -130,7 +128,6 @@ impl Default for Progress {
         Progress {
             state: State::Start,
             pos: 0,
-            validated: 0,
             attempted: 0,
             skipping: None,
             spans: TopLevel::default(),
@@ -276,33 +273,14 @@ impl Scanner {
                 return Ok(None);
             }
         }
-        // UTF-8 is checked once per byte, ahead of the grammar; the grammar then only looks for
-        // the bytes that end or interrupt a string. A bad byte at `x` stops the grammar there,
-        // so an earlier grammar error still wins, as it would in one pass.
-        let from = self.at.validated.clamp(base, total) - base;
-        let (limit, bad_utf8) = match crate::fast::validate_utf8(&window[from..]) {
-            Ok(()) => (window.len(), None),
-            Err(n) => {
-                let x = from + n;
-                if !complete && cut_sequence(&window[x..]) {
-                    (x, None)
-                } else {
-                    (x, Some(base + x))
-                }
-            }
-        };
-        if bad_utf8.is_none() {
-            self.at.validated = base + limit;
-        }
-        let whole = complete && limit == window.len();
-        match self.parse(&window[..limit], base, whole) {
+        // UTF-8 is checked inside strings, in the walk that finds their end (`fast::skip_string`,
+        // `Parser::string`): outside strings the grammar takes ASCII only, so a non-ASCII byte
+        // there is refused by the grammar at that byte. Every byte is loaded once.
+        match self.parse(window, base, complete) {
             Ok(()) => self.finish().map(Some),
             Err(Halt::Error(e)) => Err(e),
-            Err(Halt::More) => match bad_utf8 {
-                Some(x) => Err(invalid(x, "invalid UTF-8")),
-                None if complete => Err(invalid(base + limit, "unexpected end of body")),
-                None => Ok(None),
-            },
+            Err(Halt::More) if complete => Err(invalid(total, "unexpected end of body")),
+            Err(Halt::More) => Ok(None),
         }
     }
 
@@ -798,11 +776,12 @@ impl<'a> Parser<'a> {
 
     /// Skips the rest of a string value nobody reads from `from` (just after its opening quote,
     /// or where an earlier piece cut it). Nearly every byte of a body is in such strings (prompt
-    /// text): they are validated without copying, escapes handled in place.
+    /// text): they are validated (escapes and UTF-8) without copying, escapes handled in place.
     fn skip_string(&mut self, from: usize) -> Result<(), Halt> {
+        use crate::fast::Walk;
         let b = self.b;
         let mut cut = None;
-        let end = crate::fast::skip_string(b, from, |j| {
+        let walked = crate::fast::skip_string(b, from, |j| {
             if b[j] != b'\\' {
                 return Err(Halt::Error(invalid(j, "control character in string")));
             }
@@ -816,25 +795,40 @@ impl<'a> Parser<'a> {
                 }),
             }
         });
-        match end {
-            Ok(Some(end)) => {
-                self.i = end + 1;
+        match walked {
+            Walk::Quote(q) => {
+                self.i = q + 1;
                 Ok(())
             }
-            Ok(None) if self.complete => Err(invalid(b.len(), "unterminated string").into()),
-            Ok(None) => {
-                self.resume_at = Some(b.len());
-                Err(Halt::More)
-            }
-            Err(Halt::More) => {
+            Walk::BadUtf8(x) => Err(invalid(x, "invalid UTF-8").into()),
+            Walk::Special(Halt::More) => {
                 self.resume_at = cut;
                 Err(Halt::More)
             }
-            Err(e) => Err(e),
+            Walk::Special(e) => Err(e),
+            // The bytes ran out inside the string: check what the walk left, knowing now
+            // whether the body ends here (then a cut sequence is invalid) or goes on (then the
+            // next piece resumes at the cut sequence's first byte).
+            Walk::End { unchecked } => match crate::fast::validate_utf8(&b[unchecked..]) {
+                Err(n) if self.complete || !cut_sequence(&b[unchecked + n..]) => {
+                    Err(invalid(unchecked + n, "invalid UTF-8").into())
+                }
+                Err(n) => {
+                    self.resume_at = Some(unchecked + n);
+                    Err(Halt::More)
+                }
+                Ok(()) if self.complete => Err(invalid(b.len(), "unterminated string").into()),
+                Ok(()) => {
+                    self.resume_at = Some(b.len());
+                    Err(Halt::More)
+                }
+            },
         }
     }
 
-    /// Reads and decodes the string whose opening quote is at `i` (keys, and the model).
+    /// Reads and decodes the string whose opening quote is at `i` (keys, and the model). Its
+    /// raw bytes are UTF-8-checked before any error in them is reported, so the first problem by
+    /// offset wins, as in a skipped string.
     fn string(&mut self) -> Result<Cow<'a, str>, Halt> {
         let b = self.b;
         let start = self.i + 1;
@@ -843,18 +837,26 @@ impl<'a> Parser<'a> {
         // Bytes in `copied..i` are not yet in `scratch` (only used once an escape shows up).
         let mut copied = start;
         self.scratch.clear();
+        // The raw content up to `to` (an ASCII byte, or the end of a whole body): a sequence
+        // `to` cuts is invalid.
+        let utf8 = move |to: usize| -> Result<&'a str, Halt> {
+            std::str::from_utf8(&b[start..to])
+                .map_err(|e| invalid(start + e.valid_up_to(), "invalid UTF-8").into())
+        };
         loop {
             i = crate::fast::find_string_special(b, i);
             let Some(&c) = b.get(i) else {
+                if self.complete {
+                    utf8(i)?;
+                }
                 return Err(self.end(i, "unterminated string"));
             };
             match c {
                 b'"' => {
                     self.i = i + 1;
+                    let raw = utf8(i)?;
                     if !escaped {
-                        let s = std::str::from_utf8(&b[start..i])
-                            .map_err(|_| invalid(start, "invalid UTF-8"))?;
-                        return Ok(Cow::Borrowed(s));
+                        return Ok(Cow::Borrowed(raw));
                     }
                     self.scratch.extend_from_slice(&b[copied..i]);
                     let s = String::from_utf8(std::mem::take(&mut self.scratch))
@@ -864,10 +866,19 @@ impl<'a> Parser<'a> {
                 b'\\' => {
                     self.scratch.extend_from_slice(&b[copied..i]);
                     escaped = true;
-                    i = self.escape(i, true)?;
+                    i = match self.escape(i, true) {
+                        Ok(next) => next,
+                        Err(e) => {
+                            utf8(i)?;
+                            return Err(e);
+                        }
+                    };
                     copied = i;
                 }
-                _ => return Err(invalid(i, "control character in string").into()),
+                _ => {
+                    utf8(i)?;
+                    return Err(invalid(i, "control character in string").into());
+                }
             }
         }
     }
@@ -1100,6 +1111,111 @@ mod tests {
         pieces_agree(long.as_bytes());
         let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 2), "]".repeat(MAX_DEPTH + 2));
         pieces_agree(format!(r#"{{"model":"m","d":{deep}}}"#).as_bytes());
+    }
+
+    /// UTF-8 is checked in the walk over each string (not in a pass of its own): multi-byte
+    /// text, and one bad or cut sequence, at every offset around the walk's 16- and 64-byte
+    /// steps, next to escapes; each body also cut at every byte.
+    #[test]
+    fn utf8_checked_in_the_string_walk_at_every_offset() {
+        let text = "日本語 é😀 ".repeat(12);
+        for bad in [
+            &b"\xC3("[..],
+            b"\xFF",
+            b"\xE2\x82",
+            b"\xED\xA0\x80",
+            b"\xF0\x9F\x98\\n",
+        ] {
+            for pos in (0..140).step_by(3) {
+                let mut body = br#"{"messages":[{"content":""#.to_vec();
+                body.extend(std::iter::repeat_n(b'a', pos));
+                let at = body.len();
+                body.extend_from_slice(bad);
+                body.extend_from_slice(br#"\n tail ""#);
+                body.extend_from_slice(br#"}],"model":"m"}"#);
+                assert_eq!(
+                    Scanner::new().scan(&body),
+                    Err(invalid(at, "invalid UTF-8")),
+                    "{bad:?} at {pos}"
+                );
+                if pos % 21 == 0 {
+                    pieces_agree(&body);
+                }
+                // Valid multi-byte text before it: the bad byte is still found exactly.
+                let mut mixed = br#"{"messages":[{"content":""#.to_vec();
+                mixed.extend_from_slice(text.as_bytes());
+                mixed.extend(std::iter::repeat_n(b'a', pos));
+                let at = mixed.len();
+                mixed.extend_from_slice(bad);
+                mixed.extend_from_slice(br#" tail"}],"model":"m"}"#);
+                assert_eq!(
+                    Scanner::new().scan(&mixed),
+                    Err(invalid(at, "invalid UTF-8")),
+                    "{bad:?} at {pos} after text"
+                );
+            }
+        }
+        // Valid text at every phase scans, whole and in pieces.
+        for pad in 0..70 {
+            let body = format!(
+                r#"{{"messages":[{{"content":"{}{text}\"x\" {text}"}}],"model":"m"}}"#,
+                "a".repeat(pad)
+            );
+            assert_eq!(
+                Scanner::new().scan(body.as_bytes()).map(|f| f.model),
+                Ok("m".into())
+            );
+            if pad % 10 == 0 {
+                pieces_agree(body.as_bytes());
+            }
+        }
+    }
+
+    /// The first problem by offset wins between UTF-8 and the grammar, in keys, the model and
+    /// skipped strings alike; outside strings a non-ASCII byte is refused by the grammar.
+    #[test]
+    fn first_problem_wins_between_utf8_and_grammar() {
+        let cases: &[(&[u8], usize, &str)] = &[
+            (
+                b"{\"model\":\"m\",\"x\":\"a\xFF\x01\"}",
+                19,
+                "invalid UTF-8",
+            ),
+            (
+                b"{\"model\":\"m\",\"x\":\"a\x01\xFF\"}",
+                19,
+                "control character in string",
+            ),
+            (b"{\"model\":\"m\",\"x\":\"a\xC3\\q\"}", 19, "invalid UTF-8"),
+            (
+                b"{\"model\":\"m\",\"x\":\"a\\q\xC3\"}",
+                19,
+                "invalid escape",
+            ),
+            (b"{\"k\xC3\":1,\"model\":\"m\"}", 3, "invalid UTF-8"),
+            (b"{\"k\xC3\x01\":1}", 3, "invalid UTF-8"),
+            (b"{\"k\x01\xC3\":1}", 3, "control character in string"),
+            (b"{\"model\":\"m\xE2\x82\"}", 11, "invalid UTF-8"),
+            (b"{\"model\":\"m\xE2\x82\\n\"}", 11, "invalid UTF-8"),
+            (b"{\"model\":\"m\",\"x\":\"abc\xC3", 21, "invalid UTF-8"),
+            (b"{\"model\":\"m\",\"x\":\"abc", 21, "unterminated string"),
+            (b"{\"model\":\"m\" \xFF}", 13, "expected ',' or '}'"),
+            (
+                "{\"model\":\"m\",é:1}".as_bytes(),
+                13,
+                "expected a string key after ','",
+            ),
+        ];
+        for &(body, at, what) in cases {
+            assert_eq!(
+                Scanner::new().scan(body),
+                Err(invalid(at, what)),
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
+            pieces_agree(body);
+        }
+        assert_eq!(Scanner::new().scan(b"\xFF{}"), Err(ScanError::NotObject));
     }
 
     /// Random token soup, some valid and most not: the pieces never change the answer.

@@ -71,7 +71,13 @@ fn one(h: &mut Host, req: &[u8], stream: bool, t: Option<&mut Tally>) {
 }
 
 /// [`one`], also giving the fuel count at each callback's start and after the last one.
-fn one_marked(h: &mut Host, req: &[u8], stream: bool, t: Option<&mut Tally>, out: &mut Vec<u64>) {
+fn one_marked(
+    h: &mut Host,
+    req: &[u8],
+    stream: bool,
+    t: Option<&mut Tally>,
+    at_marks: &mut Vec<u64>,
+) {
     let len = req.len().to_string();
     let headers = [
         (":method", "POST"),
@@ -117,7 +123,7 @@ fn one_marked(h: &mut Host, req: &[u8], stream: bool, t: Option<&mut Tally>, out
     marks[4] = fuel(h);
     h.log_and_done(id).unwrap();
     marks[5] = fuel(h);
-    out.extend_from_slice(&marks);
+    at_marks.extend_from_slice(&marks);
     h.advance_clock(Duration::from_millis(10)).unwrap();
     if let Some(t) = t {
         for (i, f) in t.fuel.iter_mut().enumerate() {

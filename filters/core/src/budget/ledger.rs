@@ -340,12 +340,12 @@ impl Ledger {
             }
             _ => false,
         };
-        if !(spent_same && copy(l.b.get_mut(spent_at()..at), spent.b.as_ref()))
-            && !spent_total.is_zero()
-        {
+        let spent_copied = spent_same && copy(l.b.get_mut(spent_at()..at), spent.b.as_ref());
+        if !spent_copied && !spent_total.is_zero() {
             l.spent_mut(shape).add(&shape.window, now_ms, spent_total);
         }
-        if !(held_same && copy(l.b.get_mut(at..), held.b.as_ref())) && !held_total.is_zero() {
+        let held_copied = held_same && copy(l.b.get_mut(at..), held.b.as_ref());
+        if !held_copied && !held_total.is_zero() {
             l.held_mut(shape).add(&shape.hold, now_ms, held_total);
         }
         l

@@ -85,10 +85,25 @@ pub(crate) const fn slot(name: &str) -> usize {
 /// Counts one guest call of hostcall `slot` ([`crate::Vm::hostcalls`]): what a filter costs its
 /// host depends on how many it makes, which the guest's own instruction count does not show.
 pub(crate) fn tally(c: &mut C<'_>, slot: usize) {
-    if let Some(n) = c.data_mut().hostcalls.get_mut(slot) {
+    // Fuel left when the guest made this call: consecutive marks split a callback into the
+    // guest's work between its hostcalls ([`crate::Vm::trace_hostcalls`]).
+    let left = match c.data().hostcall_trace {
+        Some(_) => c.get_fuel().ok(),
+        None => None,
+    };
+    let st = c.data_mut();
+    if let Some(n) = st.hostcalls.get_mut(slot) {
         *n += 1;
     }
+    if let (Some(trace), Some(left)) = (st.hostcall_trace.as_mut(), left) {
+        if trace.len() < MAX_TRACED_HOSTCALLS {
+            trace.push((slot, u64::MAX - left));
+        }
+    }
 }
+
+/// Hostcalls a trace keeps before it stops recording (a trace is for a few requests).
+pub(crate) const MAX_TRACED_HOSTCALLS: usize = 1 << 16;
 
 // ---- guest memory helpers -------------------------------------------------------------------
 

@@ -188,6 +188,9 @@ pub(crate) struct HostState {
     pub foreign_calls: VecDeque<String>,
     /// Guest calls per `env.proxy_*` function, by position in `abi::FUNCTIONS`.
     pub hostcalls: Vec<u64>,
+    /// When tracing: each hostcall (position in `abi::FUNCTIONS`) with the fuel used when it
+    /// was made.
+    pub hostcall_trace: Option<Vec<(usize, u64)>>,
 }
 
 impl HostState {

@@ -163,6 +163,7 @@ impl Vm {
             done_called: false,
             foreign_calls: VecDeque::new(),
             hostcalls: vec![0; crate::abi::FUNCTIONS.len()],
+            hostcall_trace: None,
         };
         let mut store = Store::new(engine(), state);
         // Only an engine built with `WASM_HOST_FUEL` meters fuel; otherwise this is refused.
@@ -232,6 +233,25 @@ impl Vm {
             .zip(&self.store.data().hostcalls)
             .filter(|(_, n)| **n > 0)
             .map(|(f, n)| (*f, *n))
+            .collect()
+    }
+
+    /// Starts (or stops) recording every hostcall with the fuel used when the guest made it
+    /// (`WASM_HOST_FUEL=1` only): the differences are the guest's instructions between its
+    /// hostcalls, which splits a callback into its steps without touching the module.
+    pub fn trace_hostcalls(&mut self, on: bool) {
+        self.store.data_mut().hostcall_trace = on.then(Vec::new);
+    }
+
+    /// The hostcalls recorded since the trace started or was last taken: (name, fuel used at
+    /// the call, as [`Vm::fuel_used`] counts it).
+    pub fn take_hostcall_trace(&mut self) -> Vec<(&'static str, u64)> {
+        let Some(trace) = self.store.data_mut().hostcall_trace.as_mut() else {
+            return Vec::new();
+        };
+        std::mem::take(trace)
+            .into_iter()
+            .filter_map(|(slot, fuel)| Some((*crate::abi::FUNCTIONS.get(slot)?, fuel)))
             .collect()
     }
 

@@ -40,9 +40,10 @@ use router_core::router::{RequestHeaders, Router};
 use router_core::scan::Fields;
 use std::cell::RefCell;
 
-/// (team budget, team) → its slot and a time until which the team table is known to keep that
-/// slot the team's (`quiet_until` as this worker last wrote or read it).
-type SlotCache = fnv::FnvHashMap<(usize, String), (usize, u64)>;
+/// Per team budget (by index), team → its slot and a time until which the team table is known
+/// to keep that slot the team's (`quiet_until` as this worker last wrote or read it). Keyed by
+/// the team alone so a lookup borrows the request's team instead of building a key.
+type SlotCache = Vec<fnv::FnvHashMap<String, (usize, u64)>>;
 
 /// Where ledgers live.
 pub(crate) enum LedgerBackend {
@@ -195,11 +196,16 @@ impl Budgets {
     }
 
     fn ledger_name(&self, budget: usize, slot: Option<usize>) -> String {
+        // Built by hand, not `format!`: this runs for every request's ledgers.
         let name = &self.compiled.budgets[budget].name;
-        match slot {
-            None => format!("{}{name}", self.prefix),
-            Some(s) => format!("{}{name}#{s}", self.prefix),
+        let mut key = String::with_capacity(self.prefix.len() + name.len() + 6);
+        key.push_str(&self.prefix);
+        key.push_str(name);
+        if let Some(s) = slot {
+            key.push('#');
+            push_decimal(&mut key, s as u64);
         }
+        key
     }
 
     fn table_name(&self, budget: usize) -> String {
@@ -209,7 +215,7 @@ impl Budgets {
         )
     }
 
-    fn shared_ledger(&self, budget: usize, key: String) -> SharedLedger {
+    fn shared_ledger<'k>(&self, budget: usize, key: &'k str) -> SharedLedger<'k> {
         let b = &self.compiled.budgets[budget];
         SharedLedger {
             key,
@@ -220,7 +226,7 @@ impl Budgets {
 
     fn create_keys(&self) -> Result<(), String> {
         let data = self.data();
-        let mut ledgers = Vec::new();
+        let mut names = Vec::new();
         for (i, b) in self.compiled.budgets.iter().enumerate() {
             if matches!(b.scope, Scope::Team { .. }) {
                 let table = self.table_name(i);
@@ -231,28 +237,28 @@ impl Budgets {
                         .map_err(|e| format!("budgets: creating {table}: {e:?}"))?;
                 }
                 for slot in 0..self.compiled.max_teams {
-                    ledgers.push(self.shared_ledger(i, self.ledger_name(i, Some(slot))));
+                    names.push((i, self.ledger_name(i, Some(slot))));
                 }
             } else {
-                ledgers.push(self.shared_ledger(i, self.ledger_name(i, None)));
+                names.push((i, self.ledger_name(i, None)));
             }
         }
+        let ledgers: Vec<_> = names
+            .iter()
+            .map(|(i, name)| self.shared_ledger(*i, name))
+            .collect();
         create_missing(data, &ledgers).map_err(|e| format!("budgets: creating ledgers: {e:?}"))
     }
 
-    /// The store over the ledgers `held` names.
+    /// The store over the ledgers `find` names (by their shared-data key).
     fn store<'s>(
         &'s self,
-        held: &'s [(LedgerKey, String)],
+        find: impl Fn(&LedgerKey) -> Option<&'s str> + 's,
         now_ms: u64,
-    ) -> SharedLedgers<'s, HostStore, impl Fn(&LedgerKey) -> Option<SharedLedger> + 's> {
+    ) -> SharedLedgers<'s, HostStore, impl Fn(&LedgerKey) -> Option<SharedLedger<'s>> + 's> {
         SharedLedgers {
             data: self.data(),
-            ledger: move |k: &LedgerKey| {
-                held.iter()
-                    .find(|(h, _)| h == k)
-                    .map(|(_, name)| self.shared_ledger(k.budget, name.clone()))
-            },
+            ledger: move |k: &LedgerKey| find(k).map(|name| self.shared_ledger(k.budget, name)),
             now_ms,
         }
     }
@@ -268,8 +274,12 @@ impl Budgets {
         let b = &self.compiled.budgets[budget];
         let shape = b.shape(self.compiled.hold_ttl_s);
         let needed = TeamTable::quiet_bound(&shape, now_ms);
-        let cache_key = (budget, team.to_string());
-        if let Some(&(slot, until)) = self.slots.borrow().get(&cache_key) {
+        let known = self
+            .slots
+            .borrow()
+            .get(budget)
+            .and_then(|m| m.get(team).copied());
+        if let Some((slot, until)) = known {
             if until >= needed {
                 return Ok((slot, until));
             }
@@ -277,11 +287,15 @@ impl Budgets {
         let until = needed.saturating_add(shape.window.width_ms);
         let slot = self.claim_slot(budget, team, until, now_ms)?;
         let mut slots = self.slots.borrow_mut();
-        // Bounded: teams that went quiet are forgotten with the rest.
-        if slots.len() >= self.compiled.max_teams * self.compiled.budgets.len() {
-            slots.clear();
+        if slots.len() <= budget {
+            slots.resize_with(budget + 1, Default::default);
         }
-        slots.insert(cache_key, (slot, until));
+        let teams = &mut slots[budget];
+        // Bounded: teams that went quiet are forgotten with the rest.
+        if teams.len() >= self.compiled.max_teams {
+            teams.clear();
+        }
+        teams.insert(team.to_string(), (slot, until));
         Ok((slot, until))
     }
 
@@ -391,7 +405,7 @@ impl Budgets {
             owned.push(until);
         }
         audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
-        let mut store = self.store(&names, now);
+        let mut store = self.store(|k| named(&names, k), now);
         let admitted_holds = if self.compiled.charge_after {
             charge_after_check(&mut store, &p.keys, p.amount)
         } else {
@@ -402,7 +416,13 @@ impl Budgets {
             Ok(holds) => holds,
             Err(refusal) => {
                 let answer = self.refusal(&refusal);
-                self.stats.update(&store, &refusal.refused);
+                for key in &refusal.refused {
+                    if let (Ok(r), Some((_, shared))) =
+                        (store.usage(key), names.iter().find(|(k, _)| k == key))
+                    {
+                        self.stats.record_ledger(key, shared, r);
+                    }
+                }
                 return Err(answer);
             }
         };
@@ -539,9 +559,27 @@ impl Budgets {
     /// Sends the queued settles and releases of remote ledgers, and sets again the gauges
     /// another worker's newer answer overtook (the root's tick).
     pub fn flush(&self) {
-        if let LedgerBackend::Remote(remote) = &self.ledgers {
-            remote.flush();
-            self.stats.republish();
+        match &self.ledgers {
+            LedgerBackend::Remote(remote) => {
+                remote.flush();
+                self.stats
+                    .republish(|_, key| router_core::budget::gauge::newest(&HostStore, key));
+            }
+            LedgerBackend::Local(data) => {
+                // The embedded ledgers this worker set gauges for, as they are now (their `seq`
+                // says whether another worker changed them since).
+                let now = now_ms();
+                self.stats.republish(|k, key| {
+                    let shape = self
+                        .compiled
+                        .budgets
+                        .get(k.budget)?
+                        .shape(self.compiled.hold_ttl_s);
+                    let (bytes, _) = data.get(key)?;
+                    let l = router_core::budget::Ledger::from_vec(bytes, &shape, now).ok()?;
+                    Some(router_core::budget::shared::reading(&l, &shape, now))
+                });
+            }
         }
     }
 
@@ -676,26 +714,19 @@ impl Budgets {
         }
         self.end_remote(m, None);
         let now = now_ms();
-        let names = self.names(m);
-        let store = self.store(&names, now);
-        for h in m.held.drain(..) {
+        let held = std::mem::take(&mut m.held);
+        let store = self.store(|k| held_name(&held, k), now);
+        for h in &held {
             let Some(hold) = &h.hold else { continue };
             // A settle of nothing: the hold goes, and the gauges get the ledger as it left it.
             match store.settle(&h.key, Some(hold), Amount::ZERO) {
-                Ok((spent, held)) => self.stats.record(&h.key, spent, held.tokens),
+                Ok(r) => self.stats.record_ledger(&h.key, &h.shared, r),
                 Err(e) => edge::log(
                     Level::Error,
                     &format!("model-router: budgets: release: {e:?}"),
                 ),
             }
         }
-    }
-
-    fn names(&self, m: &Metered) -> Vec<(LedgerKey, String)> {
-        m.held
-            .iter()
-            .map(|h| (h.key.clone(), h.shared.clone()))
-            .collect()
     }
 
     fn settle(&self, m: &mut Metered, usage: Usage, audit: &mut AuditRecord) {
@@ -714,14 +745,14 @@ impl Budgets {
         }
         self.end_remote(m, Some(amount));
         let now = now_ms();
-        let names = self.names(m);
-        let store = self.store(&names, now);
-        for h in m.held.drain(..) {
-            if !self.slot_still_owned(&h, now) {
+        let held = std::mem::take(&mut m.held);
+        let store = self.store(|k| held_name(&held, k), now);
+        for h in &held {
+            if !self.slot_still_owned(h, now) {
                 continue;
             }
             match store.settle(&h.key, h.hold.as_ref(), amount) {
-                Ok((spent, held)) => self.stats.record(&h.key, spent, held.tokens),
+                Ok(r) => self.stats.record_ledger(&h.key, &h.shared, r),
                 Err(e) => edge::log(
                     Level::Error,
                     &format!("model-router: budgets: settle: {e:?}"),
@@ -729,8 +760,8 @@ impl Budgets {
             }
         }
         if c.estimated {
-            for (k, _) in &names {
-                self.stats.estimated(k.budget);
+            for h in &held {
+                self.stats.estimated(h.key.budget);
             }
         }
         audit.tokens = Some(AuditTokens {
@@ -758,6 +789,33 @@ impl Budgets {
             .and_then(|(raw, _)| TeamTable::decode(&raw, self.compiled.max_teams).ok());
         let slot = table.and_then(|t| t.slot_of(team));
         slot.is_some_and(|s| h.shared == self.ledger_name(h.key.budget, Some(s)))
+    }
+}
+
+/// The shared-data key `names` gives ledger `k`.
+fn named<'n>(names: &'n [(LedgerKey, String)], k: &LedgerKey) -> Option<&'n str> {
+    names.iter().find(|(h, _)| h == k).map(|(_, n)| n.as_str())
+}
+
+/// The shared-data key of the held ledger `k`.
+fn held_name<'h>(held: &'h [Held], k: &LedgerKey) -> Option<&'h str> {
+    held.iter().find(|h| h.key == *k).map(|h| h.shared.as_str())
+}
+
+/// Appends `v` in decimal (ledger keys are built per request; `format!` costs more).
+fn push_decimal(s: &mut String, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        s.push(char::from(d));
     }
 }
 

@@ -82,15 +82,15 @@ pub(crate) struct BudgetStats {
     /// Shared ledgers only: where the newest state of each ledger is kept in shared data
     /// (`<prefix><budget>[|<team>]`), `None` for embedded ledgers.
     shared_prefix: Option<String>,
-    /// Shared ledgers this worker set gauges for, with what it set, until a tick finds shared
-    /// data still holding that (`router_core::budget::gauge`).
+    /// Ledgers this worker set gauges for, with the shared-data key of their newest state and
+    /// what it set, until a tick finds shared data still holding that
+    /// (`router_core::budget::gauge`).
     unconfirmed: RefCell<FnvHashMap<LedgerKey, (String, Reading)>>,
 }
 
 use filter_edge::table::HostStore;
 use router_core::budget::admit::LedgerKey;
 use router_core::budget::gauge::{self, Reading};
-use router_core::budget::shared::{SharedData, SharedLedger, SharedLedgers};
 
 fn counter(name: &str) -> Option<u32> {
     match edge::define_metric(MetricKind::Counter, name) {
@@ -158,6 +158,10 @@ impl BudgetStats {
     }
 
     fn ids(&self, key: &LedgerKey) -> Option<[u32; 4]> {
+        // Looked up before inserting: the key (a team's name) is cloned once, not per set.
+        if let Some(ids) = self.gauges.borrow().get(key) {
+            return *ids;
+        }
         let mut gauges = self.gauges.borrow_mut();
         *gauges.entry(key.clone()).or_insert_with(|| {
             let base = match &key.team {
@@ -177,15 +181,19 @@ impl BudgetStats {
         })
     }
 
-    /// Sets the gauges of `keys` from the ledgers as they are now.
-    pub fn update<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger>>(
-        &self,
-        store: &SharedLedgers<'_, S, F>,
-        keys: impl IntoIterator<Item = &'k LedgerKey>,
-    ) {
-        for key in keys {
-            if let Ok((spent, held)) = store.usage(key) {
-                self.record(key, spent, held.tokens);
+    /// Sets the gauges of an embedded ledger from the state a settle, release or refusal left
+    /// (or read) in shared data, under `shared` (its key there), and remembers it until a tick
+    /// finds that state still the ledger's newest ([`BudgetStats::republish`]): another worker
+    /// may have changed the ledger, and set the gauges, between this worker's compare-and-swap
+    /// and its set, which then left the older state on the gauge.
+    pub fn record_ledger(&self, key: &LedgerKey, shared: &str, r: Reading) {
+        self.record(key, r.spent, r.held_tokens);
+        let mut unconfirmed = self.unconfirmed.borrow_mut();
+        // Updated in place when present: no allocation on the request path after the first.
+        match unconfirmed.get_mut(key) {
+            Some(entry) => entry.1 = r,
+            None => {
+                unconfirmed.insert(key.clone(), (shared.to_string(), r));
             }
         }
     }
@@ -210,20 +218,23 @@ impl BudgetStats {
     /// The root's tick: a gauge this worker set since shared data got a newer state (another
     /// worker recorded that one before this worker's older write) is set again, so the last
     /// write to every gauge is its ledger's newest state within a tick. A ledger is dropped
-    /// from the list once a tick finds nothing newer.
-    pub fn republish(&self) {
+    /// from the list once a tick finds nothing newer. `newest` reads what shared data holds
+    /// under a key (the service's newest answer, or an embedded ledger itself).
+    pub fn republish(&self, newest: impl Fn(&LedgerKey, &str) -> Option<Reading>) {
         let mut unconfirmed = self.unconfirmed.borrow_mut();
         if unconfirmed.is_empty() {
             return;
         }
-        unconfirmed.retain(|ledger, (key, set)| match gauge::newest(&HostStore, key) {
-            Some(newest) if newest != *set => {
-                self.record(ledger, newest.spent, newest.held_tokens);
-                *set = newest;
-                true
-            }
-            _ => false,
-        });
+        unconfirmed.retain(
+            |ledger, (key, set)| match gauge::on_tick(set, newest(ledger, key)) {
+                Some(newer) => {
+                    self.record(ledger, newer.spent, newer.held_tokens);
+                    *set = newer;
+                    true
+                }
+                None => false,
+            },
+        );
     }
 
     fn shared_key(&self, key: &LedgerKey) -> Option<String> {

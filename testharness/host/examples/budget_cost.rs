@@ -6,6 +6,9 @@
 //!
 //! `WASM_HOST_FUEL=1 cargo run -p wasm-host --example budget_cost [-- --wasm A.wasm[,B.wasm]]`
 //!
+//! `BUDGET_COST_TRACE=1` also prints one budgeted request as the instructions between its
+//! hostcalls (where in a callback the budget step's work goes, e.g. per ledger compare-and-swap).
+//!
 //! With several modules (e.g. a copy of the build before a change, then the current one) each is
 //! run in turn and printed side by side. Bodies are handed over as Envoy does when it buffers:
 //! 1 KiB in one end-of-stream callback, 256 KiB whole without end of stream, then an empty
@@ -64,6 +67,17 @@ fn fuel(h: &Host) -> u64 {
 
 /// One request and its response through `h`, adding what each phase cost to `t`.
 fn one(h: &mut Host, req: &[u8], stream: bool, t: Option<&mut Tally>) {
+    one_marked(h, req, stream, t, &mut Vec::new());
+}
+
+/// [`one`], also giving the fuel count at each callback's start and after the last one.
+fn one_marked(
+    h: &mut Host,
+    req: &[u8],
+    stream: bool,
+    t: Option<&mut Tally>,
+    at_marks: &mut Vec<u64>,
+) {
     let len = req.len().to_string();
     let headers = [
         (":method", "POST"),
@@ -109,6 +123,7 @@ fn one(h: &mut Host, req: &[u8], stream: bool, t: Option<&mut Tally>) {
     marks[4] = fuel(h);
     h.log_and_done(id).unwrap();
     marks[5] = fuel(h);
+    at_marks.extend_from_slice(&marks);
     h.advance_clock(Duration::from_millis(10)).unwrap();
     if let Some(t) = t {
         for (i, f) in t.fuel.iter_mut().enumerate() {
@@ -120,6 +135,45 @@ fn one(h: &mut Host, req: &[u8], stream: bool, t: Option<&mut Tally>) {
             if d > 0 {
                 *t.calls.entry(name).or_default() += d;
             }
+        }
+    }
+}
+
+/// One more request on `h`, printed as the guest's instructions between its hostcalls: the
+/// work before each call is shown next to the call (`BUDGET_COST_TRACE=1`). Callback starts are
+/// marked; what a callback does after its last hostcall is shown as its `end`.
+fn trace(h: &mut Host, req: &[u8], stream: bool) {
+    h.trace_hostcalls(true);
+    let mut t = Tally::default();
+    let start = fuel(h);
+    let mut marks = Vec::new();
+    one_marked(h, req, stream, Some(&mut t), &mut marks);
+    let mut events: Vec<(u64, String)> = h
+        .take_hostcall_trace()
+        .into_iter()
+        .map(|(n, f)| (f, n.trim_start_matches("proxy_").to_string()))
+        .collect();
+    h.trace_hostcalls(false);
+    for (i, m) in marks.iter().enumerate() {
+        let what = match PHASES.get(i) {
+            Some(p) => format!("-- {p}"),
+            None => "-- end".to_string(),
+        };
+        events.push((*m, what));
+    }
+    // A phase mark and the first hostcall of its callback can share a fuel count: marks first.
+    events.sort_by_key(|(f, what)| (*f, !what.starts_with("--")));
+    let mut last = start;
+    for (f, what) in events {
+        let d = f - last;
+        last = f;
+        if what.starts_with("--") {
+            if d > 0 {
+                println!("      {:>8}  (end of callback)", d);
+            }
+            println!("    {what}");
+        } else {
+            println!("      {:>8}  {what}", d);
         }
     }
 }
@@ -139,6 +193,9 @@ fn measure(wasm: &std::path::Path, budgets: bool, req: &[u8], stream: bool) -> T
     let mut t = Tally::default();
     for _ in 0..measured() {
         one(&mut h, req, stream, Some(&mut t));
+    }
+    if budgets && std::env::var_os("BUDGET_COST_TRACE").is_some() {
+        trace(&mut h, req, stream);
     }
     t
 }

@@ -1,4 +1,12 @@
-//! The gauges of shared ledgers (`llmkube-budgets`), newest first across a gateway's workers.
+//! The gauges of ledgers, newest first across a gateway's workers.
+//!
+//! Embedded ledgers (shared data) carry their own version, the ledger's `seq`, bumped by every
+//! change: a worker sets the gauges from the state its own compare-and-swap left, and another
+//! worker can change the ledger and set the gauges in between, so the older state is set last.
+//! Each worker therefore remembers what it set, and its tick reads the ledger: a newer `seq` is
+//! set again ([`on_tick`]), the same one means the gauge shows the newest and the ledger is
+//! forgotten. Shared ledgers (`llmkube-budgets`) work the same way over a copy of the newest
+//! answer, as follows.
 //!
 //! Every service answer carries each ledger's state with a version (wire `LedgerState`) that
 //! orders it after every earlier answer on that ledger. A gateway's workers process their
@@ -82,6 +90,14 @@ pub fn publish<S: SharedData>(data: &S, key: &str, r: Reading) -> Reading {
         }
     }
     r
+}
+
+/// What a worker's tick does with a ledger whose gauges it set from `set`, given the newest
+/// state shared data holds now: `Some(newer)` — set the gauges again from it (and keep watching:
+/// another worker may still set an older one after this); `None` — what this worker set is
+/// the newest (or nothing can be read), forget the ledger until it sets its gauges again.
+pub fn on_tick(set: &Reading, newest: Option<Reading>) -> Option<Reading> {
+    newest.filter(|n| n != set)
 }
 
 /// The newest state shared data holds for `key`, if any.

@@ -1,8 +1,10 @@
 //! One budget ledger: what was spent in the rolling window, what is held by requests in flight,
-//! and the byte form it takes in shared data (proxy-wasm) so workers update it by compare-and-swap.
+//! kept as the bytes it takes in shared data (proxy-wasm) so workers update it in place by
+//! compare-and-swap.
 
-use super::varint::put;
-use super::window::{Amount, Geometry, Ring};
+use super::window::{
+    get_u32, get_u64, init_ring, put_u64, ring_len, Amount, Geometry, Ring, CELL, RING_HEADER,
+};
 
 /// The geometry of a ledger: its budget's window and the reservation time-to-live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,10 +78,17 @@ pub enum Wait {
     Never,
 }
 
+/// One ledger as the bytes it is kept in (shared data, compare-and-swap): every operation reads
+/// and writes those bytes in place, so an update is read → change → write with no decoding into
+/// lists and no encoding back.
+///
+/// Layout (version 2, little-endian, fixed size for a [`Shape`]: [`Ledger::max_encoded_len`]):
+/// version (1 byte), `seq` (u64: bumped by every change, so the newest state of a ledger is the
+/// one with the largest `seq`, which orders the gauges two workers set), then the spent ring and
+/// the held ring (`window::Ring`: bucket width, cell count, head, running totals, cells).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ledger {
-    spent: Ring,
-    held: Ring,
+    b: Vec<u8>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,24 +99,75 @@ pub enum CodecError {
     Trailing,
 }
 
-const VERSION: u8 = 1;
-/// Longest LEB128 encoding of a u64.
-const MAX_VARINT: usize = 10;
+/// The layout of [`Ledger`]. Version 1 (LEB128 varints, decoded into lists) is still read, so a
+/// ledger written before an upgrade (shared data outlives a hot reload of the module) keeps
+/// what it holds; the next change writes it as version 2.
+const VERSION: u8 = 2;
+const V1: u8 = 1;
+/// Version byte and `seq`.
+const HEADER: usize = 9;
+
+fn spent_at() -> usize {
+    HEADER
+}
+
+fn held_at(shape: &Shape) -> usize {
+    HEADER + ring_len(&shape.window)
+}
 
 impl Ledger {
     pub fn new(shape: &Shape) -> Ledger {
-        Ledger {
-            spent: Ring::new(&shape.window),
-            held: Ring::new(&shape.hold),
+        let mut b = vec![0; Ledger::max_encoded_len(shape)];
+        b[0] = VERSION;
+        let held = held_at(shape);
+        let (spent, rest) = b[HEADER..].split_at_mut(held - HEADER);
+        init_ring(spent, &shape.window);
+        init_ring(rest, &shape.hold);
+        Ledger { b }
+    }
+
+    fn spent_ring(&self, shape: &Shape) -> Ring<&[u8]> {
+        Ring {
+            b: self.b.get(spent_at()..held_at(shape)).unwrap_or_default(),
         }
     }
 
+    fn held_ring(&self, shape: &Shape) -> Ring<&[u8]> {
+        Ring {
+            b: self.b.get(held_at(shape)..).unwrap_or_default(),
+        }
+    }
+
+    fn spent_mut(&mut self, shape: &Shape) -> Ring<&mut [u8]> {
+        let at = held_at(shape);
+        Ring {
+            b: self.b.get_mut(spent_at()..at).unwrap_or_default(),
+        }
+    }
+
+    fn held_mut(&mut self, shape: &Shape) -> Ring<&mut [u8]> {
+        let at = held_at(shape);
+        Ring {
+            b: self.b.get_mut(at..).unwrap_or_default(),
+        }
+    }
+
+    /// Larger after every change: which of two states of this ledger is newer.
+    pub fn seq(&self) -> u64 {
+        get_u64(&self.b, 1)
+    }
+
+    fn changed(&mut self) {
+        let seq = self.seq().wrapping_add(1);
+        put_u64(&mut self.b, 1, seq);
+    }
+
     pub fn spent(&self, shape: &Shape, now_ms: u64) -> Amount {
-        self.spent.sum(&shape.window, now_ms)
+        self.spent_ring(shape).sum(&shape.window, now_ms)
     }
 
     pub fn held(&self, shape: &Shape, now_ms: u64) -> Amount {
-        self.held.sum(&shape.hold, now_ms)
+        self.held_ring(shape).sum(&shape.hold, now_ms)
     }
 
     /// Holds `amount` if spent + held + amount stays within the caps.
@@ -119,7 +179,8 @@ impl Ledger {
         now_ms: u64,
     ) -> Result<Hold, Wait> {
         self.check(shape, caps, amount, now_ms)?;
-        let bucket = self.held.add(&shape.hold, now_ms, amount);
+        let bucket = self.held_mut(shape).add(&shape.hold, now_ms, amount);
+        self.changed();
         Ok(Hold { bucket, amount })
     }
 
@@ -146,15 +207,17 @@ impl Ledger {
             self.release(shape, h, now_ms);
         }
         if !actual.is_zero() {
-            self.spent.add(&shape.window, now_ms, actual);
+            self.spent_mut(shape).add(&shape.window, now_ms, actual);
+            self.changed();
         }
     }
 
     /// Drops a hold without charging (the request was refused elsewhere, or aborted before any
     /// upstream work).
     pub fn release(&mut self, shape: &Shape, hold: &Hold, now_ms: u64) {
-        self.held
+        self.held_mut(shape)
             .take(&shape.hold, now_ms, hold.bucket, hold.amount);
+        self.changed();
     }
 
     /// Seconds until `amount` would fit. Spending rolls off on a known schedule; holds of
@@ -173,7 +236,7 @@ impl Ledger {
         if need.is_zero() {
             return Wait::Seconds(1);
         }
-        match self.spent.freed_by(&shape.window, now_ms, need) {
+        match self.spent_ring(shape).freed_by(&shape.window, now_ms, need) {
             Some(at) => Wait::Seconds(at.saturating_sub(now_ms).div_ceil(1000).max(1)),
             None => Wait::Seconds(1),
         }
@@ -181,89 +244,180 @@ impl Ledger {
 
     /// When nothing is spent or held any more: after that the ledger can be forgotten losslessly.
     pub fn quiet_at(&self, shape: &Shape, now_ms: u64) -> u64 {
-        self.spent
+        self.spent_ring(shape)
             .quiet_at(&shape.window, now_ms)
-            .max(self.held.quiet_at(&shape.hold, now_ms))
+            .max(self.held_ring(shape).quiet_at(&shape.hold, now_ms))
     }
 
-    /// The most bytes [`Ledger::encode`] writes for `shape`.
+    /// The bytes [`Ledger::encode`] writes for `shape` (every ledger of a shape is this long).
     pub fn max_encoded_len(shape: &Shape) -> usize {
-        let ring = |g: &Geometry| 3 * MAX_VARINT + 2 * MAX_VARINT * g.slots as usize;
-        1 + ring(&shape.window) + ring(&shape.hold)
+        HEADER + ring_len(&shape.window) + ring_len(&shape.hold)
     }
 
-    /// Version, then per ring: bucket width in seconds, head, cell count, cells (tokens, pico),
-    /// all LEB128. An idle ledger is a few dozen bytes (zero cells are one byte each).
-    pub fn encode(&self, shape: &Shape, out: &mut Vec<u8>) {
-        out.push(VERSION);
-        for (ring, g) in [(&self.spent, &shape.window), (&self.held, &shape.hold)] {
-            put(out, g.width_ms / 1000);
-            put(out, ring.head);
-            put(out, ring.cells.len() as u64);
-            for c in &ring.cells {
-                put(out, c.tokens);
-                put(out, c.pico);
-            }
-        }
+    /// The ledger as it is kept: these bytes are the ledger.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.b
     }
 
-    /// Reads what [`Ledger::encode`] wrote. A ring written under another geometry (the budget's
-    /// window changed) is folded into the bucket of `now`: its amounts then roll off later than
-    /// they would have, never earlier.
+    pub fn encode(&self, _shape: &Shape, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.b);
+    }
+
+    /// Reads what [`Ledger::encode`] wrote (copying; [`Ledger::from_vec`] takes the bytes).
     pub fn decode(bytes: &[u8], shape: &Shape, now_ms: u64) -> Result<Ledger, CodecError> {
-        let mut r = Reader { b: bytes, i: 0 };
-        let v = r.byte()?;
-        if v != VERSION {
-            return Err(CodecError::BadVersion(v));
+        Ledger::from_vec(bytes.to_vec(), shape, now_ms)
+    }
+
+    /// The ledger `bytes` hold, in place when they are the current layout of `shape` (the
+    /// request path: no copy). A ledger of version 1, or written under another geometry (the
+    /// budget's window or the hold TTL changed), is rebuilt: each ring written under another
+    /// geometry is folded into the bucket of `now`, so its amounts roll off later than they would
+    /// have, never earlier.
+    pub fn from_vec(bytes: Vec<u8>, shape: &Shape, now_ms: u64) -> Result<Ledger, CodecError> {
+        match bytes.first() {
+            Some(&VERSION) => {}
+            Some(&V1) => return v1::decode(&bytes, shape, now_ms),
+            Some(&v) => return Err(CodecError::BadVersion(v)),
+            None => return Err(CodecError::Truncated),
         }
-        let spent = r.ring(&shape.window, now_ms)?;
-        let held = r.ring(&shape.hold, now_ms)?;
-        if r.i != bytes.len() {
+        let want = Ledger::max_encoded_len(shape);
+        let as_is = |r: Ring<&[u8]>, g: &Geometry| {
+            r.geometry() == ((g.width_ms / 1000) as u32, g.slots as u32)
+        };
+        let current = Ledger { b: bytes };
+        if current.b.len() == want
+            && as_is(current.spent_ring(shape), &shape.window)
+            && as_is(current.held_ring(shape), &shape.hold)
+        {
+            return Ok(current);
+        }
+        // Another geometry: walk the rings by the counts they were written with.
+        let b = &current.b;
+        let ring_at = |at: usize| -> Result<(Ring<&[u8]>, usize), CodecError> {
+            let slots = get_u32(b.get(at..).unwrap_or_default(), 4) as u64;
+            if slots == 0 || slots > MAX_CELLS {
+                return Err(CodecError::TooManyCells);
+            }
+            let end = at + RING_HEADER + CELL * slots as usize;
+            let r = b.get(at..end).ok_or(CodecError::Truncated)?;
+            Ok((Ring { b: r }, end))
+        };
+        let (spent, end) = ring_at(HEADER)?;
+        let (held, end) = ring_at(end)?;
+        if end != b.len() {
             return Err(CodecError::Trailing);
         }
-        Ok(Ledger { spent, held })
+        let total = |r: &Ring<&[u8]>| {
+            let (t, p) = r.total();
+            let cap = |v: u128| v.min(u128::from(u64::MAX)) as u64;
+            Amount::new(cap(t), cap(p))
+        };
+        let parts = [
+            (as_is(spent, &shape.window), spent, total(&spent)),
+            (as_is(held, &shape.hold), held, total(&held)),
+        ];
+        Ok(Ledger::rebuilt(shape, current.seq(), now_ms, parts))
     }
-}
 
-struct Reader<'a> {
-    b: &'a [u8],
-    i: usize,
+    /// A ledger of `shape` from two rings read under some geometry: a ring of the same geometry
+    /// is copied as it is, any other folded (its `total`) into the bucket of `now`.
+    fn rebuilt<B: AsRef<[u8]>>(
+        shape: &Shape,
+        seq: u64,
+        now_ms: u64,
+        [(spent_same, spent, spent_total), (held_same, held, held_total)]: [(bool, Ring<B>, Amount);
+            2],
+    ) -> Ledger {
+        let mut l = Ledger::new(shape);
+        put_u64(&mut l.b, 1, seq);
+        let at = held_at(shape);
+        // A ring of the same geometry is exactly as long as its place (checked all the same:
+        // a filter must not panic on bytes it did not write).
+        let copy = |dst: Option<&mut [u8]>, src: &[u8]| match dst {
+            Some(d) if d.len() == src.len() => {
+                d.copy_from_slice(src);
+                true
+            }
+            _ => false,
+        };
+        let spent_copied = spent_same && copy(l.b.get_mut(spent_at()..at), spent.b.as_ref());
+        if !spent_copied && !spent_total.is_zero() {
+            l.spent_mut(shape).add(&shape.window, now_ms, spent_total);
+        }
+        let held_copied = held_same && copy(l.b.get_mut(at..), held.b.as_ref());
+        if !held_copied && !held_total.is_zero() {
+            l.held_mut(shape).add(&shape.hold, now_ms, held_total);
+        }
+        l
+    }
 }
 
 /// More cells than any geometry has: a bound on what decoding allocates.
 const MAX_CELLS: u64 = 4096;
 
-impl Reader<'_> {
-    fn byte(&mut self) -> Result<u8, CodecError> {
-        let c = *self.b.get(self.i).ok_or(CodecError::Truncated)?;
-        self.i += 1;
-        Ok(c)
+/// Version 1 of the layout: per ring, bucket width in seconds, head, cell count, cells (tokens,
+/// pico), all LEB128. Read only (a ledger written by the module before this one).
+mod v1 {
+    use super::*;
+
+    struct Reader<'a> {
+        b: &'a [u8],
+        i: usize,
     }
 
-    fn varint(&mut self) -> Result<u64, CodecError> {
-        super::varint::get(self.b, &mut self.i).ok_or(CodecError::Truncated)
+    impl Reader<'_> {
+        fn varint(&mut self) -> Result<u64, CodecError> {
+            super::super::varint::get(self.b, &mut self.i).ok_or(CodecError::Truncated)
+        }
+
+        /// A ring of `g` with the cells read, and whether it was written under `g`.
+        fn ring(&mut self, g: &Geometry) -> Result<(bool, Ring<Vec<u8>>, Amount), CodecError> {
+            let width_s = self.varint()?;
+            let head = self.varint()?;
+            let n = self.varint()?;
+            if n == 0 || n > MAX_CELLS {
+                return Err(CodecError::TooManyCells);
+            }
+            let same = width_s.saturating_mul(1000) == g.width_ms && n == g.slots;
+            let mut cells = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                cells.push(Amount::new(self.varint()?, self.varint()?));
+            }
+            let total = cells.iter().fold(Amount::ZERO, |a, c| a.plus(*c));
+            // Both layouts keep bucket `k` in cell `k % n`: the cells carry over as they are.
+            let ring = Ring::from_cells(g, head, &cells);
+            Ok((same, ring, total))
+        }
     }
 
-    fn ring(&mut self, g: &Geometry, now_ms: u64) -> Result<Ring, CodecError> {
-        let width_s = self.varint()?;
-        let head = self.varint()?;
-        let n = self.varint()?;
-        if n == 0 || n > MAX_CELLS {
-            return Err(CodecError::TooManyCells);
+    pub(super) fn decode(bytes: &[u8], shape: &Shape, now_ms: u64) -> Result<Ledger, CodecError> {
+        let mut r = Reader { b: bytes, i: 1 };
+        let spent = r.ring(&shape.window)?;
+        let held = r.ring(&shape.hold)?;
+        if r.i != bytes.len() {
+            return Err(CodecError::Trailing);
         }
-        let mut cells = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            let tokens = self.varint()?;
-            let pico = self.varint()?;
-            cells.push(Amount::new(tokens, pico));
+        Ok(Ledger::rebuilt(shape, 0, now_ms, [spent, held]))
+    }
+
+    /// What version 1 wrote for a ledger (the tests' old module).
+    #[cfg(test)]
+    pub(crate) fn encode(
+        spent: (u64, u64, &[Amount]),
+        held: (u64, u64, &[Amount]),
+        out: &mut Vec<u8>,
+    ) {
+        use super::super::varint::put;
+        out.push(V1);
+        for (width_s, head, cells) in [spent, held] {
+            put(out, width_s);
+            put(out, head);
+            put(out, cells.len() as u64);
+            for c in cells {
+                put(out, c.tokens);
+                put(out, c.pico);
+            }
         }
-        if width_s * 1000 == g.width_ms && n == g.slots {
-            return Ok(Ring { head, cells });
-        }
-        let total = cells.iter().fold(Amount::ZERO, |a, c| a.plus(*c));
-        let mut ring = Ring::new(g);
-        ring.add(g, now_ms, total);
-        Ok(ring)
     }
 }
 
@@ -373,12 +527,7 @@ mod tests {
     fn codec_round_trips_and_is_bounded() {
         let shape = Shape::new(60, 900);
         let mut l = Ledger::new(&shape);
-        let empty_len = {
-            let mut b = Vec::new();
-            l.encode(&shape, &mut b);
-            b.len()
-        };
-        assert!(empty_len < 160, "{empty_len}");
+        assert_eq!(l.as_bytes().len(), Ledger::max_encoded_len(&shape));
         let c = Caps::default();
         for s in 0..200u64 {
             let h = l
@@ -393,7 +542,7 @@ mod tests {
         }
         let mut b = Vec::new();
         l.encode(&shape, &mut b);
-        assert!(b.len() <= Ledger::max_encoded_len(&shape));
+        assert_eq!(b.len(), Ledger::max_encoded_len(&shape), "fixed size");
         let back = Ledger::decode(&b, &shape, 200 * 700).unwrap();
         assert_eq!(back, l);
         for cut in 0..b.len() {
@@ -402,6 +551,90 @@ mod tests {
         let mut long = b.clone();
         long.push(0);
         assert_eq!(Ledger::decode(&long, &shape, 0), Err(CodecError::Trailing));
+        assert_eq!(
+            Ledger::decode(&[7, 0], &shape, 0),
+            Err(CodecError::BadVersion(7))
+        );
+    }
+
+    #[test]
+    fn every_change_and_only_a_change_moves_seq() {
+        let shape = Shape::new(60, 900);
+        let c = caps(100);
+        let mut l = Ledger::new(&shape);
+        assert_eq!(l.seq(), 0);
+        let h = l.try_reserve(&shape, &c, Amount::new(60, 0), 0).unwrap();
+        assert_eq!(l.seq(), 1);
+        assert!(l.try_reserve(&shape, &c, Amount::new(60, 0), 0).is_err());
+        assert!(l.check(&shape, &c, Amount::new(1, 0), 0).is_ok());
+        assert_eq!(l.seq(), 1, "refusals and checks change nothing");
+        l.settle(&shape, Some(&h), Amount::new(5, 0), 1);
+        assert!(l.seq() > 1);
+        let seq = l.seq();
+        let back = Ledger::decode(l.as_bytes(), &shape, 2).unwrap();
+        assert_eq!(back.seq(), seq, "kept in the bytes");
+    }
+
+    /// A ledger the previous module wrote (version 1, LEB128) is read with what it holds and
+    /// its holds still releasable, and the next change writes the current layout.
+    #[test]
+    fn a_ledger_of_the_previous_layout_keeps_its_spending_and_holds() {
+        let shape = Shape::new(60, 900);
+        let c = caps(1000);
+        // The same history in the model and in version 1's bytes: 70 spent at 1 s, 300 held
+        // at 2 s; then the clock is at 30 s.
+        let mut model = Ledger::new(&shape);
+        model.settle(&shape, None, Amount::new(70, 3), 1_000);
+        let hold = model
+            .try_reserve(&shape, &c, Amount::new(300, 0), 2_000)
+            .unwrap();
+        let (w, h) = (shape.window, shape.hold);
+        let mut spent = vec![Amount::ZERO; w.slots as usize];
+        spent[1] = Amount::new(70, 3);
+        let mut held = vec![Amount::ZERO; h.slots as usize];
+        held[(hold.bucket % h.slots) as usize] = Amount::new(300, 0);
+        let mut old = Vec::new();
+        v1::encode(
+            (w.width_ms / 1000, 1, &spent),
+            (h.width_ms / 1000, hold.bucket, &held),
+            &mut old,
+        );
+        let now = 30_000;
+        let mut l = Ledger::decode(&old, &shape, now).unwrap();
+        assert_eq!(l.spent(&shape, now), Amount::new(70, 3));
+        assert_eq!(l.held(&shape, now).tokens, 300);
+        // Rolls off exactly when it would have: 70 at 1 s counts until 2 s + 60 s.
+        assert_eq!(l.spent(&shape, 61_999).tokens, 70);
+        assert_eq!(l.spent(&shape, 62_000).tokens, 0);
+        // 70 + 300 + 631 > 1000: the old hold still counts.
+        assert_eq!(
+            l.check(&shape, &c, Amount::new(631, 0), now),
+            Err(Wait::Seconds(32))
+        );
+        l.release(&shape, &hold, now);
+        assert_eq!(
+            l.held(&shape, now).tokens,
+            0,
+            "and is released by its request"
+        );
+        assert!(l.check(&shape, &c, Amount::new(631, 0), now).is_ok());
+        assert_eq!(l.as_bytes()[0], VERSION);
+        assert_eq!(l.as_bytes().len(), Ledger::max_encoded_len(&shape));
+        // Version 1 written under another window: folded, kept until the new window passed.
+        let mut other = Vec::new();
+        v1::encode(
+            (2, 0, &[Amount::new(9, 0); 31]),
+            (h.width_ms / 1000, 0, &held),
+            &mut other,
+        );
+        let l = Ledger::decode(&other, &shape, now).unwrap();
+        assert_eq!(l.spent(&shape, now + 60_000).tokens, 9 * 31);
+        for cut in 1..old.len() {
+            assert!(
+                Ledger::decode(&old[..cut], &shape, now).is_err(),
+                "cut {cut}"
+            );
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! silently given an empty ledger.
 
 use super::admit::{LedgerKey, LedgerStore};
+use super::gauge::Reading;
 use super::ledger::{Caps, Hold, Ledger, Shape, Wait};
 use super::window::Amount;
 
@@ -42,9 +43,10 @@ pub enum SharedError {
     Contended(String),
 }
 
-/// One ledger's place in shared data, and the budget it belongs to.
-pub struct SharedLedger {
-    pub key: String,
+/// One ledger's place in shared data (borrowed: no copy of the key per update), and the budget
+/// it belongs to.
+pub struct SharedLedger<'k> {
+    pub key: &'k str,
     pub shape: Shape,
     pub caps: Caps,
 }
@@ -52,27 +54,34 @@ pub struct SharedLedger {
 /// Writes an empty ledger under every key that is absent (configuration time only).
 pub fn create_missing<S: SharedData>(
     data: &S,
-    ledgers: &[SharedLedger],
+    ledgers: &[SharedLedger<'_>],
 ) -> Result<(), SharedError> {
     for l in ledgers {
-        if data.get(&l.key).is_none() {
-            let mut b = Vec::with_capacity(Ledger::max_encoded_len(&l.shape));
-            Ledger::new(&l.shape).encode(&l.shape, &mut b);
-            data.set(&l.key, &b, None)
-                .map_err(|_| SharedError::Contended(l.key.clone()))?;
+        if data.get(l.key).is_none() {
+            data.set(l.key, Ledger::new(&l.shape).as_bytes(), None)
+                .map_err(|_| SharedError::Contended(l.key.to_string()))?;
         }
     }
     Ok(())
 }
 
+/// What the gauges of `l` show at `now`.
+pub fn reading(l: &Ledger, shape: &Shape, now_ms: u64) -> Reading {
+    Reading {
+        version: l.seq(),
+        spent: l.spent(shape, now_ms),
+        held_tokens: l.held(shape, now_ms).tokens,
+    }
+}
+
 /// A [`LedgerStore`] over shared data. `ledger` maps a [`LedgerKey`] to its key and budget.
-pub struct SharedLedgers<'a, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger>> {
+pub struct SharedLedgers<'a, S: SharedData, F> {
     pub data: &'a S,
     pub ledger: F,
     pub now_ms: u64,
 }
 
-impl<S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger>> SharedLedgers<'_, S, F> {
+impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> SharedLedgers<'_, S, F> {
     /// Applies `change` to one ledger atomically; `change` may run several times (once per
     /// attempt) and must depend only on the ledger it is given.
     pub fn update<T>(
@@ -81,54 +90,52 @@ impl<S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger>> SharedLedgers<'_,
         mut change: impl FnMut(&mut Ledger, &Shape, &Caps, u64) -> T,
     ) -> Result<T, SharedError> {
         let l = (self.ledger)(key).ok_or_else(|| SharedError::Missing(format!("{key:?}")))?;
-        let mut buf = Vec::with_capacity(Ledger::max_encoded_len(&l.shape));
         for _ in 0..MAX_CAS_ATTEMPTS {
             let (bytes, cas) = self
                 .data
-                .get(&l.key)
-                .ok_or_else(|| SharedError::Missing(l.key.clone()))?;
-            let mut ledger = Ledger::decode(&bytes, &l.shape, self.now_ms)
+                .get(l.key)
+                .ok_or_else(|| SharedError::Missing(l.key.to_string()))?;
+            // In place: the bytes shared data handed over are the ledger, changed where they
+            // are and written back as they are.
+            let mut ledger = Ledger::from_vec(bytes, &l.shape, self.now_ms)
                 .map_err(|e| SharedError::Corrupt(format!("{}: {e:?}", l.key)))?;
-            let before = ledger.clone();
+            let seq = ledger.seq();
             let out = change(&mut ledger, &l.shape, &l.caps, self.now_ms);
-            if ledger == before {
+            if ledger.seq() == seq {
                 return Ok(out);
             }
-            buf.clear();
-            ledger.encode(&l.shape, &mut buf);
-            match self.data.set(&l.key, &buf, Some(cas)) {
+            match self.data.set(l.key, ledger.as_bytes(), Some(cas)) {
                 Ok(()) => return Ok(out),
                 Err(SetError::CasMismatch) => continue,
-                Err(SetError::Host) => return Err(SharedError::Contended(l.key.clone())),
+                Err(SetError::Host) => return Err(SharedError::Contended(l.key.to_string())),
             }
         }
-        Err(SharedError::Contended(l.key.clone()))
+        Err(SharedError::Contended(l.key.to_string()))
     }
 
     /// Drops `hold` (if any) and charges `actual` (zero: a release), in one compare-and-swap,
-    /// answering (spent, held) as it left the ledger: the gauges show those, and reading them
-    /// here saves reading the ledger again.
+    /// answering the ledger as it left it: the gauges show that state, and reading it here
+    /// saves reading the ledger again. Its `version` is the ledger's `seq`, which orders the
+    /// states two workers set the gauges from ([`super::gauge`]).
     pub fn settle(
         &self,
         key: &LedgerKey,
         hold: Option<&Hold>,
         actual: Amount,
-    ) -> Result<(Amount, Amount), SharedError> {
+    ) -> Result<Reading, SharedError> {
         self.update(key, |l, shape, _, now| {
             l.settle(shape, hold, actual, now);
-            (l.spent(shape, now), l.held(shape, now))
+            reading(l, shape, now)
         })
     }
 
-    /// (spent, held) now.
-    pub fn usage(&self, key: &LedgerKey) -> Result<(Amount, Amount), SharedError> {
-        self.update(key, |l, shape, _, now| {
-            (l.spent(shape, now), l.held(shape, now))
-        })
+    /// The ledger now, as its gauges show it.
+    pub fn usage(&self, key: &LedgerKey) -> Result<Reading, SharedError> {
+        self.update(key, |l, shape, _, now| reading(l, shape, now))
     }
 }
 
-impl<S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger>> LedgerStore
+impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> LedgerStore
     for SharedLedgers<'_, S, F>
 {
     type Error = SharedError;
@@ -158,9 +165,9 @@ mod tests {
     use crate::budget::admit::admit_all;
     use crate::budget::test_store::{envoy_set, Envoyish, Map};
 
-    fn one(_: &LedgerKey) -> Option<SharedLedger> {
+    fn one(_: &LedgerKey) -> Option<SharedLedger<'static>> {
         Some(SharedLedger {
-            key: "llmkube.budget.all".into(),
+            key: "llmkube.budget.all",
             shape: Shape::new(60, 900),
             caps: Caps {
                 tokens: Some(100),
@@ -195,7 +202,7 @@ mod tests {
         // Our 50 no longer fits after the retry re-reads the ledger.
         assert!(store.reserve(&KEY, Amount::new(50, 0)).unwrap().is_err());
         assert!(store.reserve(&KEY, Amount::new(40, 0)).unwrap().is_ok());
-        assert_eq!(store.usage(&KEY).unwrap().1.tokens, 100);
+        assert_eq!(store.usage(&KEY).unwrap().held_tokens, 100);
     }
 
     #[test]
@@ -223,6 +230,7 @@ mod tests {
         let l = one(&KEY).unwrap();
         create_missing(&data, &[l]).unwrap();
         let first = data.get("llmkube.budget.all").unwrap();
+        assert_eq!(first.0.len(), Ledger::max_encoded_len(&Shape::new(60, 900)));
         // Creating again leaves an existing ledger alone.
         create_missing(&data, &[one(&KEY).unwrap()]).unwrap();
         assert_eq!(data.get("llmkube.budget.all").unwrap(), first);
@@ -237,12 +245,50 @@ mod tests {
         let after = store
             .settle(&KEY, Some(&holds[0].1), Amount::new(20, 0))
             .unwrap();
-        assert_eq!(after, (Amount::new(20, 0), Amount::ZERO));
+        assert_eq!((after.spent, after.held_tokens), (Amount::new(20, 0), 0));
         assert_eq!(store.usage(&KEY).unwrap(), after);
         let refusal = admit_all(&mut store, &[KEY], Amount::new(81, 0))
             .unwrap()
             .unwrap_err();
         assert_eq!(refusal.wait, Wait::Seconds(61));
+    }
+
+    /// Two workers settle on one ledger; the first sets the gauge (one stat for both) last,
+    /// from its older state. Its tick finds the ledger's `seq` moved on and sets the newest;
+    /// the other worker's tick finds its own state still the newest and sets nothing.
+    #[test]
+    fn the_gauge_of_an_embedded_ledger_ends_at_its_newest_state() {
+        use crate::budget::gauge::on_tick;
+        let data = Envoyish::default();
+        create_missing(&data, &[one(&KEY).unwrap()]).unwrap();
+        let worker = |now_ms| SharedLedgers {
+            data: &data,
+            ledger: one,
+            now_ms,
+        };
+        let (a, b) = (worker(1_000), worker(1_001));
+        let older = a.settle(&KEY, None, Amount::new(30, 0)).unwrap();
+        let newer = b.settle(&KEY, None, Amount::new(20, 0)).unwrap();
+        assert!(newer.version > older.version);
+        // b sets the gauge from its state, then a from its older one: the last set stays.
+        let mut gauge = [newer, older].into_iter().last().unwrap();
+        assert_ne!(gauge, newer, "the race: the older state is on the gauge");
+        let ledger_now = |w: &SharedLedgers<_, _>| w.usage(&KEY).ok();
+        let mut sets = 0;
+        for (w, set) in [(&a, older), (&b, newer)] {
+            if let Some(again) = on_tick(&set, ledger_now(w)) {
+                gauge = again;
+                sets += 1;
+            }
+        }
+        assert_eq!(gauge.spent.tokens, 50);
+        assert_eq!(
+            (gauge, sets),
+            (newer, 1),
+            "only the worker that set the older one"
+        );
+        // Nothing changed since: every tick confirms.
+        assert_eq!(on_tick(&gauge, ledger_now(&a)), None);
     }
 
     /// Real threads hammering one Mutex-backed store with Envoy's CAS semantics: the cap holds.
@@ -287,6 +333,6 @@ mod tests {
             ledger: one,
             now_ms: 0,
         };
-        assert_eq!(store.usage(&KEY).unwrap().1.tokens, 100);
+        assert_eq!(store.usage(&KEY).unwrap().held_tokens, 100);
     }
 }

@@ -85,76 +85,155 @@ impl Geometry {
     }
 }
 
-/// The cells of one rolling lifetime. `head` is the newest bucket written; cell `k % slots`
-/// holds bucket `k` for `head - slots < k <= head`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ring {
-    pub(crate) head: u64,
-    pub(crate) cells: Vec<Amount>,
+/// Bytes of a ring's header: bucket width in seconds (u32), cell count (u32), `head` (u64),
+/// then the running totals of every cell (tokens, pico; u128 each, so they never saturate).
+pub(crate) const RING_HEADER: usize = 48;
+/// Bytes per cell: tokens, pico (u64 each).
+pub(crate) const CELL: usize = 16;
+
+/// Bytes of a ring of `g`.
+pub(crate) const fn ring_len(g: &Geometry) -> usize {
+    RING_HEADER + CELL * g.slots as usize
 }
 
-impl Ring {
-    pub fn new(g: &Geometry) -> Ring {
-        Ring {
-            head: 0,
-            cells: vec![Amount::ZERO; g.slots as usize],
+pub(crate) fn get_u64(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+fn get_u128(b: &[u8], at: usize) -> u128 {
+    b.get(at..at + 16)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u128::from_le_bytes)
+}
+
+pub(crate) fn get_u32(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}
+
+pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    if let Some(s) = b.get_mut(at..at + 8) {
+        s.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn put_u128(b: &mut [u8], at: usize, v: u128) {
+    if let Some(s) = b.get_mut(at..at + 16) {
+        s.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    if let Some(s) = b.get_mut(at..at + 4) {
+        s.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// The cells of one rolling lifetime, kept as fixed-width little-endian bytes
+/// ([`ring_len`]) so a ledger is read and changed where shared data hands it over, with no
+/// decoding into a list and no encoding back. `head` is the newest bucket written; cell
+/// `k % slots` holds bucket `k` for `head - slots < k <= head`. The running totals are the sum
+/// of every cell, so what still counts is the total minus the few oldest cells that died since
+/// the ring last moved (none or one when it is written every bucket): O(1), not a walk over all
+/// buckets.
+#[derive(Debug, Clone, Copy)]
+pub struct Ring<B> {
+    pub(crate) b: B,
+}
+
+const HEAD: usize = 8;
+const TOTAL_TOKENS: usize = 16;
+const TOTAL_PICO: usize = 32;
+
+/// Writes an empty ring of `g` into `b` ([`ring_len`] bytes).
+pub(crate) fn init_ring(b: &mut [u8], g: &Geometry) {
+    b.fill(0);
+    put_u32(b, 0, (g.width_ms / 1000) as u32);
+    put_u32(b, 4, g.slots as u32);
+}
+
+impl Ring<Vec<u8>> {
+    /// An empty ring of `g`, on its own bytes.
+    pub fn new(g: &Geometry) -> Ring<Vec<u8>> {
+        let mut b = vec![0; ring_len(g)];
+        init_ring(&mut b, g);
+        Ring { b }
+    }
+}
+
+impl Ring<Vec<u8>> {
+    /// A ring of `g` whose cells (bucket `k` in cell `k % slots`) and head are given; cells
+    /// beyond the geometry's count are dropped (callers pass exactly that many).
+    pub(crate) fn from_cells(g: &Geometry, head: u64, cells: &[Amount]) -> Ring<Vec<u8>> {
+        let mut r = Ring::new(g);
+        put_u64(&mut r.b, HEAD, head);
+        for (i, c) in cells.iter().take(g.slots as usize).enumerate() {
+            r.replace(i as u64, *c);
         }
+        r
+    }
+}
+
+impl<B: AsRef<[u8]>> Ring<B> {
+    fn bytes(&self) -> &[u8] {
+        self.b.as_ref()
     }
 
-    /// (bucket, cell) of the buckets that may hold something, oldest first. One division per
-    /// walk, not one per cell: ledgers are walked several times per request.
+    /// Bucket width in seconds and cell count, as written.
+    pub(crate) fn geometry(&self) -> (u32, u32) {
+        (get_u32(self.bytes(), 0), get_u32(self.bytes(), 4))
+    }
+
+    pub(crate) fn head(&self) -> u64 {
+        get_u64(self.bytes(), HEAD)
+    }
+
+    fn slots(&self) -> u64 {
+        u64::from(get_u32(self.bytes(), 4)).max(1)
+    }
+
+    pub(crate) fn cell(&self, k: u64) -> Amount {
+        let at = RING_HEADER + CELL * (k % self.slots()) as usize;
+        Amount::new(get_u64(self.bytes(), at), get_u64(self.bytes(), at + 8))
+    }
+
+    /// Every cell's amount added up (dead ones included, until the ring moves past them).
+    pub(crate) fn total(&self) -> (u128, u128) {
+        (
+            get_u128(self.bytes(), TOTAL_TOKENS),
+            get_u128(self.bytes(), TOTAL_PICO),
+        )
+    }
+
+    /// The oldest bucket the ring may hold something in.
+    fn first(&self) -> u64 {
+        self.head().saturating_sub(self.slots() - 1)
+    }
+
+    /// (bucket, cell) of the buckets that may hold something, oldest first.
     fn entries(&self) -> impl Iterator<Item = (u64, Amount)> + '_ {
-        let n = self.cells.len();
-        let first = self.head.saturating_sub(n as u64 - 1);
-        let start = (first % n as u64) as usize;
-        (0..=(self.head - first) as usize).map(move |j| {
-            let i = start + j;
-            let i = if i >= n { i - n } else { i };
-            (first + j as u64, self.cells[i])
-        })
+        (self.first()..=self.head()).map(move |k| (k, self.cell(k)))
     }
 
-    /// Moves `head` forward to `now`'s bucket, clearing the cells that are reused.
-    fn advance(&mut self, g: &Geometry, now_ms: u64) {
-        let target = g.bucket(now_ms);
-        if target <= self.head {
-            return;
-        }
-        let n = self.cells.len() as u64;
-        let steps = (target - self.head).min(n);
-        for k in (target + 1 - steps)..=target {
-            self.cells[(k % n) as usize] = Amount::ZERO;
-        }
-        self.head = target;
-    }
-
-    /// Everything still counting at `now`.
+    /// Everything still counting at `now`: the totals less the cells of buckets that died
+    /// (the oldest ones; a bucket `k` is live iff `k >= (now - lifetime) / width`).
     pub fn sum(&self, g: &Geometry, now_ms: u64) -> Amount {
-        self.entries()
-            .filter(|&(k, _)| g.live(k, now_ms))
-            .fold(Amount::ZERO, |acc, (_, c)| acc.plus(c))
-    }
-
-    /// Adds `a` at `now` and returns the bucket it went to. A clock that stepped back (another
-    /// worker's slightly older `now`) lands in the newest bucket: later expiry, never earlier.
-    pub fn add(&mut self, g: &Geometry, now_ms: u64, a: Amount) -> u64 {
-        self.advance(g, now_ms);
-        let k = self.head;
-        let n = self.cells.len() as u64;
-        let i = (k % n) as usize;
-        self.cells[i] = self.cells[i].plus(a);
-        k
-    }
-
-    /// Takes `a` out of bucket `k` if that bucket is still held (it may have expired, or its cell
-    /// been reused, in which case there is nothing left to take).
-    pub fn take(&mut self, g: &Geometry, now_ms: u64, k: u64, a: Amount) {
-        self.advance(g, now_ms);
-        let n = self.cells.len() as u64;
-        if k <= self.head && k + n > self.head && g.live(k, now_ms) {
-            let i = (k % n) as usize;
-            self.cells[i] = self.cells[i].minus(a);
+        let first_live = now_ms.saturating_sub(g.lifetime_ms) / g.width_ms;
+        let (mut t, mut p) = self.total();
+        let dead_end = first_live.min(self.head().saturating_add(1));
+        for k in self.first()..dead_end {
+            let c = self.cell(k);
+            // Saturating: bytes another writer got wrong must not panic the filter.
+            t = t.saturating_sub(u128::from(c.tokens));
+            p = p.saturating_sub(u128::from(c.pico));
         }
+        Amount::new(
+            t.min(u128::from(u64::MAX)) as u64,
+            p.min(u128::from(u64::MAX)) as u64,
+        )
     }
 
     /// The earliest time at which at least `need` (in every dimension that is non-zero) has
@@ -177,6 +256,62 @@ impl Ring {
             .map(|(k, _)| g.expires_at(k))
             .max()
             .unwrap_or(now_ms)
+    }
+}
+
+impl<B: AsRef<[u8]> + AsMut<[u8]>> Ring<B> {
+    fn set_cell(&mut self, k: u64, c: Amount) {
+        let at = RING_HEADER + CELL * (k % self.slots()) as usize;
+        let b = self.b.as_mut();
+        put_u64(b, at, c.tokens);
+        put_u64(b, at + 8, c.pico);
+    }
+
+    /// Replaces bucket `k`'s cell, keeping the totals the sum of all cells.
+    fn replace(&mut self, k: u64, new: Amount) {
+        let old = self.cell(k);
+        let (t, p) = self.total();
+        let t = t.saturating_sub(u128::from(old.tokens)) + u128::from(new.tokens);
+        let p = p.saturating_sub(u128::from(old.pico)) + u128::from(new.pico);
+        self.set_cell(k, new);
+        let b = self.b.as_mut();
+        put_u128(b, TOTAL_TOKENS, t);
+        put_u128(b, TOTAL_PICO, p);
+    }
+
+    /// Moves `head` forward to `now`'s bucket, clearing the cells that are reused.
+    fn advance(&mut self, g: &Geometry, now_ms: u64) {
+        let target = g.bucket(now_ms);
+        let head = self.head();
+        if target <= head {
+            return;
+        }
+        let steps = (target - head).min(self.slots());
+        for k in (target + 1 - steps)..=target {
+            self.replace(k, Amount::ZERO);
+        }
+        put_u64(self.b.as_mut(), HEAD, target);
+    }
+
+    /// Adds `a` at `now` and returns the bucket it went to. A clock that stepped back (another
+    /// worker's slightly older `now`) lands in the newest bucket: later expiry, never earlier.
+    pub fn add(&mut self, g: &Geometry, now_ms: u64, a: Amount) -> u64 {
+        self.advance(g, now_ms);
+        let k = self.head();
+        let c = self.cell(k).plus(a);
+        self.replace(k, c);
+        k
+    }
+
+    /// Takes `a` out of bucket `k` if that bucket is still held (it may have expired, or its cell
+    /// been reused, in which case there is nothing left to take).
+    pub fn take(&mut self, g: &Geometry, now_ms: u64, k: u64, a: Amount) {
+        self.advance(g, now_ms);
+        let head = self.head();
+        if k <= head && k + self.slots() > head && g.live(k, now_ms) {
+            let c = self.cell(k).minus(a);
+            self.replace(k, c);
+        }
     }
 }
 
@@ -252,6 +387,54 @@ mod tests {
         r.add(&g, 20_000, t(1));
         r.take(&g, 20_000, k, t(10));
         assert_eq!(r.sum(&g, 20_000).tokens, 1);
+    }
+
+    /// The running totals against the plain definition (every live cell added up), over a
+    /// long run of charges, takes, idle gaps and clocks stepping back.
+    #[test]
+    fn the_running_sum_is_the_sum_of_the_live_buckets() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for g in [
+            Geometry::window(1),
+            Geometry::window(10),
+            Geometry::window(61),
+            Geometry::window(3600),
+            Geometry::hold(900),
+        ] {
+            let mut r = Ring::new(&g);
+            let mut now = 0u64;
+            let mut holds = Vec::new();
+            for _ in 0..3000 {
+                now = match next(20) {
+                    0 => now + g.lifetime_ms * next(3),
+                    1 => now.saturating_sub(next(1500)),
+                    _ => now + next(g.width_ms),
+                };
+                match next(3) {
+                    0 if !holds.is_empty() => {
+                        let (k, a) = holds.swap_remove(next(holds.len() as u64) as usize);
+                        r.take(&g, now, k, a);
+                    }
+                    _ => {
+                        let a = Amount::new(next(1000), next(1 << 40));
+                        holds.push((r.add(&g, now, a), a));
+                    }
+                }
+                for at in [now, now + next(2 * g.lifetime_ms)] {
+                    let plain = r
+                        .entries()
+                        .filter(|&(k, _)| g.live(k, at))
+                        .fold(Amount::ZERO, |acc, (_, c)| acc.plus(c));
+                    assert_eq!(r.sum(&g, at), plain, "{g:?} at {at}");
+                }
+            }
+        }
     }
 
     #[test]

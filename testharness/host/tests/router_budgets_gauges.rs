@@ -1,0 +1,86 @@
+//! The gauges of an embedded ledger (Envoy's shared data) across two workers: the gauge is one
+//! stat for every worker, and a worker can set it from the state its own compare-and-swap left
+//! after another worker changed the ledger and set the gauge. The ledger's `seq` says which state
+//! is newer, and the worker's tick sets the newest.
+
+use serde_json::json;
+use wasm_host::{Host, SharedStore, VmOptions};
+
+mod support;
+use support::*;
+
+const BODY: &str =
+    r#"{"model":"qwen3-8b","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+const GAUGE: &str = "llmkube.budget.all.tokens_used";
+/// The router budget's ledger in shared data (`llmkube.budget|<router>|<budget>`).
+const LEDGER: &str = "llmkube.budget|llm/demo|all";
+
+fn worker(shared: &SharedStore) -> Host {
+    let mut c = router_config();
+    c["budgets"] = json!({
+        "budgets": [{"name": "all", "scope": "router", "max_tokens": 100000, "window_s": 60}],
+    });
+    let opts = VmOptions {
+        root_id: "model-router".into(),
+        ..Default::default()
+    }
+    .with_plugin_config(serde_json::to_vec(&c).unwrap())
+    .allow_stop_iteration(true)
+    .with_shared(shared);
+    let host = Host::from_file(wasm("llmkube_model_router"), opts).expect("module loads");
+    assert!(host.configure_ok(), "{:?}", host.logs());
+    host
+}
+
+/// One request charged 30 tokens (its usage) on `h`.
+fn served(h: &mut Host) {
+    let req = post(h, &[], BODY);
+    assert!(req.local_response.is_none(), "{:?}", req.local_response);
+    h.run_response(
+        req.stream,
+        &[(":status", "200"), ("content-type", "application/json")],
+        br#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20}}"#,
+        0,
+    )
+    .unwrap();
+    h.log_and_done(req.stream).unwrap();
+}
+
+fn gauge(h: &Host) -> i64 {
+    h.metric(GAUGE).map_or(-1, |m| m.value)
+}
+
+/// The race: worker a charges 30 and, between its compare-and-swap and its gauge set, another
+/// worker charges 30 more and sets the gauge to 60; a's 30 lands last. (Modelled with the other
+/// worker on a copy of the ledger whose result is put back, so the only gauge set is a's.)
+#[test]
+fn a_worker_that_set_an_overtaken_ledger_state_sets_the_newest_on_its_tick() {
+    let shared = SharedStore::new();
+    let mut a = worker(&shared);
+    served(&mut a);
+    assert_eq!(gauge(&a), 30);
+    let (after_a, _) = a.shared_data_get(LEDGER).expect("the ledger");
+    let mut other = worker(&SharedStore::new());
+    other.shared_data_set(LEDGER, &after_a, 0).unwrap();
+    served(&mut other);
+    let (newer, _) = other.shared_data_get(LEDGER).unwrap();
+    a.shared_data_set(LEDGER, &newer, 0).unwrap();
+    assert_eq!(
+        gauge(&a),
+        30,
+        "a's set came last: the older state is on the gauge"
+    );
+    a.tick().unwrap();
+    assert_eq!(gauge(&a), 60, "a's tick sets the ledger's newest state");
+    // Confirmed on the next tick and forgotten: later ticks set nothing.
+    let seq = a.metric(GAUGE).unwrap().set_seq;
+    a.tick().unwrap();
+    a.tick().unwrap();
+    assert_eq!(a.metric(GAUGE).unwrap().set_seq, seq);
+    // And a tick after a request whose state nobody overtook sets nothing either.
+    served(&mut a);
+    assert_eq!(gauge(&a), 90);
+    let seq = a.metric(GAUGE).unwrap().set_seq;
+    a.tick().unwrap();
+    assert_eq!(a.metric(GAUGE).unwrap().set_seq, seq);
+}

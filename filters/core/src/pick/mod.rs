@@ -89,9 +89,20 @@ pub struct Config {
     /// the mean recent uncached prompt bytes (plus this prompt) takes no new prefix, so misses
     /// spread instead of piling onto the pods that own the most prefixes. 0 turns it off.
     pub balance_percent: u64,
-    /// With it, a pod over that bound also sheds known prefixes to the next-best pod (the
-    /// prefix is then replicated there).
-    pub balance_known: bool,
+    /// Hysteresis of that bound: a pod found over it stays closed to new prefixes until its
+    /// recent prefill work is back at this percentage of the mean. 0: no hysteresis.
+    pub balance_reopen_percent: u64,
+    /// The rendezvous home of a prefix no pod holds takes it unless the home was recently sent
+    /// more than this percentage of the mean prefill work (plus this prompt); the other pods
+    /// take it only under `balance_percent`. 0: the home is bounded like the others.
+    pub home_keep_percent: u64,
+    /// A pod recently sent more than this percentage of the mean prefill work (plus this
+    /// prompt) also sheds known prefixes to the next-best pod (the prefix is then replicated
+    /// there). 0: a known prefix stays on its pod while the load allows.
+    pub known_balance_percent: u64,
+    /// A session also moves off its pod when the pod was recently sent more than this
+    /// percentage of the mean prefill work (plus this prompt), not only when it queues. 0: off.
+    pub session_balance_percent: u64,
     /// Half-life of the recent prefill work.
     pub recent_half_life_ns: u64,
     /// Count load and prefill work as the engines report them (scraped, so every gateway
@@ -118,7 +129,10 @@ impl Default for Config {
             spread_bytes: 4096,
             unseen_load_percent: 110,
             balance_percent: 110,
-            balance_known: false,
+            balance_reopen_percent: 0,
+            home_keep_percent: 0,
+            known_balance_percent: 0,
+            session_balance_percent: 0,
             recent_half_life_ns: 10_000_000_000,
             engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
@@ -178,6 +192,8 @@ pub struct Picker {
     pub(crate) sessions: Sessions,
     pub(crate) quarantine: Quarantine,
     fails: Vec<u8>,
+    /// Pods closed to new prefixes by the prefill-work bound's hysteresis (this picker's view).
+    closed: Vec<bool>,
     cursor: u64,
     /// The pods the pick in progress may use (empty: all); see `subset.rs`.
     only: Vec<bool>,
@@ -206,6 +222,7 @@ impl Picker {
             sessions: Sessions::new(session::MAX_SESSIONS),
             quarantine: Quarantine::new(n),
             fails: vec![0; n],
+            closed: vec![false; n],
             cursor: 0,
             only: Vec::new(),
             pods,
@@ -327,6 +344,9 @@ impl Picker {
             p.load_bytes(i, now).saturating_add(prompt_bytes - cached)
         };
 
+        let view = self.prefill_view(now, req.avoid);
+        // A session moved off its pod (it is not put back there).
+        let mut leave = None;
         // A live session stays on its pod unless that pod is queuing and clearly busier.
         let idle = self.cfg.session.as_ref().map(|s| s.idle_ns);
         let key = req.session.filter(|_| idle.is_some());
@@ -342,18 +362,28 @@ impl Picker {
                             > m.saturating_mul(2)
                                 .saturating_add(self.cfg.request_cost_bytes)
                     });
-                    if !(busier && self.queuing(b, now)) {
+                    // Only if another pod can take it.
+                    let overworked = self.cfg.session_balance_percent > 0
+                        && least.is_some()
+                        && view.above(b, self.cfg.session_balance_percent, prompt_bytes);
+                    if !(busier && self.queuing(b, now)) && !overworked {
                         return Choice::Pod(self.charge_at(b, &matched, block, req, k, now));
+                    }
+                    if overworked {
+                        leave = Some(b);
                     }
                 }
             }
         }
 
-        let over = self.over_balance(prompt_bytes, now, req.avoid);
-        let shed_known = self.cfg.balance_known && block > 0;
+        let over = self.closed_to_new(&view, prompt_bytes);
+        let shed_known = self.cfg.known_balance_percent > 0 && block > 0;
         let mut costs: Vec<u64> = (0..n)
             .map(|i| {
-                if !self.eligible(i, now, req.avoid) || (shed_known && over[i]) {
+                if !self.eligible(i, now, req.avoid)
+                    || Some(i) == leave
+                    || (shed_known && view.above(i, self.cfg.known_balance_percent, prompt_bytes))
+                {
                     u64::MAX
                 } else {
                     cost(self, i)
@@ -363,7 +393,7 @@ impl Picker {
         if costs.iter().all(|&c| c == u64::MAX) {
             // Every eligible pod over the bound (cannot happen: the least sent is under it).
             for (i, c) in costs.iter_mut().enumerate() {
-                if self.eligible(i, now, req.avoid) {
+                if self.eligible(i, now, req.avoid) && Some(i) != leave {
                     *c = cost(self, i);
                 }
             }
@@ -422,8 +452,16 @@ impl Picker {
         let chosen = match bound {
             // Within the load bound and the prefill-work bound; if the two leave no pod in
             // common, the load bound alone.
-            Some(b) => rank(&|i, _| self.load_bytes(i, now) <= b && !over[i])
-                .or_else(|| rank(&|i, _| self.load_bytes(i, now) <= b)),
+            Some(b) => {
+                let fits = |i: usize| self.load_bytes(i, now) <= b;
+                let keep = self.cfg.home_keep_percent;
+                let home = (keep > 0)
+                    .then(|| rank(&|i, _| fits(i)))
+                    .flatten()
+                    .filter(|&h| !view.above(h, keep, prompt_bytes));
+                home.or_else(|| rank(&|i, _| fits(i) && !over[i]))
+                    .or_else(|| rank(&|i, _| fits(i)))
+            }
             // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding less
             // is never picked over it for the sake of consistency.
             None => rank(&|i, c| c <= best.saturating_add(spread) && matched[i] >= best_match),
@@ -455,14 +493,10 @@ impl Picker {
         self.charge(i, bytes - cached, matched[i], req.prompt, now)
     }
 
-    /// Which eligible pods were recently sent more prefill than `balance_percent` of the mean
-    /// (plus `prompt_bytes`, so an idle backend bounds nobody).
-    fn over_balance(&self, prompt_bytes: u64, now: u64, avoid: Option<usize>) -> Vec<bool> {
+    /// The recent prefill work of each eligible pod and their mean, for the bounds on it.
+    fn prefill_view(&self, now: u64, avoid: Option<usize>) -> PrefillView {
         let n = self.pods.len();
         let h = self.cfg.recent_half_life_ns;
-        if self.cfg.balance_percent == 0 {
-            return vec![false; n];
-        }
         // The engines' computed prompt bytes (every replica's) plus this gateway's uncached
         // bytes in flight (queued ones are not computed yet), when every eligible pod reports
         // them freshly; else this gateway's own recent sends.
@@ -484,11 +518,38 @@ impl Picker {
             .collect();
         let live = recent.iter().flatten().count().max(1) as f64;
         let mean = recent.iter().flatten().sum::<f64>() / live;
-        let bound = mean * self.cfg.balance_percent as f64 / 100.0 + prompt_bytes as f64;
-        recent
-            .iter()
-            .map(|r| r.is_some_and(|r| r > bound))
-            .collect()
+        PrefillView { recent, mean }
+    }
+
+    /// Which eligible pods take no new prefix: recently sent more prefill than
+    /// `balance_percent` of the mean (plus `prompt_bytes`, so an idle backend bounds nobody),
+    /// or, with hysteresis, closed since they were and not yet back at
+    /// `balance_reopen_percent`.
+    fn closed_to_new(&mut self, view: &PrefillView, prompt_bytes: u64) -> Vec<bool> {
+        let bal = self.cfg.balance_percent;
+        let reopen = self.cfg.balance_reopen_percent;
+        let mut out = vec![false; self.pods.len()];
+        if bal == 0 {
+            return out;
+        }
+        for (i, o) in out.iter_mut().enumerate() {
+            let Some(r) = view.recent[i] else {
+                continue;
+            };
+            let over = view.above(i, bal, prompt_bytes);
+            if reopen == 0 {
+                *o = over;
+                continue;
+            }
+            let closed = &mut self.closed[i];
+            if over {
+                *closed = true;
+            } else if r <= view.mean * reopen as f64 / 100.0 {
+                *closed = false;
+            }
+            *o = *closed;
+        }
+        out
     }
 
     fn charge(
@@ -592,6 +653,24 @@ impl Picker {
 
     pub fn is_quarantined(&self, i: usize, now: u64) -> bool {
         self.quarantine.is_quarantined(i, now)
+    }
+}
+
+/// Recent prefill work per pod (`None`: not eligible) and the mean over the eligible ones.
+struct PrefillView {
+    recent: Vec<Option<f64>>,
+    mean: f64,
+}
+
+impl PrefillView {
+    /// Whether pod `i` was recently sent more than `percent` of the mean plus `prompt_bytes`.
+    fn above(&self, i: usize, percent: u64, prompt_bytes: u64) -> bool {
+        let bound = self.mean * percent as f64 / 100.0 + prompt_bytes as f64;
+        self.recent
+            .get(i)
+            .copied()
+            .flatten()
+            .is_some_and(|r| r > bound)
     }
 }
 

@@ -591,3 +591,42 @@ fn prefill_work_falls_back_to_own_sends_without_every_pods_counters() {
     assert_ne!(t.pod(), home, "its own sends bound the home");
     a.release(t, done(), 2 * S);
 }
+
+/// With hysteresis, a pod the prefill-work bound closed to new prefixes stays closed until its
+/// recent work is back at `balance_reopen_percent` of the mean, not just under the bound: its
+/// open/closed state then flips rarely, and replicas whose views differ a little flip it at
+/// nearly the same moments instead of at every prefix sent near the bound.
+#[test]
+fn a_pod_closed_by_the_prefill_bound_reopens_only_at_the_reopen_share() {
+    let run = |reopen: u64| {
+        let c = Config {
+            balance_reopen_percent: reopen,
+            ..cfg()
+        };
+        let h = c.recent_half_life_ns;
+        let first = prompt(&text("tenant one", 3000), 256);
+        let second = prompt(&text("tenant two", 3000), 256);
+        let mut pk = Picker::new(c.clone(), &pods(4));
+        let home = home_of(&c, &second);
+        // The home was sent 150 kB, the others 100 kB: over 110 % of the mean (112.5 kB).
+        for i in 0..4 {
+            pk.loads[i].sent(0, if i == home { 150_000 } else { 100_000 }, h);
+        }
+        let t = pod(pk.pick(&req(&first), 0));
+        pk.release(t, done(), 0);
+        // The others catch up to 130 kB: the home (150 kB, plus what the first prompt
+        // added if it went there) is under the bound (148.5 kB + the prompt) but above the mean.
+        for i in 0..4 {
+            let now = pk.loads[i].recent.at(0, h) as u64;
+            if i != home && now < 130_000 {
+                pk.loads[i].sent(0, 130_000 - now, h);
+            }
+        }
+        let t = pod(pk.pick(&req(&second), 0));
+        let went_home = t.pod() == home;
+        pk.release(t, done(), 0);
+        went_home
+    };
+    assert!(run(0), "without hysteresis the home is open again");
+    assert!(!run(100), "with it the home stays closed until back at the mean");
+}

@@ -6,7 +6,7 @@
 //! [`Picker`] in its three modes (round-robin, least-loaded = LoadAware without prefix
 //! affinity, and the prefix picker), each gateway replica with its own picker state, plus an
 //! oracle that sees every pod's true cache and queue and picks the earliest first token.
-//! Every replica reads the pods' vLLM gauges once a second, as the filter will on a timer.
+//! Every replica reads the pods' vLLM gauges once a second, as the filter does on a timer.
 
 pub mod workload;
 
@@ -56,6 +56,11 @@ pub struct Setup {
     pub picker: Config,
     pub session_header: String,
     pub scrape_ns: u64,
+    /// Replica `r` scrapes `r` times this after replica 0. The filter scrapes when the period
+    /// number (host time / period) changes, checked on its 100 ms root tick, so independent
+    /// gateways with synchronised clocks scrape within one tick of each other: a third of a
+    /// tick apart is the default. (Half a period is the worst case, for clocks that are not.)
+    pub scrape_offset_ns: u64,
     /// Varies the pods' addresses, and with them every rendezvous draw (through Envoy the pods
     /// listen on random ports, so each run is another draw).
     pub addr_salt: u64,
@@ -77,6 +82,7 @@ impl Default for Setup {
             picker: Config::default(),
             session_header: "x-session-id".into(),
             scrape_ns: 1_000_000_000,
+            scrape_offset_ns: 33_000_000,
             addr_salt: 0,
         }
     }
@@ -220,10 +226,12 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         decode,
     };
     let mut unplaced = 0;
+    let mut diag: Vec<(u64, usize, usize, u64)> = Vec::new();
     let mut scanner = Scanner::new();
     let mut prompt = Prompt::default();
-    let phases = pickers.len() as u64;
-    let mut next_scrape: Vec<u64> = (0..phases).map(|r| r * s.scrape_ns / phases).collect();
+    let mut next_scrape: Vec<u64> = (0..pickers.len() as u64)
+        .map(|r| r * s.scrape_offset_ns)
+        .collect();
 
     let mut i = 0;
     loop {
@@ -315,7 +323,12 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                 avoid: None,
             };
             match pickers[replica].pick(&req, now) {
-                Choice::Pod(t) => (t.pod(), Some(t)),
+                Choice::Pod(t) => {
+                    if let Some(&b) = prompt.blocks.first() {
+                        diag.push((b, t.pod(), replica, now));
+                    }
+                    (t.pod(), Some(t))
+                }
                 Choice::NoEligiblePod => {
                     unplaced += 1;
                     i += 1;
@@ -335,6 +348,29 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         i += 1;
     }
 
+    if std::env::var_os("PICKSIM_DIAG").is_some() && policy == Policy::Picker {
+        let mut by: std::collections::BTreeMap<u64, Vec<(usize, usize, u64)>> = Default::default();
+        for &(b, p, r, t) in &diag {
+            by.entry(b).or_default().push((p, r, t));
+        }
+        let mut multi = 0;
+        let mut reqs_multi = 0;
+        for (b, v) in &by {
+            let mut pods: Vec<usize> = v.iter().map(|x| x.0).collect();
+            pods.sort();
+            pods.dedup();
+            if pods.len() > 1 {
+                multi += 1;
+                reqs_multi += v.len();
+                if v.len() >= 4 {
+                    let firsts: Vec<String> = v.iter().take(12).map(|(p, r, t)| format!("{p}/r{r}@{:.1}", *t as f64 / 1e9)).collect();
+                    eprintln!("  prefix {:x}: {} reqs, pods {:?}: {}", b & 0xffff, v.len(), pods, firsts.join(" "));
+                }
+            }
+        }
+        let computed: Vec<u64> = w.pods.iter().map(|p| p.computed).collect();
+        eprintln!("replicas {}: {} prefixes, {} on several pods ({} requests); computed {:?}", s.replicas, by.len(), multi, reqs_multi, computed);
+    }
     let mut ttft = std::mem::take(&mut w.ttft);
     ttft.sort_unstable();
     let n = ttft.len().max(1);

@@ -22,19 +22,17 @@ fn row(name: &str, r: &Report) {
 
 /// The settings `--sweep` compares, each a list of `--set` assignments on top of the base.
 const SWEEP: &[(&str, &str)] = &[
-    ("defaults", ""),
-    ("no prefill bound", "balance_percent=0"),
+    ("defaults (usage-corrected, known shed at 130 %)", ""),
+    ("previous defaults", "recent_from_usage=0,known_balance_percent=0"),
+    ("no prefill bound", "balance_percent=0,known_balance_percent=0"),
     ("bound 120 %", "balance_percent=120"),
-    ("bound 130 %", "balance_percent=130"),
-    ("hysteresis 110 → 100 %", "balance_reopen_percent=100"),
-    ("hysteresis 120 → 100 %", "balance_percent=120,balance_reopen_percent=100"),
-    ("hysteresis 130 → 100 %", "balance_percent=130,balance_reopen_percent=100"),
-    ("home kept to 150 %", "home_keep_percent=150"),
-    ("home kept to 130 %", "home_keep_percent=130"),
     ("known shed at 150 %", "known_balance_percent=150"),
-    ("bound 130 %, known shed 150 %", "balance_percent=130,known_balance_percent=150"),
-    ("sessions move at 150 %", "session_balance_percent=150"),
+    ("known never shed", "known_balance_percent=0"),
+    ("predicted work only", "recent_from_usage=0"),
+    ("unseen load bound 400 %", "unseen_load_percent=400"),
     ("engine counts", "engine_counts=1"),
+    ("spread 1 KiB", "spread_bytes=1024"),
+    ("half-life 30 s", "half_life_s=30"),
 ];
 
 fn main() {
@@ -45,6 +43,9 @@ fn main() {
     let mut base = if le { like_envoy() } else { Setup::default() };
     if let Some(n) = flag(&args, "--pods") {
         base.pods = n as usize;
+    }
+    if let Some(ms) = flag(&args, "--scrape-offset-ms") {
+        base.scrape_offset_ns = ms * 1_000_000;
     }
     for (i, a) in args.iter().enumerate() {
         if a == "--set" {
@@ -204,6 +205,10 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "known_balance_percent" => c.known_balance_percent = n,
         "balance_reopen_percent" => c.balance_reopen_percent = n,
         "home_keep_percent" => c.home_keep_percent = n,
+        "unseen_bound_requests" => c.unseen_bound_requests = n != 0,
+        "unseen_queue_bound" => c.unseen_queue_bound = n != 0,
+        "balance_slack_prompts" => c.balance_slack_prompts = n,
+        "recent_from_usage" => c.recent_from_usage = n != 0,
         "session_balance_percent" => c.session_balance_percent = n,
         "spread_bytes" => c.spread_bytes = n,
         "request_cost_bytes" => c.request_cost_bytes = n,

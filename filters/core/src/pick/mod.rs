@@ -85,10 +85,21 @@ pub struct Config {
     /// A prompt no pod holds is placed by consistent hashing among the pods loaded at most this
     /// percentage of the mean load (plus one request).
     pub unseen_load_percent: u64,
+    /// A prompt no pod holds also skips pods that queue (the engine reports waiting requests;
+    /// without gauges, two or more in flight from here), so a loose `unseen_load_percent`
+    /// never sends it to wait behind a full pod while another has a free slot.
+    pub unseen_queue_bound: bool,
+    /// The unseen-prompt load bound counts requests running or queued (mean times
+    /// `unseen_load_percent`, plus one), not bytes.
+    pub unseen_bound_requests: bool,
     /// Bounded load on prefill work: a pod that was recently sent more than this percentage of
     /// the mean recent uncached prompt bytes (plus this prompt) takes no new prefix, so misses
     /// spread instead of piling onto the pods that own the most prefixes. 0 turns it off.
     pub balance_percent: u64,
+    /// The bounds on prefill work allow this many times the prompt above their percentage of
+    /// the mean (at least 1), so that they bind only once a pod is ahead by more than a few
+    /// prompts: early on, when few prompts were sent, replicas' views differ by whole prompts.
+    pub balance_slack_prompts: u64,
     /// Hysteresis of that bound: a pod found over it stays closed to new prefixes until its
     /// recent prefill work is back at this percentage of the mean. 0: no hysteresis.
     pub balance_reopen_percent: u64,
@@ -103,6 +114,11 @@ pub struct Config {
     /// A session also moves off its pod when the pod was recently sent more than this
     /// percentage of the mean prefill work (plus this prompt), not only when it queues. 0: off.
     pub session_balance_percent: u64,
+    /// Correct the recent prefill work by what the engine reports it computed
+    /// (`usage.prompt_tokens` minus `cached_tokens`) when a request ends, instead of keeping the
+    /// pick's prediction: a pod whose cache thrashes then shows the prefill it really did, and
+    /// a prefix another replica had already put there stops counting as this one's work.
+    pub recent_from_usage: bool,
     /// Half-life of the recent prefill work.
     pub recent_half_life_ns: u64,
     /// Count load and prefill work as the engines report them (scraped, so every gateway
@@ -129,10 +145,14 @@ impl Default for Config {
             spread_bytes: 4096,
             unseen_load_percent: 110,
             balance_percent: 110,
+            balance_slack_prompts: 1,
+            unseen_queue_bound: false,
+            unseen_bound_requests: false,
             balance_reopen_percent: 0,
             home_keep_percent: 0,
-            known_balance_percent: 0,
+            known_balance_percent: 130,
             session_balance_percent: 0,
+            recent_from_usage: true,
             recent_half_life_ns: 10_000_000_000,
             engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
@@ -284,6 +304,15 @@ impl Picker {
         let Some(l) = self.loads.get(i) else {
             return u64::MAX;
         };
+        l.work(self.epoch(now))
+            .saturating_add(self.requests(i, now).saturating_mul(self.cfg.request_cost_bytes))
+    }
+
+    /// Requests running or queued on pod `i`, as [`Picker::load_bytes`] counts them.
+    fn requests(&self, i: usize, now: u64) -> u64 {
+        let Some(l) = self.loads.get(i) else {
+            return u64::MAX;
+        };
         let e = self.epoch(now);
         let own = l.requests(e) as u64;
         let requests = match l.fresh_metrics(now, self.cfg.metrics_max_age_ns) {
@@ -299,8 +328,7 @@ impl Picker {
                 }
             }
         };
-        l.work(e)
-            .saturating_add(requests.saturating_mul(self.cfg.request_cost_bytes))
+        requests
     }
 
     fn queuing(&self, i: usize, now: u64) -> bool {
@@ -422,16 +450,28 @@ impl Picker {
         // not loaded past `unseen_load_percent` of the mean a candidate. The bound is loose on
         // purpose: replicas see different loads, and only a loose bound lets them agree.
         let unseen = block > 0 && known == 0 && !blocks.is_empty();
+        // With `unseen_bound_requests` the bound counts requests (one more allowed), not
+        // bytes: a pod busy prefilling one long prompt is not thereby closed.
+        let by_requests = self.cfg.unseen_bound_requests;
+        let unseen_load = |p: &Picker, i: usize| {
+            if by_requests {
+                p.requests(i, now)
+            } else {
+                p.load_bytes(i, now)
+            }
+        };
         let bound = if unseen {
             let live: Vec<u64> = (0..n)
                 .filter(|&i| costs[i] != u64::MAX)
-                .map(|i| self.load_bytes(i, now))
+                .map(|i| unseen_load(self, i))
                 .collect();
             let mean = live.iter().sum::<u64>() / live.len().max(1) as u64;
-            Some(
-                (mean as u128 * self.cfg.unseen_load_percent as u128 / 100) as u64
-                    + self.cfg.request_cost_bytes,
-            )
+            let one = if by_requests {
+                1
+            } else {
+                self.cfg.request_cost_bytes
+            };
+            Some((mean as u128 * self.cfg.unseen_load_percent as u128 / 100) as u64 + one)
         } else {
             None
         };
@@ -453,7 +493,9 @@ impl Picker {
             // Within the load bound and the prefill-work bound; if the two leave no pod in
             // common, the load bound alone.
             Some(b) => {
-                let fits = |i: usize| self.load_bytes(i, now) <= b;
+                let queue_bound = self.cfg.unseen_queue_bound;
+                let loaded = |i: usize| unseen_load(self, i) <= b;
+                let fits = |i: usize| loaded(i) && !(queue_bound && self.queuing(i, now));
                 let keep = self.cfg.home_keep_percent;
                 let home = (keep > 0)
                     .then(|| rank(&|i, _| fits(i)))
@@ -461,6 +503,7 @@ impl Picker {
                     .filter(|&h| !view.above(h, keep, prompt_bytes));
                 home.or_else(|| rank(&|i, _| fits(i) && !over[i]))
                     .or_else(|| rank(&|i, _| fits(i)))
+                    .or_else(|| rank(&|i, _| loaded(i)))
             }
             // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding less
             // is never picked over it for the sake of consistency.
@@ -518,7 +561,11 @@ impl Picker {
             .collect();
         let live = recent.iter().flatten().count().max(1) as f64;
         let mean = recent.iter().flatten().sum::<f64>() / live;
-        PrefillView { recent, mean }
+        PrefillView {
+            recent,
+            mean,
+            slack: self.cfg.balance_slack_prompts.max(1),
+        }
     }
 
     /// Which eligible pods take no new prefix: recently sent more prefill than
@@ -591,10 +638,16 @@ impl Picker {
                 cached_tokens,
             } => {
                 *fails = 0;
-                if let (Some(p), Some(c), Some(block)) =
-                    (prompt_tokens, cached_tokens, self.block_bytes())
-                {
-                    self.correct(i, &t, p, c, block);
+                if let (Some(p), Some(c)) = (prompt_tokens, cached_tokens) {
+                    if self.cfg.recent_from_usage && p > 0 {
+                        let computed = (p.saturating_sub(c) as u128 * t.prompt_bytes as u128
+                            / p as u128) as f64;
+                        let h = self.cfg.recent_half_life_ns;
+                        l.recent.adjust(now, computed - t.work as f64, h);
+                    }
+                    if let Some(block) = self.block_bytes() {
+                        self.correct(i, &t, p, c, block);
+                    }
                 }
             }
             Outcome::Failed => {
@@ -660,12 +713,15 @@ impl Picker {
 struct PrefillView {
     recent: Vec<Option<f64>>,
     mean: f64,
+    /// Prompts allowed above the percentage.
+    slack: u64,
 }
 
 impl PrefillView {
     /// Whether pod `i` was recently sent more than `percent` of the mean plus `prompt_bytes`.
     fn above(&self, i: usize, percent: u64, prompt_bytes: u64) -> bool {
-        let bound = self.mean * percent as f64 / 100.0 + prompt_bytes as f64;
+        let bound =
+            self.mean * percent as f64 / 100.0 + prompt_bytes.saturating_mul(self.slack) as f64;
         self.recent
             .get(i)
             .copied()

@@ -363,13 +363,30 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                 multi += 1;
                 reqs_multi += v.len();
                 if v.len() >= 4 {
-                    let firsts: Vec<String> = v.iter().take(12).map(|(p, r, t)| format!("{p}/r{r}@{:.1}", *t as f64 / 1e9)).collect();
-                    eprintln!("  prefix {:x}: {} reqs, pods {:?}: {}", b & 0xffff, v.len(), pods, firsts.join(" "));
+                    let firsts: Vec<String> = v
+                        .iter()
+                        .take(12)
+                        .map(|(p, r, t)| format!("{p}/r{r}@{:.1}", *t as f64 / 1e9))
+                        .collect();
+                    eprintln!(
+                        "  prefix {:x}: {} reqs, pods {:?}: {}",
+                        b & 0xffff,
+                        v.len(),
+                        pods,
+                        firsts.join(" ")
+                    );
                 }
             }
         }
         let computed: Vec<u64> = w.pods.iter().map(|p| p.computed).collect();
-        eprintln!("replicas {}: {} prefixes, {} on several pods ({} requests); computed {:?}", s.replicas, by.len(), multi, reqs_multi, computed);
+        eprintln!(
+            "replicas {}: {} prefixes, {} on several pods ({} requests); computed {:?}",
+            s.replicas,
+            by.len(),
+            multi,
+            reqs_multi,
+            computed
+        );
     }
     let mut ttft = std::mem::take(&mut w.ttft);
     ttft.sort_unstable();

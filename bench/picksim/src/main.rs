@@ -8,7 +8,9 @@
 //! the imbalance, ...). `--sweep` (or `--try`) does so for a list of settings and prints a
 //! Markdown table.
 use picksim::workload::Shape;
-use picksim::{judge, like_envoy, seeds, simulate, standard_workload, Judged, Policy, Report, Setup, SEED};
+use picksim::{
+    judge, like_envoy, seeds, simulate, standard_workload, Judged, Policy, Report, Setup, SEED,
+};
 
 fn row(name: &str, r: &Report) {
     println!(
@@ -23,8 +25,14 @@ fn row(name: &str, r: &Report) {
 /// The settings `--sweep` compares, each a list of `--set` assignments on top of the base.
 const SWEEP: &[(&str, &str)] = &[
     ("defaults (usage-corrected, known shed at 130 %)", ""),
-    ("previous defaults", "recent_from_usage=0,known_balance_percent=0"),
-    ("no prefill bound", "balance_percent=0,known_balance_percent=0"),
+    (
+        "previous defaults",
+        "recent_from_usage=0,known_balance_percent=0",
+    ),
+    (
+        "no prefill bound",
+        "balance_percent=0,known_balance_percent=0",
+    ),
     ("bound 120 %", "balance_percent=120"),
     ("known shed at 150 %", "known_balance_percent=150"),
     ("known never shed", "known_balance_percent=0"),
@@ -73,7 +81,10 @@ fn main() {
     let k = flag(&args, "--seeds").map(|k| k as usize);
     if sweep || !tries.is_empty() {
         let list: Vec<(String, String)> = if tries.is_empty() {
-            SWEEP.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()
+            SWEEP
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect()
         } else {
             tries
         };
@@ -149,8 +160,14 @@ fn main() {
 fn print_judged(j: &Judged) {
     println!("  picker hit          {:.3}", j.hit);
     println!("  3 replicas / 1      {:.3}", j.ratio);
-    println!("  imbalance, 1 / 3    {:.2} / {:.2}", j.imbalance, j.imbalance3);
-    println!("  p99 ms, / oracle    {:.1} / {:.2}", j.p99_ms, j.p99_vs_oracle);
+    println!(
+        "  imbalance, 1 / 3    {:.2} / {:.2}",
+        j.imbalance, j.imbalance3
+    );
+    println!(
+        "  p99 ms, / oracle    {:.1} / {:.2}",
+        j.p99_ms, j.p99_vs_oracle
+    );
     println!("  hit / round-robin   {:.2}", j.vs_round_robin);
     println!("  hit / oracle        {:.2}", j.vs_oracle);
     println!("  ttft / least-loaded {:.3}", j.ttft_vs_least_loaded);
@@ -203,13 +220,7 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "unseen_load_percent" => c.unseen_load_percent = n,
         "balance_percent" => c.balance_percent = n,
         "known_balance_percent" => c.known_balance_percent = n,
-        "balance_reopen_percent" => c.balance_reopen_percent = n,
-        "home_keep_percent" => c.home_keep_percent = n,
-        "unseen_bound_requests" => c.unseen_bound_requests = n != 0,
-        "unseen_queue_bound" => c.unseen_queue_bound = n != 0,
-        "balance_slack_prompts" => c.balance_slack_prompts = n,
         "recent_from_usage" => c.recent_from_usage = n != 0,
-        "session_balance_percent" => c.session_balance_percent = n,
         "spread_bytes" => c.spread_bytes = n,
         "request_cost_bytes" => c.request_cost_bytes = n,
         "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,

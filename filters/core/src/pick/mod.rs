@@ -85,39 +85,19 @@ pub struct Config {
     /// A prompt no pod holds is placed by consistent hashing among the pods loaded at most this
     /// percentage of the mean load (plus one request).
     pub unseen_load_percent: u64,
-    /// A prompt no pod holds also skips pods that queue (the engine reports waiting requests;
-    /// without gauges, two or more in flight from here), so a loose `unseen_load_percent`
-    /// never sends it to wait behind a full pod while another has a free slot.
-    pub unseen_queue_bound: bool,
-    /// The unseen-prompt load bound counts requests running or queued (mean times
-    /// `unseen_load_percent`, plus one), not bytes.
-    pub unseen_bound_requests: bool,
     /// Bounded load on prefill work: a pod that was recently sent more than this percentage of
     /// the mean recent uncached prompt bytes (plus this prompt) takes no new prefix, so misses
     /// spread instead of piling onto the pods that own the most prefixes. 0 turns it off.
     pub balance_percent: u64,
-    /// The bounds on prefill work allow this many times the prompt above their percentage of
-    /// the mean (at least 1), so that they bind only once a pod is ahead by more than a few
-    /// prompts: early on, when few prompts were sent, replicas' views differ by whole prompts.
-    pub balance_slack_prompts: u64,
-    /// Hysteresis of that bound: a pod found over it stays closed to new prefixes until its
-    /// recent prefill work is back at this percentage of the mean. 0: no hysteresis.
-    pub balance_reopen_percent: u64,
-    /// The rendezvous home of a prefix no pod holds takes it unless the home was recently sent
-    /// more than this percentage of the mean prefill work (plus this prompt); the other pods
-    /// take it only under `balance_percent`. 0: the home is bounded like the others.
-    pub home_keep_percent: u64,
     /// A pod recently sent more than this percentage of the mean prefill work (plus this
     /// prompt) also sheds known prefixes to the next-best pod (the prefix is then replicated
-    /// there). 0: a known prefix stays on its pod while the load allows.
+    /// there, on the pod every replica ranks next). 0: a known prefix stays while the load
+    /// allows. Looser than `balance_percent`: a copy costs a whole prefill and cache room.
     pub known_balance_percent: u64,
-    /// A session also moves off its pod when the pod was recently sent more than this
-    /// percentage of the mean prefill work (plus this prompt), not only when it queues. 0: off.
-    pub session_balance_percent: u64,
     /// Correct the recent prefill work by what the engine reports it computed
-    /// (`usage.prompt_tokens` minus `cached_tokens`) when a request ends, instead of keeping the
-    /// pick's prediction: a pod whose cache thrashes then shows the prefill it really did, and
-    /// a prefix another replica had already put there stops counting as this one's work.
+    /// (`usage.prompt_tokens` minus `cached_tokens`) when a request ends, instead of keeping
+    /// the pick's prediction: a pod whose cache thrashes then shows the prefill it really did,
+    /// and a prefix another replica had already put there stops counting as this one's.
     pub recent_from_usage: bool,
     /// Half-life of the recent prefill work.
     pub recent_half_life_ns: u64,
@@ -145,13 +125,7 @@ impl Default for Config {
             spread_bytes: 4096,
             unseen_load_percent: 110,
             balance_percent: 110,
-            balance_slack_prompts: 1,
-            unseen_queue_bound: false,
-            unseen_bound_requests: false,
-            balance_reopen_percent: 0,
-            home_keep_percent: 0,
             known_balance_percent: 130,
-            session_balance_percent: 0,
             recent_from_usage: true,
             recent_half_life_ns: 10_000_000_000,
             engine_counts: false,
@@ -212,8 +186,6 @@ pub struct Picker {
     pub(crate) sessions: Sessions,
     pub(crate) quarantine: Quarantine,
     fails: Vec<u8>,
-    /// Pods closed to new prefixes by the prefill-work bound's hysteresis (this picker's view).
-    closed: Vec<bool>,
     cursor: u64,
     /// The pods the pick in progress may use (empty: all); see `subset.rs`.
     only: Vec<bool>,
@@ -242,7 +214,6 @@ impl Picker {
             sessions: Sessions::new(session::MAX_SESSIONS),
             quarantine: Quarantine::new(n),
             fails: vec![0; n],
-            closed: vec![false; n],
             cursor: 0,
             only: Vec::new(),
             pods,
@@ -304,15 +275,6 @@ impl Picker {
         let Some(l) = self.loads.get(i) else {
             return u64::MAX;
         };
-        l.work(self.epoch(now))
-            .saturating_add(self.requests(i, now).saturating_mul(self.cfg.request_cost_bytes))
-    }
-
-    /// Requests running or queued on pod `i`, as [`Picker::load_bytes`] counts them.
-    fn requests(&self, i: usize, now: u64) -> u64 {
-        let Some(l) = self.loads.get(i) else {
-            return u64::MAX;
-        };
         let e = self.epoch(now);
         let own = l.requests(e) as u64;
         let requests = match l.fresh_metrics(now, self.cfg.metrics_max_age_ns) {
@@ -328,7 +290,8 @@ impl Picker {
                 }
             }
         };
-        requests
+        l.work(e)
+            .saturating_add(requests.saturating_mul(self.cfg.request_cost_bytes))
     }
 
     fn queuing(&self, i: usize, now: u64) -> bool {
@@ -372,9 +335,6 @@ impl Picker {
             p.load_bytes(i, now).saturating_add(prompt_bytes - cached)
         };
 
-        let view = self.prefill_view(now, req.avoid);
-        // A session moved off its pod (it is not put back there).
-        let mut leave = None;
         // A live session stays on its pod unless that pod is queuing and clearly busier.
         let idle = self.cfg.session.as_ref().map(|s| s.idle_ns);
         let key = req.session.filter(|_| idle.is_some());
@@ -390,28 +350,23 @@ impl Picker {
                             > m.saturating_mul(2)
                                 .saturating_add(self.cfg.request_cost_bytes)
                     });
-                    // Only if another pod can take it.
-                    let overworked = self.cfg.session_balance_percent > 0
-                        && least.is_some()
-                        && view.above(b, self.cfg.session_balance_percent, prompt_bytes);
-                    if !(busier && self.queuing(b, now)) && !overworked {
+                    if !(busier && self.queuing(b, now)) {
                         return Choice::Pod(self.charge_at(b, &matched, block, req, k, now));
-                    }
-                    if overworked {
-                        leave = Some(b);
                     }
                 }
             }
         }
 
-        let over = self.closed_to_new(&view, prompt_bytes);
-        let shed_known = self.cfg.known_balance_percent > 0 && block > 0;
+        let over = self.over_balance(self.cfg.balance_percent, prompt_bytes, now, req.avoid);
+        let shed = self.cfg.known_balance_percent;
+        let over_known = if shed > 0 && block > 0 {
+            self.over_balance(shed, prompt_bytes, now, req.avoid)
+        } else {
+            vec![false; n]
+        };
         let mut costs: Vec<u64> = (0..n)
             .map(|i| {
-                if !self.eligible(i, now, req.avoid)
-                    || Some(i) == leave
-                    || (shed_known && view.above(i, self.cfg.known_balance_percent, prompt_bytes))
-                {
+                if !self.eligible(i, now, req.avoid) || over_known[i] {
                     u64::MAX
                 } else {
                     cost(self, i)
@@ -421,7 +376,7 @@ impl Picker {
         if costs.iter().all(|&c| c == u64::MAX) {
             // Every eligible pod over the bound (cannot happen: the least sent is under it).
             for (i, c) in costs.iter_mut().enumerate() {
-                if self.eligible(i, now, req.avoid) && Some(i) != leave {
+                if self.eligible(i, now, req.avoid) {
                     *c = cost(self, i);
                 }
             }
@@ -450,28 +405,16 @@ impl Picker {
         // not loaded past `unseen_load_percent` of the mean a candidate. The bound is loose on
         // purpose: replicas see different loads, and only a loose bound lets them agree.
         let unseen = block > 0 && known == 0 && !blocks.is_empty();
-        // With `unseen_bound_requests` the bound counts requests (one more allowed), not
-        // bytes: a pod busy prefilling one long prompt is not thereby closed.
-        let by_requests = self.cfg.unseen_bound_requests;
-        let unseen_load = |p: &Picker, i: usize| {
-            if by_requests {
-                p.requests(i, now)
-            } else {
-                p.load_bytes(i, now)
-            }
-        };
         let bound = if unseen {
             let live: Vec<u64> = (0..n)
                 .filter(|&i| costs[i] != u64::MAX)
-                .map(|i| unseen_load(self, i))
+                .map(|i| self.load_bytes(i, now))
                 .collect();
             let mean = live.iter().sum::<u64>() / live.len().max(1) as u64;
-            let one = if by_requests {
-                1
-            } else {
-                self.cfg.request_cost_bytes
-            };
-            Some((mean as u128 * self.cfg.unseen_load_percent as u128 / 100) as u64 + one)
+            Some(
+                (mean as u128 * self.cfg.unseen_load_percent as u128 / 100) as u64
+                    + self.cfg.request_cost_bytes,
+            )
         } else {
             None
         };
@@ -492,19 +435,8 @@ impl Picker {
         let chosen = match bound {
             // Within the load bound and the prefill-work bound; if the two leave no pod in
             // common, the load bound alone.
-            Some(b) => {
-                let queue_bound = self.cfg.unseen_queue_bound;
-                let loaded = |i: usize| unseen_load(self, i) <= b;
-                let fits = |i: usize| loaded(i) && !(queue_bound && self.queuing(i, now));
-                let keep = self.cfg.home_keep_percent;
-                let home = (keep > 0)
-                    .then(|| rank(&|i, _| fits(i)))
-                    .flatten()
-                    .filter(|&h| !view.above(h, keep, prompt_bytes));
-                home.or_else(|| rank(&|i, _| fits(i) && !over[i]))
-                    .or_else(|| rank(&|i, _| fits(i)))
-                    .or_else(|| rank(&|i, _| loaded(i)))
-            }
+            Some(b) => rank(&|i, _| self.load_bytes(i, now) <= b && !over[i])
+                .or_else(|| rank(&|i, _| self.load_bytes(i, now) <= b)),
             // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding less
             // is never picked over it for the sake of consistency.
             None => rank(&|i, c| c <= best.saturating_add(spread) && matched[i] >= best_match),
@@ -536,10 +468,20 @@ impl Picker {
         self.charge(i, bytes - cached, matched[i], req.prompt, now)
     }
 
-    /// The recent prefill work of each eligible pod and their mean, for the bounds on it.
-    fn prefill_view(&self, now: u64, avoid: Option<usize>) -> PrefillView {
+    /// Which eligible pods were recently sent more prefill than `percent` of the mean (plus
+    /// `prompt_bytes`, so an idle backend bounds nobody).
+    fn over_balance(
+        &self,
+        percent: u64,
+        prompt_bytes: u64,
+        now: u64,
+        avoid: Option<usize>,
+    ) -> Vec<bool> {
         let n = self.pods.len();
         let h = self.cfg.recent_half_life_ns;
+        if percent == 0 {
+            return vec![false; n];
+        }
         // The engines' computed prompt bytes (every replica's) plus this gateway's uncached
         // bytes in flight (queued ones are not computed yet), when every eligible pod reports
         // them freshly; else this gateway's own recent sends.
@@ -561,42 +503,11 @@ impl Picker {
             .collect();
         let live = recent.iter().flatten().count().max(1) as f64;
         let mean = recent.iter().flatten().sum::<f64>() / live;
-        PrefillView {
-            recent,
-            mean,
-            slack: self.cfg.balance_slack_prompts.max(1),
-        }
-    }
-
-    /// Which eligible pods take no new prefix: recently sent more prefill than
-    /// `balance_percent` of the mean (plus `prompt_bytes`, so an idle backend bounds nobody),
-    /// or, with hysteresis, closed since they were and not yet back at
-    /// `balance_reopen_percent`.
-    fn closed_to_new(&mut self, view: &PrefillView, prompt_bytes: u64) -> Vec<bool> {
-        let bal = self.cfg.balance_percent;
-        let reopen = self.cfg.balance_reopen_percent;
-        let mut out = vec![false; self.pods.len()];
-        if bal == 0 {
-            return out;
-        }
-        for (i, o) in out.iter_mut().enumerate() {
-            let Some(r) = view.recent[i] else {
-                continue;
-            };
-            let over = view.above(i, bal, prompt_bytes);
-            if reopen == 0 {
-                *o = over;
-                continue;
-            }
-            let closed = &mut self.closed[i];
-            if over {
-                *closed = true;
-            } else if r <= view.mean * reopen as f64 / 100.0 {
-                *closed = false;
-            }
-            *o = *closed;
-        }
-        out
+        let bound = mean * percent as f64 / 100.0 + prompt_bytes as f64;
+        recent
+            .iter()
+            .map(|r| r.is_some_and(|r| r > bound))
+            .collect()
     }
 
     fn charge(
@@ -640,6 +551,7 @@ impl Picker {
                 *fails = 0;
                 if let (Some(p), Some(c)) = (prompt_tokens, cached_tokens) {
                     if self.cfg.recent_from_usage && p > 0 {
+                        // The bytes the engine computed, in the prompt's bytes per token.
                         let computed = (p.saturating_sub(c) as u128 * t.prompt_bytes as u128
                             / p as u128) as f64;
                         let h = self.cfg.recent_half_life_ns;
@@ -706,27 +618,6 @@ impl Picker {
 
     pub fn is_quarantined(&self, i: usize, now: u64) -> bool {
         self.quarantine.is_quarantined(i, now)
-    }
-}
-
-/// Recent prefill work per pod (`None`: not eligible) and the mean over the eligible ones.
-struct PrefillView {
-    recent: Vec<Option<f64>>,
-    mean: f64,
-    /// Prompts allowed above the percentage.
-    slack: u64,
-}
-
-impl PrefillView {
-    /// Whether pod `i` was recently sent more than `percent` of the mean plus `prompt_bytes`.
-    fn above(&self, i: usize, percent: u64, prompt_bytes: u64) -> bool {
-        let bound =
-            self.mean * percent as f64 / 100.0 + prompt_bytes.saturating_mul(self.slack) as f64;
-        self.recent
-            .get(i)
-            .copied()
-            .flatten()
-            .is_some_and(|r| r > bound)
     }
 }
 

@@ -592,41 +592,74 @@ fn prefill_work_falls_back_to_own_sends_without_every_pods_counters() {
     a.release(t, done(), 2 * S);
 }
 
-/// With hysteresis, a pod the prefill-work bound closed to new prefixes stays closed until its
-/// recent work is back at `balance_reopen_percent` of the mean, not just under the bound: its
-/// open/closed state then flips rarely, and replicas whose views differ a little flip it at
-/// nearly the same moments instead of at every prefix sent near the bound.
+/// When a request ends, its prefill work counts as what the engine says it computed, not as
+/// the pick predicted: a prompt another replica had already put on the pod (all of it cached)
+/// stops counting, and one the pod had evicted (none of it cached) counts in full.
 #[test]
-fn a_pod_closed_by_the_prefill_bound_reopens_only_at_the_reopen_share() {
-    let run = |reopen: u64| {
+fn recent_prefill_work_is_what_the_engine_reports_computed() {
+    let run = |recent_from_usage: bool, cached_share: u64| {
         let c = Config {
-            balance_reopen_percent: reopen,
+            recent_from_usage,
             ..cfg()
         };
         let h = c.recent_half_life_ns;
-        let first = prompt(&text("tenant one", 3000), 256);
-        let second = prompt(&text("tenant two", 3000), 256);
-        let mut pk = Picker::new(c.clone(), &pods(4));
-        let home = home_of(&c, &second);
-        // The home was sent 150 kB, the others 100 kB: over 110 % of the mean (112.5 kB).
-        for i in 0..4 {
-            pk.loads[i].sent(0, if i == home { 150_000 } else { 100_000 }, h);
-        }
-        let t = pod(pk.pick(&req(&first), 0));
-        pk.release(t, done(), 0);
-        // The others catch up to 130 kB: the home (150 kB, plus what the first prompt
-        // added if it went there) is under the bound (148.5 kB + the prompt) but above the mean.
-        for i in 0..4 {
-            let now = pk.loads[i].recent.at(0, h) as u64;
-            if i != home && now < 130_000 {
-                pk.loads[i].sent(0, 130_000 - now, h);
-            }
-        }
-        let t = pod(pk.pick(&req(&second), 0));
-        let went_home = t.pod() == home;
-        pk.release(t, done(), 0);
-        went_home
+        let mut pk = Picker::new(c, &pods(2));
+        let pr = prompt(&text("a tenant", 4000), 256);
+        let t = pod(pk.pick(&req(&pr), 0));
+        let i = t.pod();
+        let predicted = t.predicted_uncached_bytes() as f64;
+        // 1,000 prompt tokens, `cached_share` per cent of them cached.
+        let outcome = Outcome::Done {
+            prompt_tokens: Some(1000),
+            cached_tokens: Some(cached_share * 10),
+        };
+        pk.release(t, outcome, 0);
+        (pk.loads[i].recent.at(0, h), predicted, pr.bytes as f64)
     };
-    assert!(run(0), "without hysteresis the home is open again");
-    assert!(!run(100), "with it the home stays closed until back at the mean");
+    let (kept, predicted, _) = run(false, 100);
+    assert_eq!(kept, predicted, "off: the prediction stays");
+    let (all_cached, _, _) = run(true, 100);
+    assert_eq!(all_cached, 0.0);
+    let (half, _, bytes) = run(true, 50);
+    assert!((half - bytes / 2.0).abs() <= 1.0, "{half} vs {bytes}");
+}
+
+/// A pod recently sent more than `known_balance_percent` of the mean prefill work sheds even
+/// the prefixes it holds, and two replicas in the same state shed a prefix to the same pod
+/// (ranked by the prompt's first block), so it is copied once, not once per replica.
+#[test]
+fn a_known_prefix_leaves_a_pod_past_the_known_bound_for_the_same_pod_everywhere() {
+    let run = |known_balance_percent: u64| {
+        let c = Config {
+            known_balance_percent,
+            recent_from_usage: false,
+            ..cfg()
+        };
+        let h = c.recent_half_life_ns;
+        let pr = prompt(&text("a popular tenant", 4000), 256);
+        let mut replicas = [
+            Picker::new(c.clone(), &pods(4)),
+            Picker::new(c.clone(), &pods(4)),
+        ];
+        let mut picked = Vec::new();
+        for pk in replicas.iter_mut() {
+            let t = pod(pk.pick(&req(&pr), 0));
+            let home = t.pod();
+            pk.release(t, done(), 0);
+            // The home then computed far more than the others (its other prefixes).
+            pk.loads[home].sent(0, 60_000, h);
+            for i in (0..4).filter(|&i| i != home) {
+                pk.loads[i].sent(0, 20_000, h);
+            }
+            let t = pod(pk.pick(&req(&pr), 0));
+            picked.push((home, t.pod()));
+            pk.release(t, done(), 0);
+        }
+        picked
+    };
+    let stay = run(0);
+    assert!(stay.iter().all(|(home, p)| home == p), "{stay:?}");
+    let shed = run(130);
+    assert!(shed.iter().all(|(home, p)| home != p), "{shed:?}");
+    assert_eq!(shed[0], shed[1], "both replicas spill to the same pod");
 }

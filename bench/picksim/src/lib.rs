@@ -6,9 +6,11 @@
 //! [`Picker`] in its three modes (round-robin, least-loaded = LoadAware without prefix
 //! affinity, and the prefix picker), each gateway replica with its own picker state, plus an
 //! oracle that sees every pod's true cache and queue and picks the earliest first token.
-//! Every replica reads the pods' vLLM gauges once a second, as the filter will on a timer.
+//! Every replica reads the pods' vLLM gauges once a second, as the filter does on a timer.
 
 pub mod workload;
+
+use workload::Shape;
 
 use e2e::engine::{render_prompt, EngineConfig, EngineCore};
 use router_core::pick::{
@@ -54,6 +56,14 @@ pub struct Setup {
     pub picker: Config,
     pub session_header: String,
     pub scrape_ns: u64,
+    /// Replica `r` scrapes `r` times this after replica 0. The filter scrapes when the period
+    /// number (host time / period) changes, checked on its 100 ms root tick, so independent
+    /// gateways with synchronised clocks scrape within one tick of each other: a third of a
+    /// tick apart is the default. (Half a period is the worst case, for clocks that are not.)
+    pub scrape_offset_ns: u64,
+    /// Varies the pods' addresses, and with them every rendezvous draw (through Envoy the pods
+    /// listen on random ports, so each run is another draw).
+    pub addr_salt: u64,
 }
 
 impl Default for Setup {
@@ -72,6 +82,8 @@ impl Default for Setup {
             picker: Config::default(),
             session_header: "x-session-id".into(),
             scrape_ns: 1_000_000_000,
+            scrape_offset_ns: 33_000_000,
+            addr_salt: 0,
         }
     }
 }
@@ -178,7 +190,10 @@ fn picker_config(policy: Policy, s: &Setup) -> Config {
 /// Runs `reqs` through `policy` and reports what the engines saw.
 pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
     let addrs: Vec<String> = (0..s.pods)
-        .map(|i| format!("10.1.0.{}:8000", i + 1))
+        .map(|i| match s.addr_salt {
+            0 => format!("10.1.0.{}:8000", i + 1),
+            k => format!("10.1.{}.{}:{}", k % 251, i + 1, 8000 + k % 997),
+        })
         .collect();
     let cfg = picker_config(policy, s);
     let mut pickers: Vec<Picker> = (0..s.replicas.max(1))
@@ -211,10 +226,12 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         decode,
     };
     let mut unplaced = 0;
+    let mut diag: Vec<(u64, usize, usize, u64)> = Vec::new();
     let mut scanner = Scanner::new();
     let mut prompt = Prompt::default();
-    let phases = pickers.len() as u64;
-    let mut next_scrape: Vec<u64> = (0..phases).map(|r| r * s.scrape_ns / phases).collect();
+    let mut next_scrape: Vec<u64> = (0..pickers.len() as u64)
+        .map(|r| r * s.scrape_offset_ns)
+        .collect();
 
     let mut i = 0;
     loop {
@@ -306,7 +323,12 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                 avoid: None,
             };
             match pickers[replica].pick(&req, now) {
-                Choice::Pod(t) => (t.pod(), Some(t)),
+                Choice::Pod(t) => {
+                    if let Some(&b) = prompt.blocks.first() {
+                        diag.push((b, t.pod(), replica, now));
+                    }
+                    (t.pod(), Some(t))
+                }
                 Choice::NoEligiblePod => {
                     unplaced += 1;
                     i += 1;
@@ -326,6 +348,46 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         i += 1;
     }
 
+    if std::env::var_os("PICKSIM_DIAG").is_some() && policy == Policy::Picker {
+        let mut by: std::collections::BTreeMap<u64, Vec<(usize, usize, u64)>> = Default::default();
+        for &(b, p, r, t) in &diag {
+            by.entry(b).or_default().push((p, r, t));
+        }
+        let mut multi = 0;
+        let mut reqs_multi = 0;
+        for (b, v) in &by {
+            let mut pods: Vec<usize> = v.iter().map(|x| x.0).collect();
+            pods.sort();
+            pods.dedup();
+            if pods.len() > 1 {
+                multi += 1;
+                reqs_multi += v.len();
+                if v.len() >= 4 {
+                    let firsts: Vec<String> = v
+                        .iter()
+                        .take(12)
+                        .map(|(p, r, t)| format!("{p}/r{r}@{:.1}", *t as f64 / 1e9))
+                        .collect();
+                    eprintln!(
+                        "  prefix {:x}: {} reqs, pods {:?}: {}",
+                        b & 0xffff,
+                        v.len(),
+                        pods,
+                        firsts.join(" ")
+                    );
+                }
+            }
+        }
+        let computed: Vec<u64> = w.pods.iter().map(|p| p.computed).collect();
+        eprintln!(
+            "replicas {}: {} prefixes, {} on several pods ({} requests); computed {:?}",
+            s.replicas,
+            by.len(),
+            multi,
+            reqs_multi,
+            computed
+        );
+    }
     let mut ttft = std::mem::take(&mut w.ttft);
     ttft.sort_unstable();
     let n = ttft.len().max(1);
@@ -386,4 +448,145 @@ fn oracle(
         }
     }
     best.3
+}
+
+/// The seed every single-seed table uses.
+pub const SEED: u64 = 20_261_201;
+
+/// `k` seeds: [`SEED`] and the next ones. One 300-request run is one draw: the spread between
+/// seeds is as wide as the differences a change is judged on, so a change is judged on several.
+pub fn seeds(k: usize) -> Vec<u64> {
+    (0..k as u64)
+        .map(|i| SEED.wrapping_add(i * 1_000_003))
+        .collect()
+}
+
+/// The workloads of the tables: `like_envoy` is `pick_envoy`'s shape (300 requests at 25
+/// req/s), else 3,000 requests at each shape's own rate.
+pub fn standard_workload(shape: Shape, like_envoy: bool, seed: u64) -> Vec<SimRequest> {
+    if like_envoy {
+        return workload::generate(shape, 300, 25.0, seed);
+    }
+    let rate = match shape {
+        Shape::SharedPrompt => 90.0,
+        Shape::MultiTurn => 70.0,
+        Shape::Agent => 40.0,
+        Shape::Unique => 100.0,
+    };
+    workload::generate(shape, 3000, rate, seed)
+}
+
+/// `pick_envoy`'s setup: 4 pods, 2 ms per computed block, 16 tokens of 1 ms.
+pub fn like_envoy() -> Setup {
+    let mut s = Setup {
+        pods: 4,
+        ..Setup::default()
+    };
+    s.engine.prefill_per_block = std::time::Duration::from_millis(2);
+    s.engine.decode_per_token = std::time::Duration::from_millis(1);
+    s.engine.reply_tokens = 16;
+    s
+}
+
+/// One figure over several seeds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Spread {
+    pub mean: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    pub fn of(v: &[f64]) -> Spread {
+        if v.is_empty() {
+            return Spread::default();
+        }
+        Spread {
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            min: v.iter().copied().fold(f64::INFINITY, f64::min),
+            max: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        }
+    }
+}
+
+impl std::fmt::Display for Spread {
+    /// `mean (min–max)`, with the precision given (`{:.2}`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = f.precision().unwrap_or(2);
+        write!(
+            f,
+            "{:.p$} ({:.p$}–{:.p$})",
+            self.mean,
+            self.min,
+            self.max,
+            p = p
+        )
+    }
+}
+
+/// The picker on one workload over several seeds: what the targets are judged on.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Judged {
+    /// One replica's hit rate.
+    pub hit: Spread,
+    /// Three independent replicas' hit rate over one replica's, per seed.
+    pub ratio: Spread,
+    /// Max / mean computed blocks per pod, one replica and three.
+    pub imbalance: Spread,
+    pub imbalance3: Spread,
+    /// TTFT p99 (ms), one replica, and over the oracle's per seed.
+    pub p99_ms: Spread,
+    pub p99_vs_oracle: Spread,
+    /// One replica's hit rate over round-robin's and over the oracle's, per seed.
+    pub vs_round_robin: Spread,
+    pub vs_oracle: Spread,
+    /// Mean TTFT over least-loaded's, per seed (the unique-prompt guardrail).
+    pub ttft_vs_least_loaded: Spread,
+}
+
+/// Runs the picker (1 and 3 replicas) and the baselines on `shape` for each seed.
+pub fn judge(s: &Setup, shape: Shape, like_envoy: bool, seeds: &[u64]) -> Judged {
+    let mut f: [Vec<f64>; 9] = Default::default();
+    for &seed in seeds {
+        let reqs = standard_workload(shape, like_envoy, seed);
+        // Each seed also draws new pod addresses, as each run through Envoy does.
+        let s = &Setup {
+            addr_salt: if seed == SEED { s.addr_salt } else { seed },
+            ..s.clone()
+        };
+        let three = Setup {
+            replicas: 3,
+            ..s.clone()
+        };
+        let one = simulate(Policy::Picker, s, &reqs);
+        let r3 = simulate(Policy::Picker, &three, &reqs);
+        let rr = simulate(Policy::RoundRobin, s, &reqs);
+        let ll = simulate(Policy::LeastLoaded, s, &reqs);
+        let or = simulate(Policy::Oracle, s, &reqs);
+        let v = [
+            one.hit_rate,
+            r3.hit_rate / one.hit_rate.max(1e-9),
+            one.imbalance,
+            r3.imbalance,
+            one.ttft_p99_ms,
+            one.ttft_p99_ms / or.ttft_p99_ms.max(1e-9),
+            one.hit_rate / rr.hit_rate.max(1e-9),
+            one.hit_rate / or.hit_rate.max(1e-9),
+            one.ttft_mean_ms / ll.ttft_mean_ms.max(1e-9),
+        ];
+        for (dst, x) in f.iter_mut().zip(v) {
+            dst.push(x);
+        }
+    }
+    Judged {
+        hit: Spread::of(&f[0]),
+        ratio: Spread::of(&f[1]),
+        imbalance: Spread::of(&f[2]),
+        imbalance3: Spread::of(&f[3]),
+        p99_ms: Spread::of(&f[4]),
+        p99_vs_oracle: Spread::of(&f[5]),
+        vs_round_robin: Spread::of(&f[6]),
+        vs_oracle: Spread::of(&f[7]),
+        ttft_vs_least_loaded: Spread::of(&f[8]),
+    }
 }

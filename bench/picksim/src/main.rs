@@ -1,27 +1,16 @@
 //! The picking benchmark in virtual time:
-//! `cargo run --release -p picksim --bin picksim [-- --sweep] [--like-envoy] [--pods N]
-//! [--only WORKLOAD] [--set name=value]...`.
+//! `cargo run --release -p picksim --bin picksim [-- --like-envoy] [--pods N] [--only WORKLOAD]
+//! [--set name=value]... [--seeds K] [--sweep] [--try "name=value,..."]...`.
 //!
 //! Prints, per workload, hit rate, TTFT mean/p99 and imbalance for round-robin, least-loaded,
 //! the picker (1 and 3 replicas) and the oracle, and the targets checked against them.
-//! `--sweep` also tries picker parameters on every workload.
-use picksim::workload::{generate, Shape};
-use picksim::{simulate, Policy, Report, Setup};
-
-const SEED: u64 = 20_261_201;
-
-fn workload(shape: Shape, like_envoy: bool) -> Vec<picksim::workload::SimRequest> {
-    if like_envoy {
-        return generate(shape, 300, 25.0, SEED);
-    }
-    let rate = match shape {
-        Shape::SharedPrompt => 90.0,
-        Shape::MultiTurn => 70.0,
-        Shape::Agent => 40.0,
-        Shape::Unique => 100.0,
-    };
-    generate(shape, 3000, rate, SEED)
-}
+//! `--seeds K` judges the picker over K seeds instead (mean and range of the 3-replica ratio,
+//! the imbalance, ...). `--sweep` (or `--try`) does so for a list of settings and prints a
+//! Markdown table.
+use picksim::workload::Shape;
+use picksim::{
+    judge, like_envoy, seeds, simulate, standard_workload, Judged, Policy, Report, Setup, SEED,
+};
 
 fn row(name: &str, r: &Report) {
     println!(
@@ -33,21 +22,38 @@ fn row(name: &str, r: &Report) {
     );
 }
 
+/// The settings `--sweep` compares, each a list of `--set` assignments on top of the base.
+const SWEEP: &[(&str, &str)] = &[
+    ("defaults (usage-corrected, known shed at 130 %)", ""),
+    (
+        "previous defaults",
+        "recent_from_usage=0,known_balance_percent=0",
+    ),
+    (
+        "no prefill bound",
+        "balance_percent=0,known_balance_percent=0",
+    ),
+    ("bound 120 %", "balance_percent=120"),
+    ("known shed at 150 %", "known_balance_percent=150"),
+    ("known never shed", "known_balance_percent=0"),
+    ("predicted work only", "recent_from_usage=0"),
+    ("unseen load bound 400 %", "unseen_load_percent=400"),
+    ("engine counts", "engine_counts=1"),
+    ("spread 1 KiB", "spread_bytes=1024"),
+    ("half-life 30 s", "half_life_s=30"),
+];
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let sweep = args.iter().any(|a| a == "--sweep");
-    let mut base = Setup::default();
+    let le = args.iter().any(|a| a == "--like-envoy");
     // The shape `pick_envoy` replays through Envoy: 300 requests at 25 req/s, 4 pods, faster
     // engines (2 ms per computed block, 16 tokens of 1 ms).
-    let like_envoy = args.iter().any(|a| a == "--like-envoy");
-    if like_envoy {
-        base.pods = 4;
-        base.engine.prefill_per_block = std::time::Duration::from_millis(2);
-        base.engine.decode_per_token = std::time::Duration::from_millis(1);
-        base.engine.reply_tokens = 16;
-    }
+    let mut base = if le { like_envoy() } else { Setup::default() };
     if let Some(n) = flag(&args, "--pods") {
         base.pods = n as usize;
+    }
+    if let Some(ms) = flag(&args, "--scrape-offset-ms") {
+        base.scrape_offset_ns = ms * 1_000_000;
     }
     for (i, a) in args.iter().enumerate() {
         if a == "--set" {
@@ -60,11 +66,41 @@ fn main() {
         .iter()
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1));
-    for shape in Shape::ALL {
-        if only.is_some_and(|o| o != shape.name()) {
-            continue;
+    let shapes: Vec<Shape> = Shape::ALL
+        .into_iter()
+        .filter(|s| only.is_none_or(|o| o == s.name()))
+        .collect();
+    let tries: Vec<(String, String)> = args
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| *a == "--try")
+        .filter_map(|(i, _)| args.get(i + 1))
+        .map(|t| (t.clone(), t.clone()))
+        .collect();
+    let sweep = args.iter().any(|a| a == "--sweep");
+    let k = flag(&args, "--seeds").map(|k| k as usize);
+    if sweep || !tries.is_empty() {
+        let list: Vec<(String, String)> = if tries.is_empty() {
+            SWEEP
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect()
+        } else {
+            tries
+        };
+        sweep_table(&base, &shapes, le, &seeds(k.unwrap_or(8)), &list);
+        return;
+    }
+    if let Some(k) = k {
+        for &shape in &shapes {
+            let j = judge(&base, shape, le, &seeds(k));
+            println!("{} ({k} seeds, {} pods)", shape.name(), base.pods);
+            print_judged(&j);
         }
-        let reqs = workload(shape, like_envoy);
+        return;
+    }
+    for &shape in &shapes {
+        let reqs = standard_workload(shape, le, SEED);
         println!(
             "{} ({} requests, {} pods)",
             shape.name(),
@@ -118,32 +154,53 @@ fn main() {
             check(r3.hit_rate >= 0.9 * pk.hit_rate),
             r3.hit_rate / pk.hit_rate.max(1e-9)
         );
-        if sweep {
-            for balance in [0u64, 110, 120, 150] {
-                for known in [false, true] {
-                    for half_life_s in [5u64, 20] {
-                        if balance == 0 && (known || half_life_s != 5) {
-                            continue;
-                        }
-                        let mut s = base.clone();
-                        s.picker.balance_percent = balance;
-                        s.picker.balance_known = known;
-                        s.picker.recent_half_life_ns = half_life_s * 1_000_000_000;
-                        let r = simulate(Policy::Picker, &s, &reqs);
-                        let r3 = simulate(
-                            Policy::Picker,
-                            &Setup {
-                                replicas: 3,
-                                ..s.clone()
-                            },
-                            &reqs,
-                        );
-                        let name = format!("bal{balance} known={known} hl{half_life_s}s");
-                        row(&name, &r);
-                        row(&format!("{name} r3"), &r3);
-                    }
-                }
-            }
+    }
+}
+
+fn print_judged(j: &Judged) {
+    println!("  picker hit          {:.3}", j.hit);
+    println!("  3 replicas / 1      {:.3}", j.ratio);
+    println!(
+        "  imbalance, 1 / 3    {:.2} / {:.2}",
+        j.imbalance, j.imbalance3
+    );
+    println!(
+        "  p99 ms, / oracle    {:.1} / {:.2}",
+        j.p99_ms, j.p99_vs_oracle
+    );
+    println!("  hit / round-robin   {:.2}", j.vs_round_robin);
+    println!("  hit / oracle        {:.2}", j.vs_oracle);
+    println!("  ttft / least-loaded {:.3}", j.ttft_vs_least_loaded);
+}
+
+/// One Markdown row per setting and workload: the figures the targets are judged on, as mean
+/// (min–max) over the seeds.
+fn sweep_table(base: &Setup, shapes: &[Shape], le: bool, seeds: &[u64], list: &[(String, String)]) {
+    println!(
+        "{} seeds, {} pods{}",
+        seeds.len(),
+        base.pods,
+        if le { ", --like-envoy" } else { "" }
+    );
+    println!("| setting | workload | hit | 3 replicas / 1 | imbalance | imbalance, 3 replicas | p99 / oracle | TTFT / least-loaded |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (name, assignments) in list {
+        let mut s = base.clone();
+        for kv in assignments.split(',').filter(|kv| !kv.is_empty()) {
+            set(&mut s.picker, kv);
+        }
+        for &shape in shapes {
+            let j = judge(&s, shape, le, seeds);
+            println!(
+                "| {name} | {} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} |",
+                shape.name(),
+                j.hit,
+                j.ratio,
+                j.imbalance,
+                j.imbalance3,
+                j.p99_vs_oracle,
+                j.ttft_vs_least_loaded
+            );
         }
     }
 }
@@ -162,7 +219,8 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "engine_counts" => c.engine_counts = n != 0,
         "unseen_load_percent" => c.unseen_load_percent = n,
         "balance_percent" => c.balance_percent = n,
-        "balance_known" => c.balance_known = n != 0,
+        "known_balance_percent" => c.known_balance_percent = n,
+        "recent_from_usage" => c.recent_from_usage = n != 0,
         "spread_bytes" => c.spread_bytes = n,
         "request_cost_bytes" => c.request_cost_bytes = n,
         "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,

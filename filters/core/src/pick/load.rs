@@ -76,6 +76,13 @@ impl Recent {
         self.value * (-(dt / half_life_ns.max(1) as f64) * std::f64::consts::LN_2).exp()
     }
 
+    /// Moves the sum by `delta` bytes (either way; it never goes below 0).
+    pub fn adjust(&mut self, now: u64, delta: f64, half_life_ns: u64) {
+        let now = now.max(self.at_ns);
+        self.value = (self.at(now, half_life_ns) + delta).max(0.0);
+        self.at_ns = now;
+    }
+
     pub fn add(&mut self, now: u64, bytes: u64, half_life_ns: u64) {
         let now = now.max(self.at_ns);
         self.value = self.at(now, half_life_ns) + bytes as f64;

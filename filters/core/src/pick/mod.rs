@@ -89,9 +89,16 @@ pub struct Config {
     /// the mean recent uncached prompt bytes (plus this prompt) takes no new prefix, so misses
     /// spread instead of piling onto the pods that own the most prefixes. 0 turns it off.
     pub balance_percent: u64,
-    /// With it, a pod over that bound also sheds known prefixes to the next-best pod (the
-    /// prefix is then replicated there).
-    pub balance_known: bool,
+    /// A pod recently sent more than this percentage of the mean prefill work (plus this
+    /// prompt) also sheds known prefixes to the next-best pod (the prefix is then replicated
+    /// there, on the pod every replica ranks next). 0: a known prefix stays while the load
+    /// allows. Looser than `balance_percent`: a copy costs a whole prefill and cache room.
+    pub known_balance_percent: u64,
+    /// Correct the recent prefill work by what the engine reports it computed
+    /// (`usage.prompt_tokens` minus `cached_tokens`) when a request ends, instead of keeping
+    /// the pick's prediction: a pod whose cache thrashes then shows the prefill it really did,
+    /// and a prefix another replica had already put there stops counting as this one's.
+    pub recent_from_usage: bool,
     /// Half-life of the recent prefill work.
     pub recent_half_life_ns: u64,
     /// Count load and prefill work as the engines report them (scraped, so every gateway
@@ -118,7 +125,8 @@ impl Default for Config {
             spread_bytes: 4096,
             unseen_load_percent: 110,
             balance_percent: 110,
-            balance_known: false,
+            known_balance_percent: 130,
+            recent_from_usage: true,
             recent_half_life_ns: 10_000_000_000,
             engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
@@ -349,11 +357,16 @@ impl Picker {
             }
         }
 
-        let over = self.over_balance(prompt_bytes, now, req.avoid);
-        let shed_known = self.cfg.balance_known && block > 0;
+        let over = self.over_balance(self.cfg.balance_percent, prompt_bytes, now, req.avoid);
+        let shed = self.cfg.known_balance_percent;
+        let over_known = if shed > 0 && block > 0 {
+            self.over_balance(shed, prompt_bytes, now, req.avoid)
+        } else {
+            vec![false; n]
+        };
         let mut costs: Vec<u64> = (0..n)
             .map(|i| {
-                if !self.eligible(i, now, req.avoid) || (shed_known && over[i]) {
+                if !self.eligible(i, now, req.avoid) || over_known[i] {
                     u64::MAX
                 } else {
                     cost(self, i)
@@ -455,12 +468,18 @@ impl Picker {
         self.charge(i, bytes - cached, matched[i], req.prompt, now)
     }
 
-    /// Which eligible pods were recently sent more prefill than `balance_percent` of the mean
-    /// (plus `prompt_bytes`, so an idle backend bounds nobody).
-    fn over_balance(&self, prompt_bytes: u64, now: u64, avoid: Option<usize>) -> Vec<bool> {
+    /// Which eligible pods were recently sent more prefill than `percent` of the mean (plus
+    /// `prompt_bytes`, so an idle backend bounds nobody).
+    fn over_balance(
+        &self,
+        percent: u64,
+        prompt_bytes: u64,
+        now: u64,
+        avoid: Option<usize>,
+    ) -> Vec<bool> {
         let n = self.pods.len();
         let h = self.cfg.recent_half_life_ns;
-        if self.cfg.balance_percent == 0 {
+        if percent == 0 {
             return vec![false; n];
         }
         // The engines' computed prompt bytes (every replica's) plus this gateway's uncached
@@ -484,7 +503,7 @@ impl Picker {
             .collect();
         let live = recent.iter().flatten().count().max(1) as f64;
         let mean = recent.iter().flatten().sum::<f64>() / live;
-        let bound = mean * self.cfg.balance_percent as f64 / 100.0 + prompt_bytes as f64;
+        let bound = mean * percent as f64 / 100.0 + prompt_bytes as f64;
         recent
             .iter()
             .map(|r| r.is_some_and(|r| r > bound))
@@ -530,10 +549,17 @@ impl Picker {
                 cached_tokens,
             } => {
                 *fails = 0;
-                if let (Some(p), Some(c), Some(block)) =
-                    (prompt_tokens, cached_tokens, self.block_bytes())
-                {
-                    self.correct(i, &t, p, c, block);
+                if let (Some(p), Some(c)) = (prompt_tokens, cached_tokens) {
+                    if self.cfg.recent_from_usage && p > 0 {
+                        // The bytes the engine computed, in the prompt's bytes per token.
+                        let computed = (p.saturating_sub(c) as u128 * t.prompt_bytes as u128
+                            / p as u128) as f64;
+                        let h = self.cfg.recent_half_life_ns;
+                        l.recent.adjust(now, computed - t.work as f64, h);
+                    }
+                    if let Some(block) = self.block_bytes() {
+                        self.correct(i, &t, p, c, block);
+                    }
                 }
             }
             Outcome::Failed => {

@@ -129,6 +129,9 @@ fn a_warm_pod_loses_to_an_idle_one_when_its_queue_outweighs_the_prefix() {
     let c = Config {
         request_cost_bytes: 1000,
         spread_bytes: 0,
+        // Load in flight only: the 18 KB held there would also put the warm pod past the
+        // known-prefix bound on recent prefill work (tested on its own below).
+        known_balance_percent: 0,
         ..cfg()
     };
     let mut p = Picker::new(c, &pods(2));
@@ -590,4 +593,76 @@ fn prefill_work_falls_back_to_own_sends_without_every_pods_counters() {
     let t = pod(a.pick(&req(&pr), 2 * S));
     assert_ne!(t.pod(), home, "its own sends bound the home");
     a.release(t, done(), 2 * S);
+}
+
+/// When a request ends, its prefill work counts as what the engine says it computed, not as
+/// the pick predicted: a prompt another replica had already put on the pod (all of it cached)
+/// stops counting, and one the pod had evicted (none of it cached) counts in full.
+#[test]
+fn recent_prefill_work_is_what_the_engine_reports_computed() {
+    let run = |recent_from_usage: bool, cached_share: u64| {
+        let c = Config {
+            recent_from_usage,
+            ..cfg()
+        };
+        let h = c.recent_half_life_ns;
+        let mut pk = Picker::new(c, &pods(2));
+        let pr = prompt(&text("a tenant", 4000), 256);
+        let t = pod(pk.pick(&req(&pr), 0));
+        let i = t.pod();
+        let predicted = t.predicted_uncached_bytes() as f64;
+        // 1,000 prompt tokens, `cached_share` per cent of them cached.
+        let outcome = Outcome::Done {
+            prompt_tokens: Some(1000),
+            cached_tokens: Some(cached_share * 10),
+        };
+        pk.release(t, outcome, 0);
+        (pk.loads[i].recent.at(0, h), predicted, pr.bytes as f64)
+    };
+    let (kept, predicted, _) = run(false, 100);
+    assert_eq!(kept, predicted, "off: the prediction stays");
+    let (all_cached, _, _) = run(true, 100);
+    assert_eq!(all_cached, 0.0);
+    let (half, _, bytes) = run(true, 50);
+    assert!((half - bytes / 2.0).abs() <= 1.0, "{half} vs {bytes}");
+}
+
+/// A pod recently sent more than `known_balance_percent` of the mean prefill work sheds even
+/// the prefixes it holds, and two replicas in the same state shed a prefix to the same pod
+/// (ranked by the prompt's first block), so it is copied once, not once per replica.
+#[test]
+fn a_known_prefix_leaves_a_pod_past_the_known_bound_for_the_same_pod_everywhere() {
+    let run = |known_balance_percent: u64| {
+        let c = Config {
+            known_balance_percent,
+            recent_from_usage: false,
+            ..cfg()
+        };
+        let h = c.recent_half_life_ns;
+        let pr = prompt(&text("a popular tenant", 4000), 256);
+        let mut replicas = [
+            Picker::new(c.clone(), &pods(4)),
+            Picker::new(c.clone(), &pods(4)),
+        ];
+        let mut picked = Vec::new();
+        for pk in replicas.iter_mut() {
+            let t = pod(pk.pick(&req(&pr), 0));
+            let home = t.pod();
+            pk.release(t, done(), 0);
+            // The home then computed far more than the others (its other prefixes).
+            pk.loads[home].sent(0, 60_000, h);
+            for i in (0..4).filter(|&i| i != home) {
+                pk.loads[i].sent(0, 20_000, h);
+            }
+            let t = pod(pk.pick(&req(&pr), 0));
+            picked.push((home, t.pod()));
+            pk.release(t, done(), 0);
+        }
+        picked
+    };
+    let stay = run(0);
+    assert!(stay.iter().all(|(home, p)| home == p), "{stay:?}");
+    let shed = run(130);
+    assert!(shed.iter().all(|(home, p)| home != p), "{shed:?}");
+    assert_eq!(shed[0], shed[1], "both replicas spill to the same pod");
 }

@@ -237,10 +237,10 @@ impl RedisStore {
     /// Reserves `amount` on every ledger of `ledgers` under `id`, all or nothing: in a single
     /// Redis by one script call (atomic across them, nothing held when one refuses); in a
     /// cluster, where each ledger has its own hash slot, by one call per ledger at once, then
-    /// the holds taken are released when one refused or failed. With `max_teams`, a team this
-    /// process has not seen lately must first get a place in its budget's index of active
-    /// teams (`teams.lua`); when there is none, nothing is reserved and that ledger answers
-    /// [`Reserve::TeamsFull`].
+    /// the holds taken are released when one refused or failed. A team this process has not
+    /// placed lately must first get a place in its budget's index of active teams
+    /// (`teams.lua`), of at most `max_teams`; when there is none, nothing is reserved and that
+    /// ledger answers [`Reserve::TeamsFull`].
     #[allow(clippy::too_many_arguments)]
     pub async fn reserve_all(
         &self,
@@ -252,7 +252,10 @@ impl RedisStore {
         ttl_ms: u64,
         max_teams: Option<u64>,
     ) -> Result<Vec<(Reserve, LedgerUse)>, StoreError> {
-        if let Some(max) = max_teams {
+        // Every team with a ledger is in its budget's index (status lists them from it); the
+        // bound applies when the gateway sends one.
+        {
+            let max = max_teams.unwrap_or(u64::MAX);
             let new: Vec<LedgerRef> = ledgers
                 .iter()
                 .filter(|l| l.team.is_some() && !self.active.is_fresh(router, l))
@@ -471,7 +474,7 @@ impl RedisStore {
                 )
             }))
             .await;
-            let mut all = Vec::with_capacity(ledgers.len());
+            let mut all = Vec::with_capacity(refs.len());
             for r in calls {
                 all.extend(r?);
             }
@@ -587,7 +590,7 @@ impl RedisStore {
                 .arg(clock.map_or(-1, |t| t as i64))
                 .invoke_async(&mut c)
                 .await?;
-            Ok((ok != 1).then_some(wait.max(1) as u64))
+            Ok::<_, StoreError>((ok != 1).then_some(wait.max(1) as u64))
         });
         join_all(calls).await.into_iter().collect()
     }

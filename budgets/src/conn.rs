@@ -56,6 +56,12 @@ impl Connector {
         Ok(Connector::Single(conn))
     }
 
+    /// A Redis Cluster: each ledger's keys live in their own hash slot, so no script call may
+    /// span two ledgers.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Connector::Cluster { .. })
+    }
+
     pub async fn get(&self) -> redis::RedisResult<Conn> {
         match self {
             Connector::Single(c) => Ok(Conn::Single(c.clone())),

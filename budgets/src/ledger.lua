@@ -1,23 +1,36 @@
--- One budget ledger in Redis, updated atomically by one script call. The same semantics as the
+-- Budget ledgers in Redis, updated atomically by one script call: every ledger of a request in
+-- one call (one round trip, one AOF write and, with `appendfsync always`, one fsync per call
+-- instead of one per ledger), all or nothing inside the script. The same semantics as the
 -- gateway core's `budget::ledger` (bucketed window that expires late never early, holds that
--- expire after their time-to-live, Retry-After to the second), checked against the same table of
--- cases (budgets/tests/cases.json).
+-- expire after their time-to-live, Retry-After to the second), checked against the same table
+-- of cases (budgets/tests/cases.json).
 --
--- KEYS[1] <ledger>:w  HASH  t<bucket> = tokens, u<bucket> = pico-USD spent in that bucket;
---                           ht, hu = tokens and pico-USD held by reservations;
---                           v = the version of the last answer (see `stamp`)
--- KEYS[2] <ledger>:r  HASH  reservation id -> "<tokens> <pico>", or "-" once it ended
--- KEYS[3] <ledger>:x  ZSET  reservation id scored by its expiry (ms)
+-- Per ledger, three keys sharing one hash tag (KEYS[3i+1..3i+3] for ledger i):
+-- <ledger>:w  HASH  t<bucket> = tokens, u<bucket> = pico-USD spent in that bucket;
+--                   st, su = the sums of the live buckets (running sums: a call reads them
+--                   and the buckets that died since the last call, not every bucket);
+--                   lo = the oldest bucket that may still be live (everything below is gone);
+--                   ht, hu = tokens and pico-USD held by reservations;
+--                   v = the version of the last answer (see `stamp`)
+-- <ledger>:r  HASH  reservation id -> "<tokens> <pico>", or "-" once it ended
+-- <ledger>:x  ZSET  reservation id scored by its expiry (ms)
 --
 -- Reservation ids are chosen by the gateway, so a release can be sent for a reservation whose
 -- answer never came back (the client left). An ended id stays as a tombstone ("-") for the
 -- hold ttl: a reserve arriving after its release holds nothing, and a settle repeated (a retry
--- whose first answer was lost) charges once.
+-- whose first answer was lost) charges once. Tombstones are never scanned: only the expired
+-- range of :x is read, so each id is read once when its ttl ends.
+--
 -- ARGV[1] op: reserve | check | settle | release | status
 -- ARGV[2] now in ms, or -1 for Redis server TIME (the one clock every gateway shares)
--- ARGV[3] bucket width ms, ARGV[4] window ms
--- ARGV[5] reservation id, ARGV[6] tokens, ARGV[7] pico (decimal string)
--- ARGV[8] hold ttl ms, ARGV[9] token cap or -1, ARGV[10] pico cap or -1
+-- ARGV[3] reservation id, ARGV[4] tokens, ARGV[5] pico (decimal string), ARGV[6] hold ttl ms
+-- then per ledger i: ARGV[7+4i] bucket width ms, ARGV[8+4i] window ms,
+--                    ARGV[9+4i] token cap or -1, ARGV[10+4i] pico cap or -1
+--
+-- Answer: 7 strings per ledger: code, wait, spent tokens, spent pico, held tokens, held pico,
+-- version. Reserve codes: 1 held (or, for check, fits), 2 the id had ended (nothing held),
+-- 0 refused (wait = seconds, -1 never), 3 fits but not held (another ledger refused). Settle
+-- and release: 1 when the hold was found.
 --
 -- Pico-dollar sums can pass 2^53, where Lua's doubles stop being exact, so they are kept as
 -- {high, low} pairs of base 10^9 digits; Redis stores them as decimal strings.
@@ -42,6 +55,7 @@ local function psub(a, b)
   return {hi, lo}
 end
 local function ple(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] <= b[2]) end
+local function pzero(a) return a[1] == 0 and a[2] == 0 end
 local function pstr(a)
   if a[1] == 0 then return string.format('%d', a[2]) end
   return string.format('%d%09d', a[1], a[2])
@@ -59,90 +73,148 @@ if now < 0 then
 else
   now_us = now * 1000
 end
-local width, life = tonumber(ARGV[3]), tonumber(ARGV[4])
-local id = ARGV[5]
-local amt_t, amt_p = tonumber(ARGV[6] or '0'), P(ARGV[7])
-local ttl = tonumber(ARGV[8] or '0')
-local cap_t = tonumber(ARGV[9] or '-1')
-local cap_p = nil
-if ARGV[10] and ARGV[10] ~= '-1' then cap_p = P(ARGV[10]) end
+local id = ARGV[3]
+local amt_t, amt_p = tonumber(ARGV[4] or '0'), P(ARGV[5])
+local ttl = tonumber(ARGV[6] or '0')
 
-local W, R, X = KEYS[1], KEYS[2], KEYS[3]
+local function expires(L, k) return (k + 1) * L.width + L.life end
 
--- Holds past their expiry go first: a crashed gateway's reservations end here.
-local held_t = tonumber(redis.call('HGET', W, 'ht') or '0')
-local held_p = P(redis.call('HGET', W, 'hu'))
-local expired = redis.call('ZRANGEBYSCORE', X, '-inf', now)
-for _, rid in ipairs(expired) do
-  local h = redis.call('HGET', R, rid)
-  local sp = h and string.find(h, ' ')
-  if sp then
-    held_t = math.max(0, held_t - tonumber(string.sub(h, 1, sp - 1)))
-    held_p = psub(held_p, P(string.sub(h, sp + 1)))
-  end
-  if h then redis.call('HDEL', R, rid) end
-  redis.call('ZREM', X, rid)
-end
-
--- The live buckets, oldest first; dead ones are deleted.
-local function expires(k) return (k + 1) * width + life end
-local buckets, order = {}, {}
-local fields = redis.call('HGETALL', W)
-for i = 1, #fields, 2 do
-  local f, v = fields[i], fields[i + 1]
-  local kind = string.sub(f, 1, 1)
-  if kind == 't' or kind == 'u' then
-    local k = tonumber(string.sub(f, 2))
-    if now >= expires(k) then
-      redis.call('HDEL', W, f)
-    else
-      local b = buckets[k]
-      if not b then b = {0, {0, 0}}; buckets[k] = b; table.insert(order, k) end
-      if kind == 't' then b[1] = tonumber(v) else b[2] = P(v) end
+-- Every bucket of the hash, dead ones deleted: the live ones oldest first and their sums.
+-- Needed for Retry-After (which bucket must roll off), for a ledger written before running
+-- sums, and when the ledger was idle longer than a window (a walk would be longer than this).
+local function scan(L)
+  local buckets, order = {}, {}
+  local fields = redis.call('HGETALL', L.W)
+  for i = 1, #fields, 2 do
+    local f, v = fields[i], fields[i + 1]
+    local kind = string.sub(f, 1, 1)
+    if kind == 't' or kind == 'u' then
+      local k = tonumber(string.sub(f, 2))
+      if now >= expires(L, k) then
+        redis.call('HDEL', L.W, f)
+      else
+        local b = buckets[k]
+        if not b then b = {0, {0, 0}}; buckets[k] = b; table.insert(order, k) end
+        if kind == 't' then b[1] = tonumber(v) else b[2] = P(v) end
+      end
     end
   end
-end
-table.sort(order)
-local spent_t, spent_p = 0, {0, 0}
-for _, k in ipairs(order) do
-  spent_t = spent_t + buckets[k][1]
-  spent_p = padd(spent_p, buckets[k][2])
-end
-
-local function fits(t, p)
-  return (cap_t < 0 or t + amt_t <= cap_t) and (cap_p == nil or ple(padd(p, amt_p), cap_p))
+  table.sort(order)
+  local st, sp = 0, {0, 0}
+  for _, k in ipairs(order) do
+    st = st + buckets[k][1]
+    sp = padd(sp, buckets[k][2])
+  end
+  L.buckets, L.order = buckets, order
+  return st, sp
 end
 
-local function keep_keys()
+-- One ledger as it is now: expired holds dropped (a crashed gateway's reservations end here),
+-- buckets that rolled off subtracted from the running sums.
+local function load(i)
+  local L = {
+    W = KEYS[3 * i + 1], R = KEYS[3 * i + 2], X = KEYS[3 * i + 3],
+    width = tonumber(ARGV[7 + 4 * i]), life = tonumber(ARGV[8 + 4 * i]),
+    cap_t = tonumber(ARGV[9 + 4 * i]), cap_p = nil,
+  }
+  if ARGV[10 + 4 * i] ~= '-1' then L.cap_p = P(ARGV[10 + 4 * i]) end
+  local w = redis.call('HMGET', L.W, 'ht', 'hu', 'st', 'su', 'lo')
+  L.held_t = tonumber(w[1] or '0')
+  L.held_p = P(w[2] or nil)
+  L.expired = redis.call('ZRANGEBYSCORE', L.X, '-inf', now)
+  for _, rid in ipairs(L.expired) do
+    local h = redis.call('HGET', L.R, rid)
+    local sp = h and string.find(h, ' ')
+    if sp then
+      L.held_t = math.max(0, L.held_t - tonumber(string.sub(h, 1, sp - 1)))
+      L.held_p = psub(L.held_p, P(string.sub(h, sp + 1)))
+    end
+    if h then redis.call('HDEL', L.R, rid) end
+    redis.call('ZREM', L.X, rid)
+  end
+  -- Buckets up to `dead` have rolled off: (dead + 1) * width + window <= now.
+  local dead = math.floor((now - L.life) / L.width) - 1
+  local span = math.floor(L.life / L.width) + 2
+  L.sums_dirty = false
+  if w[5] then
+    L.lo = tonumber(w[5])
+    L.spent_t, L.spent_p = tonumber(w[3] or '0'), P(w[4] or nil)
+    if dead >= L.lo then
+      if dead - L.lo > span then
+        L.spent_t, L.spent_p = scan(L)
+      else
+        for k = L.lo, dead do
+          local b = redis.call('HMGET', L.W, 't' .. istr(k), 'u' .. istr(k))
+          if b[1] then L.spent_t = math.max(0, L.spent_t - tonumber(b[1])) end
+          if b[2] then L.spent_p = psub(L.spent_p, P(b[2])) end
+          if b[1] or b[2] then redis.call('HDEL', L.W, 't' .. istr(k), 'u' .. istr(k)) end
+        end
+      end
+      L.lo = dead + 1
+      L.sums_dirty = true
+    end
+  else
+    -- Written before running sums (or never): one scan sets them up.
+    L.spent_t, L.spent_p = scan(L)
+    L.lo = math.max(dead + 1, 0)
+    L.sums_dirty = true
+  end
+  return L
+end
+
+local function exists(L) return redis.call('EXISTS', L.W) == 1 end
+
+-- Writes what `load` and the operation changed. `held_dirty`: a hold was taken or ended, and
+-- `keep_keys` follows (the keys may be created here). Otherwise only where the ledger exists:
+-- HSET keeps the key's expiry, and a refusal on a ledger never written must create nothing (a
+-- key without expiry would never go).
+local function save(L, held_dirty)
+  if not held_dirty and not exists(L) then return end
+  local f = {}
+  if held_dirty or #L.expired > 0 then
+    table.insert(f, 'ht'); table.insert(f, istr(L.held_t))
+    table.insert(f, 'hu'); table.insert(f, pstr(L.held_p))
+  end
+  if L.sums_dirty then
+    table.insert(f, 'st'); table.insert(f, istr(L.spent_t))
+    table.insert(f, 'su'); table.insert(f, pstr(L.spent_p))
+    table.insert(f, 'lo'); table.insert(f, istr(L.lo))
+  end
+  if #f > 0 then redis.call('HSET', L.W, unpack(f)) end
+end
+
+local function fits(L, t, p)
+  return (L.cap_t < 0 or t + amt_t <= L.cap_t) and (L.cap_p == nil or ple(padd(p, amt_p), L.cap_p))
+end
+
+local function keep_keys(L)
   -- Everything rolls off within a window plus a bucket after its charge, and holds within
   -- their ttl: an idle ledger then disappears from Redis by itself, having nothing left.
-  local ms = life + width + math.max(ttl, 0) + 60000
-  redis.call('PEXPIRE', W, ms)
-  redis.call('PEXPIRE', R, ms)
-  redis.call('PEXPIRE', X, ms)
-end
-
-local function save_held()
-  redis.call('HSET', W, 'ht', istr(held_t), 'hu', pstr(held_p))
+  local ms = L.life + L.width + math.max(ttl, 0) + 60000
+  redis.call('PEXPIRE', L.W, ms)
+  redis.call('PEXPIRE', L.R, ms)
+  redis.call('PEXPIRE', L.X, ms)
 end
 
 -- Seconds until the request fits: Ledger::wait in the core, step for step.
-local function wait_s()
+local function wait_s(L)
+  local cap_t, cap_p = L.cap_t, L.cap_p
   if not ((cap_t < 0 or amt_t <= cap_t) and (cap_p == nil or ple(amt_p, cap_p))) then
     return -1
   end
-  if not fits(held_t, held_p) then return 1 end
+  if not fits(L, L.held_t, L.held_p) then return 1 end
   local need_t = 0
-  if cap_t >= 0 then need_t = math.max(0, spent_t + held_t + amt_t - cap_t) end
+  if cap_t >= 0 then need_t = math.max(0, L.spent_t + L.held_t + amt_t - cap_t) end
   local need_p = {0, 0}
-  if cap_p then need_p = psub(padd(padd(spent_p, held_p), amt_p), cap_p) end
-  if need_t == 0 and need_p[1] == 0 and need_p[2] == 0 then return 1 end
+  if cap_p then need_p = psub(padd(padd(L.spent_p, L.held_p), amt_p), cap_p) end
+  if need_t == 0 and pzero(need_p) then return 1 end
+  if not L.order then scan(L) end
   local freed_t, freed_p = 0, {0, 0}
-  for _, k in ipairs(order) do
-    freed_t = freed_t + buckets[k][1]
-    freed_p = padd(freed_p, buckets[k][2])
+  for _, k in ipairs(L.order) do
+    freed_t = freed_t + L.buckets[k][1]
+    freed_p = padd(freed_p, L.buckets[k][2])
     if freed_t >= need_t and ple(need_p, freed_p) then
-      return math.max(1, math.ceil((expires(k) - now) / 1000))
+      return math.max(1, math.ceil((expires(L, k) - now) / 1000))
     end
   end
   return 1
@@ -153,65 +225,117 @@ end
 -- another's older one is processed) and keep the newest for their gauges. Scripts on one ledger
 -- run one at a time, so a counter orders them; taking at least the clock in microseconds keeps
 -- the order when the keys expired in between (an idle ledger disappears, and its counter with
--- it), and the counter keeps it when the clock steps back. Stored only where the ledger exists
--- (HSET keeps the key's expiry; a refusal on a ledger never written creates nothing).
-local function stamp()
-  local v = math.max(tonumber(redis.call('HGET', W, 'v') or '0') + 1, now_us)
-  if redis.call('EXISTS', W) == 1 then redis.call('HSET', W, 'v', istr(v)) end
+-- it), and the counter keeps it when the clock steps back. Stored only where the ledger exists.
+local function stamp(L)
+  local v = math.max(tonumber(redis.call('HGET', L.W, 'v') or '0') + 1, now_us)
+  if exists(L) then redis.call('HSET', L.W, 'v', istr(v)) end
   return v
 end
 
--- Every answer carries the ledger as it is after the operation (the gateway's gauges).
-local function answer(a, b)
-  return {a, b, istr(spent_t), pstr(spent_p), istr(held_t), pstr(held_p), istr(stamp())}
+local out = {}
+local function answer(L, a, b, version)
+  for _, x in ipairs({istr(a), istr(b), istr(L.spent_t), pstr(L.spent_p), istr(L.held_t),
+      pstr(L.held_p), istr(version)}) do
+    table.insert(out, x)
+  end
 end
 
-if op == 'reserve' or op == 'check' then
-  if #expired > 0 then save_held() end
-  local prior = (op == 'reserve') and redis.call('HGET', R, id)
-  if prior == '-' then return answer(2, 0) end
-  if prior then return answer(1, 0) end
-  if not fits(spent_t + held_t, padd(spent_p, held_p)) then
-    return answer(0, wait_s())
-  end
-  if op == 'reserve' then
-    held_t = held_t + amt_t
-    held_p = padd(held_p, amt_p)
-    save_held()
-    redis.call('HSET', R, id, istr(amt_t) .. ' ' .. pstr(amt_p))
-    redis.call('ZADD', X, now + ttl, id)
-    keep_keys()
-  end
-  return answer(1, 0)
-elseif op == 'settle' or op == 'release' then
-  local h = redis.call('HGET', R, id)
-  if h == '-' then
-    if #expired > 0 then save_held() end
-    return answer(0, 1)
-  end
+-- Drops the hold `id` on L (if there) and marks the id ended; `charge` the usage to add (or
+-- nil). Returns 1 when the hold was found.
+local function finish(L, charge_t, charge_p)
+  local h = redis.call('HGET', L.R, id)
   local found = 0
-  if h then
+  if h and h ~= '-' then
     found = 1
     local sp = string.find(h, ' ')
-    held_t = math.max(0, held_t - tonumber(string.sub(h, 1, sp - 1)))
-    held_p = psub(held_p, P(string.sub(h, sp + 1)))
+    L.held_t = math.max(0, L.held_t - tonumber(string.sub(h, 1, sp - 1)))
+    L.held_p = psub(L.held_p, P(string.sub(h, sp + 1)))
   end
-  redis.call('HSET', R, id, '-')
-  redis.call('ZADD', X, now + ttl, id)
-  save_held()
-  if op == 'settle' and (amt_t > 0 or amt_p[1] > 0 or amt_p[2] > 0) then
+  redis.call('HSET', L.R, id, '-')
+  redis.call('ZADD', L.X, now + ttl, id)
+  if charge_t and (charge_t > 0 or not pzero(charge_p)) then
     -- Charged at settle time: it rolls off no earlier than it should.
-    local k = math.floor(now / width)
-    redis.call('HINCRBY', W, 't' .. istr(k), istr(amt_t))
-    local cur = P(redis.call('HGET', W, 'u' .. istr(k)))
-    redis.call('HSET', W, 'u' .. istr(k), pstr(padd(cur, amt_p)))
-    spent_t = spent_t + amt_t
-    spent_p = padd(spent_p, amt_p)
+    local k = math.floor(now / L.width)
+    redis.call('HINCRBY', L.W, 't' .. istr(k), istr(charge_t))
+    local cur = P(redis.call('HGET', L.W, 'u' .. istr(k)))
+    redis.call('HSET', L.W, 'u' .. istr(k), pstr(padd(cur, charge_p)))
+    L.spent_t = L.spent_t + charge_t
+    L.spent_p = padd(L.spent_p, charge_p)
+    -- A charge below `lo` (the clock stepped back) must still roll off by the walk.
+    if k < L.lo then L.lo = k end
+    L.sums_dirty = true
   end
-  keep_keys()
-  return answer(found, 0)
+  save(L, true)
+  keep_keys(L)
+  return found
+end
+
+local n = #KEYS / 3
+local ledgers = {}
+for i = 0, n - 1 do ledgers[i + 1] = load(i) end
+
+if op == 'reserve' or op == 'check' then
+  -- All or nothing: the request is held on every ledger or on none.
+  local refused = false
+  for _, L in ipairs(ledgers) do
+    L.prior = (op == 'reserve') and redis.call('HGET', L.R, id)
+    if not L.prior and not fits(L, L.spent_t + L.held_t, padd(L.spent_p, L.held_p)) then
+      L.refused = true
+      refused = true
+    end
+  end
+  for _, L in ipairs(ledgers) do
+    if L.prior == '-' then
+      save(L, false)
+      answer(L, 2, 0, stamp(L))
+    elseif L.prior then
+      if refused then
+        -- Held by an earlier send of this reserve, which is now refused: nothing may stay held.
+        finish(L, nil, nil)
+        answer(L, 3, 0, stamp(L))
+      else
+        save(L, false)
+        answer(L, 1, 0, stamp(L))
+      end
+    elseif L.refused then
+      local w = wait_s(L)
+      save(L, false)
+      answer(L, 0, w, stamp(L))
+    elseif refused or op == 'check' then
+      save(L, false)
+      answer(L, refused and 3 or 1, 0, stamp(L))
+    else
+      L.held_t = L.held_t + amt_t
+      L.held_p = padd(L.held_p, amt_p)
+      redis.call('HSET', L.R, id, istr(amt_t) .. ' ' .. pstr(amt_p))
+      redis.call('ZADD', L.X, now + ttl, id)
+      -- The hold created the keys if they were gone: save writes the sums with them.
+      L.sums_dirty = true
+      save(L, true)
+      keep_keys(L)
+      answer(L, 1, 0, stamp(L))
+    end
+  end
+  return out
+elseif op == 'settle' or op == 'release' then
+  for _, L in ipairs(ledgers) do
+    local found
+    if redis.call('HGET', L.R, id) == '-' then
+      save(L, false)
+      found = 0
+    elseif op == 'settle' then
+      found = finish(L, amt_t, amt_p)
+    else
+      found = finish(L, nil, nil)
+    end
+    answer(L, found, 0, stamp(L))
+  end
+  return out
 elseif op == 'status' then
-  if #expired > 0 then save_held() end
-  return {istr(spent_t), pstr(spent_p), istr(held_t), pstr(held_p)}
+  for _, L in ipairs(ledgers) do
+    save(L, false)
+    answer(L, 0, 0, 0)
+  end
+  return out
 end
 return redis.error_reply('unknown op ' .. tostring(op))

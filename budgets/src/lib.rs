@@ -33,9 +33,13 @@ pub struct Flags {
     pub cluster: bool,
     /// `--redis-timeout-ms`: per Redis call (default 1000).
     pub timeout_ms: u64,
+    /// `--threads`: runtime threads (default 1: one thread runs the connections and the Redis
+    /// client, so an answer wakes no other thread; run more processes, or raise this, for
+    /// more than one core's worth of requests).
+    pub threads: usize,
 }
 
-pub const USAGE: &str = "usage: llmkube-budgets --listen HOST:PORT --redis redis://HOST:PORT[/DB] [--cluster] [--redis-timeout-ms MS]
+pub const USAGE: &str = "usage: llmkube-budgets --listen HOST:PORT --redis redis://HOST:PORT[/DB] [--cluster] [--redis-timeout-ms MS] [--threads N]
        llmkube-budgets status --service HOST:PORT --router NAMESPACE/NAME [--json] [--timeout-ms MS]";
 
 impl Flags {
@@ -45,6 +49,7 @@ impl Flags {
         let mut check_only = false;
         let mut cluster = false;
         let mut timeout_ms = store::DEFAULT_TIMEOUT_MS;
+        let mut threads = 1;
         args::each_flag(args, USAGE, |flag, value| {
             match flag {
                 "--listen" => listen = Some(value()?),
@@ -52,6 +57,13 @@ impl Flags {
                 "--unsafe-check-only" => check_only = true,
                 "--cluster" => cluster = true,
                 "--redis-timeout-ms" => timeout_ms = args::millis(flag, &value()?, 10, 60_000)?,
+                "--threads" => {
+                    let v = value()?;
+                    threads = match v.parse::<usize>() {
+                        Ok(t @ 1..=256) => t,
+                        _ => return Err(format!("--threads {v:?}: must be 1 to 256")),
+                    }
+                }
                 _ => return Ok(false),
             }
             Ok(true)
@@ -75,6 +87,7 @@ impl Flags {
             check_only,
             cluster,
             timeout_ms,
+            threads,
         })
     }
 }

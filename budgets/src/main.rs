@@ -18,10 +18,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let built = if flags.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(flags.threads)
+            .enable_all()
+            .build()
+    };
+    let rt = match built {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("llmkube-budgets: cannot start the runtime: {e}");

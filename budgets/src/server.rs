@@ -8,14 +8,15 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use router_core::budget::admit::DEFAULT_HOLD_TTL_S;
 use router_core::budget::wire::{
-    validate_common, validate_reservation, LedgerRef, LedgerState, ReserveRequest, ReserveResponse,
-    SettleRequest, SettleResponse, MAX_TTL_S,
+    validate_common, validate_reservation, EndBatch, EndBatchResponse, LedgerRef, LedgerState,
+    ReserveRequest, ReserveResponse, SettleRequest, SettleResponse, MAX_ENDS, MAX_TTL_S,
 };
 use router_core::errors::ApiError;
 use std::sync::Arc;
 
-/// Request bodies over this are refused (32 ledgers of long names fit easily).
-pub const MAX_BODY: usize = 64 * 1024;
+/// Request bodies over this are refused (32 ledgers of long names fit easily, and a batch of
+/// `MAX_ENDS` ends as a gateway sends them).
+pub const MAX_BODY: usize = 256 * 1024;
 
 pub struct Service {
     pub store: RedisStore,
@@ -115,6 +116,10 @@ impl Service {
                 Ok(r) => self.settle(None, r, false).await,
                 Err(e) => bad_request(format!("release: {e}")),
             },
+            (Method::POST, "/v1/end") => match serde_json::from_slice(&body) {
+                Ok(b) => self.end_batch(None, b).await,
+                Err(e) => bad_request(format!("end: {e}")),
+            },
             (Method::GET, "/v1/status") => match router_param(&query) {
                 Some(router) => match self.store.status(None, &router).await {
                     Ok(u) => ok(&serde_json::json!({ "budgetUtilization": u })),
@@ -157,49 +162,46 @@ impl Service {
                 Err(e) => return store_error(e),
             },
         };
-        // Every ledger at once (one round trip: the connection pipelines them); each is atomic
-        // on its own. If any refuses, the holds taken on the others are released.
-        let outcomes = join_all(
-            r.ledgers
-                .iter()
-                .map(|l| self.store.reserve(clock, &r.router, l, &id, amount, ttl)),
-        )
-        .await;
-        let mut taken: Vec<&LedgerRef> = Vec::new();
+        // Every ledger in one script call (a single Redis: atomic, all or nothing), or one per
+        // ledger at once with the holds undone on a refusal (a cluster: `RedisStore::reserve_all`).
+        if r.max_teams == Some(0) {
+            return bad_request("max_teams: must be at least 1".into());
+        }
+        let outcomes = match self
+            .store
+            .reserve_all(clock, &r.router, &r.ledgers, &id, amount, ttl, r.max_teams)
+            .await
+        {
+            Ok(o) => o,
+            Err(e) => return store_error(e),
+        };
         let mut refused = Vec::new();
         // Per refusing ledger: seconds to wait, or None when the request can never fit it.
         let mut waits: Vec<Option<u64>> = Vec::new();
-        let mut failure = None;
         let mut states = Vec::with_capacity(r.ledgers.len());
-        for (l, outcome) in r.ledgers.iter().zip(outcomes) {
-            match outcome {
-                Ok((what, now)) => {
-                    states.push(state(l, now));
-                    match what {
-                        Reserve::Held => taken.push(l),
-                        // Released before this reserve arrived: nothing to hold or undo.
-                        Reserve::Ended => {}
-                        Reserve::Refused(w) => {
-                            refused.push(l.label());
-                            waits.push(w);
-                        }
-                    }
+        let mut teams_full = None;
+        for (l, (what, now)) in r.ledgers.iter().zip(outcomes) {
+            match what {
+                Reserve::Refused(w) => {
+                    refused.push(l.label());
+                    waits.push(w);
                 }
-                Err(e) => failure = Some(e),
+                Reserve::TeamsFull(w) => {
+                    refused.push(l.label());
+                    waits.push(Some(w));
+                    teams_full = r.max_teams;
+                    // A team refused its place has no ledger to show (no gauges for it).
+                    continue;
+                }
+                _ => {}
+            }
+            if teams_full.is_none() {
+                states.push(state(l, now));
             }
         }
-        if failure.is_some() || !refused.is_empty() {
-            for (l, now) in self.undo(clock, &r.router, &taken, &id, ttl).await {
-                if let Some(s) = states
-                    .iter_mut()
-                    .find(|s| s.budget == l.budget && s.team == l.team)
-                {
-                    *s = state(l, now);
-                }
-            }
-        }
-        if let Some(e) = failure {
-            return store_error(e);
+        if teams_full.is_some() {
+            // Nothing was asked of the ledgers: their states are not known.
+            states.clear();
         }
         if !refused.is_empty() {
             let never = waits.iter().any(Option::is_none);
@@ -215,6 +217,7 @@ impl Service {
                 retry_after_s: Some(retry.max(1)),
                 never,
                 refused,
+                teams_full,
                 ledgers: states,
             });
         }
@@ -224,75 +227,90 @@ impl Service {
             retry_after_s: None,
             never: false,
             refused: Vec::new(),
+            teams_full: None,
             ledgers: states,
         })
-    }
-
-    /// Releases the holds taken before a refusal; the ledgers released, as they are after.
-    async fn undo<'l>(
-        &self,
-        clock: Clock,
-        router: &str,
-        taken: &[&'l LedgerRef],
-        id: &str,
-        ttl: u64,
-    ) -> Vec<(&'l LedgerRef, LedgerUse)> {
-        // A failed release leaves a hold that expires with its ttl: never a leak.
-        let results = join_all(
-            taken
-                .iter()
-                .map(|l| self.store.settle(clock, router, l, id, None, ttl)),
-        )
-        .await;
-        taken
-            .iter()
-            .zip(results)
-            .filter_map(|(l, r)| r.ok().map(|(_, now)| (*l, now)))
-            .collect()
     }
 
     /// Settle (charge the real usage) or release (charge nothing) on every ledger.
     pub async fn settle(&self, clock: Clock, r: SettleRequest, charge: bool) -> Reply {
-        if let Err(e) = validate_common(&r.router, &r.ledgers) {
-            return bad_request(e);
+        match self.end_one(clock, &r, charge).await {
+            Ok(answer) => ok(&answer),
+            Err(EndError::Bad(e)) => bad_request(e),
+            Err(EndError::Store(e)) => store_error(e),
         }
-        if let Err(e) = validate_reservation(&r.reservation) {
-            return bad_request(e);
+    }
+
+    /// `POST /v1/end`: several settles (those with an amount) and releases in one call, each
+    /// applied as its own `/v1/settle` or `/v1/release` would be, all at once (their scripts go
+    /// to Redis together). One that is malformed answers `ok: false` with its error; when
+    /// Redis fails the whole call does (503 or 500), and the gateway sends it again (each end
+    /// applies once however often it arrives).
+    pub async fn end_batch(&self, clock: Clock, b: EndBatch) -> Reply {
+        if b.ends.len() > MAX_ENDS {
+            return bad_request(format!("ends: at most {MAX_ENDS}"));
         }
-        let ttl = match ttl_ms(r.ttl_s) {
-            Ok(t) => t,
-            Err(e) => return bad_request(e),
-        };
+        let results = join_all(
+            b.ends
+                .iter()
+                .map(|r| self.end_one(clock, r, r.amount.is_some())),
+        )
+        .await;
+        let mut answers = Vec::with_capacity(results.len());
+        for r in results {
+            answers.push(match r {
+                Ok(a) => a,
+                Err(EndError::Store(e)) => return store_error(e),
+                Err(EndError::Bad(why)) => SettleResponse {
+                    ok: false,
+                    holds_found: 0,
+                    ledgers: Vec::new(),
+                    error: Some(why),
+                },
+            });
+        }
+        ok(&EndBatchResponse { results: answers })
+    }
+
+    async fn end_one(
+        &self,
+        clock: Clock,
+        r: &SettleRequest,
+        charge: bool,
+    ) -> Result<SettleResponse, EndError> {
+        validate_common(&r.router, &r.ledgers).map_err(EndError::Bad)?;
+        validate_reservation(&r.reservation).map_err(EndError::Bad)?;
+        let ttl = ttl_ms(r.ttl_s).map_err(EndError::Bad)?;
         let actual = match (charge, &r.amount) {
-            (true, Some(a)) => match a.parse() {
-                Ok(a) => Some(a),
-                Err(e) => return bad_request(e),
-            },
-            (true, None) => return bad_request("settle: amount is required".into()),
+            (true, Some(a)) => Some(a.parse().map_err(EndError::Bad)?),
+            (true, None) => return Err(EndError::Bad("settle: amount is required".into())),
             (false, _) => None,
         };
-        let results = join_all(r.ledgers.iter().map(|l| {
-            self.store
-                .settle(clock, &r.router, l, &r.reservation, actual, ttl)
-        }))
-        .await;
+        let results = self
+            .store
+            .settle_all(clock, &r.router, &r.ledgers, &r.reservation, actual, ttl)
+            .await
+            .map_err(EndError::Store)?;
         let mut found = 0;
         let mut states = Vec::with_capacity(r.ledgers.len());
-        for (l, result) in r.ledgers.iter().zip(results) {
-            match result {
-                Ok((f, now)) => {
-                    found += u64::from(f);
-                    states.push(state(l, now));
-                }
-                Err(e) => return store_error(e),
-            }
+        for (l, (f, now)) in r.ledgers.iter().zip(results) {
+            found += u64::from(f);
+            states.push(state(l, now));
         }
-        ok(&SettleResponse {
+        Ok(SettleResponse {
             ok: true,
             holds_found: found,
             ledgers: states,
+            error: None,
         })
     }
+}
+
+/// Why one settle or release was not applied.
+enum EndError {
+    /// The request is malformed (400; in a batch, that end's `error`).
+    Bad(String),
+    Store(StoreError),
 }
 
 fn state(l: &LedgerRef, now: LedgerUse) -> LedgerState {

@@ -728,3 +728,189 @@ fn answer_versions_only_grow_on_a_ledger() {
         );
     });
 }
+
+/// `POST /v1/end` (what a gateway's tick sends when several requests ended): each settle and
+/// release applies as its own call would, once however often the batch arrives; a malformed
+/// end answers its own error and does not stop the others.
+#[test]
+fn a_batch_of_ends_applies_each_once() {
+    let Some(redis) = common::redis() else { return };
+    let svc = InProcess::start(&redis.url(), true);
+    let router = unique("batch");
+    let l = json!([
+        ledger("b", None, 60, 100),
+        ledger("t", Some("alpha"), 60, 100)
+    ]);
+    for id in ["e-1", "e-2", "e-3"] {
+        let req =
+            json!({"router": router, "ledgers": l, "amount": {"tokens": 20}, "reservation": id});
+        let (_, v) = http(svc.addr, "POST", "/v1/reserve", Some(&req));
+        assert_eq!(v["admitted"], true, "{v}");
+    }
+    assert_eq!(svc_tokens(&svc, &router, "b"), (0, 60));
+    let batch = json!({"ends": [
+        {"router": router, "ledgers": l, "reservation": "e-1", "amount": {"tokens": 7}},
+        {"router": router, "ledgers": l, "reservation": "e-2"},
+        {"router": router, "ledgers": l, "reservation": "e-3", "amount": {"tokens": 5}},
+        {"router": router, "ledgers": l, "reservation": "bad id", "amount": {"tokens": 50}},
+    ]});
+    for round in 0..2 {
+        let (s, v) = http(svc.addr, "POST", "/v1/end", Some(&batch));
+        assert_eq!(s, 200, "{v}");
+        let r = v["results"].as_array().unwrap();
+        assert_eq!(r.len(), 4, "{v}");
+        let found = if round == 0 { 2 } else { 0 };
+        for ok in &r[..3] {
+            assert_eq!(
+                (&ok["ok"], &ok["holds_found"]),
+                (&json!(true), &json!(found)),
+                "{v}"
+            );
+        }
+        assert_eq!(r[3]["ok"], false, "{v}");
+        assert!(
+            r[3]["error"].as_str().unwrap().contains("reservation"),
+            "{v}"
+        );
+        assert_eq!(svc_tokens(&svc, &router, "b"), (12, 0), "round {round}");
+    }
+    let many: Vec<Value> = (0..65)
+        .map(|i| json!({"router": router, "ledgers": l, "reservation": format!("m-{i}")}))
+        .collect();
+    let (s, v) = http(svc.addr, "POST", "/v1/end", Some(&json!({ "ends": many })));
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 64"),
+        "{v}"
+    );
+}
+
+/// A team budget keeps ledgers for at most `max_teams` teams at a time: a new team beyond them
+/// is refused (the same 429 as the embedded team table's), holds nothing and leaves nothing in
+/// Redis; once a team's ledger has fully rolled off, its place goes to a new team. Clocks are
+/// given (Redis time in the service).
+#[test]
+fn a_team_budget_admits_at_most_max_teams_and_frees_quiet_places() {
+    let Some(redis) = common::redis() else { return };
+    rt().block_on(async {
+        let store = RedisStore::new(&redis.url(), &common::test_options(true, false)).unwrap();
+        let router = unique("max-teams");
+        let team = |t: &str| LedgerRef {
+            budget: "t".into(),
+            team: Some(t.into()),
+            window_s: 1,
+            max_tokens: Some(100),
+            max_usd: None,
+        };
+        let all = LedgerRef {
+            budget: "all".into(),
+            team: None,
+            window_s: 1,
+            max_tokens: Some(1000),
+            max_usd: None,
+        };
+        let t0 = 1_700_000_000_000u64;
+        let ttl = 1000;
+        let reserve = |at: u64, t: &str, id: &str| {
+            let ledgers = vec![all.clone(), team(t)];
+            let (store, router, id) = (&store, &router, id.to_string());
+            async move {
+                store
+                    .reserve_all(
+                        Some(at),
+                        router,
+                        &ledgers,
+                        &id,
+                        Amount::new(10, 0),
+                        ttl,
+                        Some(2),
+                    )
+                    .await
+                    .unwrap()
+            }
+        };
+        for (t, id) in [("a", "r1"), ("b", "r2")] {
+            let got = reserve(t0, t, id).await;
+            assert_eq!(got[1].0, Reserve::Held, "{t}: {got:?}");
+            store
+                .settle_all(
+                    Some(t0),
+                    &router,
+                    &[all.clone(), team(t)],
+                    id,
+                    Some(Amount::new(3, 0)),
+                    ttl,
+                )
+                .await
+                .unwrap();
+        }
+        let got = reserve(t0 + 10, "c", "r3").await;
+        assert!(
+            matches!(got[1].0, Reserve::TeamsFull(w) if w >= 60),
+            "{got:?}"
+        );
+        assert_eq!(got[0].0, Reserve::NotHeld, "all or nothing: {got:?}");
+        assert_eq!(
+            store
+                .usage(Some(t0 + 10), &router, &all)
+                .await
+                .unwrap()
+                .1
+                .tokens,
+            0
+        );
+        let port = redis
+            .url()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        let key = RedisStore::ledger_key(&router, &team("c"));
+        let exists = std::process::Command::new("redis-cli")
+            .args([
+                "-p",
+                &port,
+                "exists",
+                &format!("{key}:w"),
+                &format!("{key}:r"),
+                &format!("{key}:x"),
+            ])
+            .output()
+            .expect("redis-cli runs");
+        assert_eq!(
+            String::from_utf8_lossy(&exists.stdout).trim(),
+            "0",
+            "a refused team leaves nothing"
+        );
+        // Both ledgers' keys live 1 s window + 1 s bucket + 1 s ttl + 60 s after their last write
+        // (and the index adds a second): past that, a new team takes a quiet team's place.
+        let later = t0 + 64_001;
+        let got = reserve(later, "c", "r4").await;
+        assert_eq!(got[1].0, Reserve::Held, "{got:?}");
+        let active: Vec<String> = {
+            let out = std::process::Command::new("redis-cli")
+                .args([
+                    "-p",
+                    &port,
+                    "zrange",
+                    &RedisStore::active_key(&router, "t"),
+                    "0",
+                    "-1",
+                ])
+                .output()
+                .expect("redis-cli runs");
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(active.len(), 2, "{active:?}");
+        assert!(active.contains(&"c".to_string()), "{active:?}");
+    });
+}

@@ -164,7 +164,7 @@ impl Budgets {
         let stats = BudgetStats::new(&compiled.budgets);
         let budgets = Budgets {
             stats: match &config.service {
-                Some(_) => stats.shared_by_workers(format!("{prefix}gauge|")),
+                Some(_) => stats.shared_by_workers(format!("{prefix}gauge|"), compiled.max_teams),
                 None => stats,
             },
             prefix,
@@ -587,7 +587,7 @@ impl Budgets {
     /// the ledgers it reports.
     pub fn ended(&self, token: u32, num_headers: usize, body_size: usize) {
         if let LedgerBackend::Remote(remote) = &self.ledgers {
-            if let Some(answer) = remote.ended(token, num_headers, body_size) {
+            for answer in remote.ended(token, num_headers, body_size) {
                 let gauges = router_core::budget::remote::gauges(&self.compiled, &answer.ledgers);
                 self.stats.record_all(&gauges);
             }

@@ -21,8 +21,11 @@
 use filter_edge::{self as edge, HttpCall, Level};
 use router_core::budget::admit::LedgerKey;
 use router_core::budget::config::{CompiledBudgets, ServiceConfig};
-use router_core::budget::remote::{self, Admission, MAX_REPLY_BYTES, RESERVE_PATH};
+use router_core::budget::remote::{
+    self, Admission, END_PATH, MAX_BATCH_BYTES, MAX_REPLY_BYTES, RESERVE_PATH,
+};
 use router_core::budget::window::Amount;
+use router_core::budget::wire::MAX_ENDS;
 use router_core::budget::wire::{LedgerState, SettleResponse};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -65,8 +68,8 @@ pub(crate) struct Remote {
     id_prefix: String,
     next_id: Cell<u64>,
     ends: RefCell<VecDeque<End>>,
-    /// Ends sent and not answered yet, by call token.
-    sent: RefCell<Vec<(u32, End)>>,
+    /// Ends sent and not answered yet, by call token: one end, or a batch (`/v1/end`).
+    sent: RefCell<Vec<(u32, Vec<End>)>>,
 }
 
 fn now_ms() -> u64 {
@@ -163,7 +166,9 @@ impl Remote {
         ends.push_back(end);
     }
 
-    /// Sends the queued settles and releases that are due (from the root context, on tick).
+    /// Sends the queued settles and releases that are due (from the root context, on tick):
+    /// one alone as its own call, several together in `/v1/end` batches (one callout, one
+    /// service request and one Redis round trip for a tick's worth of requests).
     pub fn flush(&self) {
         let now = now_ms();
         let due: Vec<End> = {
@@ -173,11 +178,39 @@ impl Remote {
             *ends = later;
             due.into()
         };
+        let mut batch: Vec<End> = Vec::new();
+        let mut bytes = 0;
         for mut end in due {
             end.sends = end.sends.saturating_add(1);
-            match self.send(end.path, &end.body) {
-                Ok(token) => self.sent.borrow_mut().push((token, end)),
-                Err(e) => self.failed(end, &e, true, now),
+            if !batch.is_empty()
+                && (batch.len() >= MAX_ENDS || bytes + end.body.len() > MAX_BATCH_BYTES)
+            {
+                self.send_ends(std::mem::take(&mut batch), now);
+                bytes = 0;
+            }
+            bytes += end.body.len();
+            batch.push(end);
+        }
+        if !batch.is_empty() {
+            self.send_ends(batch, now);
+        }
+    }
+
+    fn send_ends(&self, ends: Vec<End>, now: u64) {
+        let sent = if let [one] = ends.as_slice() {
+            self.send(one.path, &one.body)
+        } else {
+            self.send(
+                END_PATH,
+                &remote::end_batch_body(ends.iter().map(|e| e.body.as_slice())),
+            )
+        };
+        match sent {
+            Ok(token) => self.sent.borrow_mut().push((token, ends)),
+            Err(e) => {
+                for end in ends {
+                    self.failed(end, &e, true, now);
+                }
             }
         }
     }
@@ -209,32 +242,49 @@ impl Remote {
         );
     }
 
-    /// A settle or release answered (root `on_http_call_response`): the service's answer, or
-    /// `None` when the token is not one of these calls or the call failed (then it is sent
-    /// again, or logged).
-    pub fn ended(
-        &self,
-        token: u32,
-        num_headers: usize,
-        body_size: usize,
-    ) -> Option<SettleResponse> {
-        let end = {
+    /// Settles or releases answered (root `on_http_call_response`): the service's answers, empty
+    /// when the token is not one of these calls or they failed (then they are sent again, or
+    /// logged).
+    pub fn ended(&self, token: u32, num_headers: usize, body_size: usize) -> Vec<SettleResponse> {
+        let ends = {
             let mut sent = self.sent.borrow_mut();
-            let i = sent.iter().position(|(t, _)| *t == token)?;
+            let Some(i) = sent.iter().position(|(t, _)| *t == token) else {
+                return Vec::new();
+            };
             sent.swap_remove(i).1
         };
         let (status, body) = if num_headers == 0 {
             (0, Vec::new())
         } else {
             let headers = edge::call_response_headers().unwrap_or_default();
-            let body = edge::call_response_body(body_size.min(MAX_REPLY_BYTES)).unwrap_or_default();
+            // A batch's answer is one result per end: allow each its share.
+            let most = MAX_REPLY_BYTES.saturating_mul(ends.len().max(1));
+            let body = edge::call_response_body(body_size.min(most)).unwrap_or_default();
             (edge::response_status(&headers), body)
         };
-        match remote::read_end(status, &body) {
-            Ok(answer) => Some(answer),
+        let now = now_ms();
+        let results = if ends.len() == 1 {
+            remote::read_end(status, &body).map(|a| vec![Ok(a)])
+        } else {
+            remote::read_end_batch(status, &body, ends.len())
+        };
+        match results {
+            Ok(results) => ends
+                .into_iter()
+                .zip(results)
+                .filter_map(|(end, r)| match r {
+                    Ok(answer) => Some(answer),
+                    Err(f) => {
+                        self.failed(end, &f.why, f.retry, now);
+                        None
+                    }
+                })
+                .collect(),
             Err(f) => {
-                self.failed(end, &f.why, f.retry, now_ms());
-                None
+                for end in ends {
+                    self.failed(end, &f.why, f.retry, now);
+                }
+                Vec::new()
             }
         }
     }

@@ -86,6 +86,10 @@ pub(crate) struct BudgetStats {
     /// what it set, until a tick finds shared data still holding that
     /// (`router_core::budget::gauge`).
     unconfirmed: RefCell<FnvHashMap<LedgerKey, (String, Reading)>>,
+    /// Shared ledgers only: team gauge sets per budget so far, at most `max_team_gauges`.
+    team_gauges: RefCell<Vec<usize>>,
+    max_team_gauges: usize,
+    dropped: Vec<Option<u32>>,
 }
 
 use filter_edge::table::HostStore;
@@ -128,14 +132,47 @@ impl BudgetStats {
             gauges: RefCell::new(FnvHashMap::default()),
             shared_prefix: None,
             unconfirmed: RefCell::new(FnvHashMap::default()),
+            team_gauges: RefCell::new(vec![0; budgets.len()]),
+            max_team_gauges: usize::MAX,
+            dropped: Vec::new(),
         }
     }
 
     /// For ledgers kept by `llmkube-budgets`: their gauges follow the newest state any worker
-    /// got, kept in shared data under `prefix`.
-    pub fn shared_by_workers(mut self, prefix: String) -> Self {
+    /// got, kept in shared data under `prefix`. A team budget gets gauges (and a shared-data
+    /// key) for its first `max_teams` teams on this worker: the service admits at most that
+    /// many at a time, but teams come and go, and Envoy cannot drop a stat once defined.
+    /// Later teams are counted in `gauges_dropped` (their spend is in `llmkube-budgets
+    /// status`).
+    pub fn shared_by_workers(mut self, prefix: String, max_teams: usize) -> Self {
         self.shared_prefix = Some(prefix);
+        self.max_team_gauges = max_teams;
+        self.dropped = self
+            .names
+            .iter()
+            .map(|n| counter(&format!("llmkube.budget.{n}.gauges_dropped")))
+            .collect();
         self
+    }
+
+    /// Whether `key` may have gauges: always for router and rule ledgers and for teams that
+    /// have them already; a new team only while its budget has fewer than the bound.
+    fn may_track(&self, key: &LedgerKey) -> bool {
+        if key.team.is_none() || self.gauges.borrow().contains_key(key) {
+            return true;
+        }
+        let mut counts = self.team_gauges.borrow_mut();
+        let Some(n) = counts.get_mut(key.budget) else {
+            return false;
+        };
+        if *n >= self.max_team_gauges {
+            if let Some(Some(id)) = self.dropped.get(key.budget) {
+                edge::increment_metric(*id, 1);
+            }
+            return false;
+        }
+        *n += 1;
+        true
     }
 
     pub fn refused(&self, budget: usize) {
@@ -202,7 +239,7 @@ impl BudgetStats {
     /// state of its ledger any worker has got (this answer may be older than one another
     /// worker already processed).
     pub fn record_all(&self, gauges: &[router_core::budget::remote::Gauge]) {
-        for g in gauges {
+        for g in gauges.iter().filter(|g| self.may_track(&g.key)) {
             let Some(key) = self.shared_key(&g.key) else {
                 self.record(&g.key, g.reading.spent, g.reading.held_tokens);
                 continue;

@@ -48,9 +48,9 @@ fn only_pending(h: &Host) -> u32 {
     p[0]
 }
 
-/// A request through one worker, reserved, answered and ended: its settle is queued, then sent
-/// on the worker's tick. Returns the settle call's token (its answer is the test's to give).
-fn served_until_settle_is_out(h: &mut Host) -> u32 {
+/// A request through one worker, reserved, answered and ended: its settle is queued for the
+/// worker's next tick.
+fn served(h: &mut Host) {
     let req = post(h, &[], BODY);
     assert!(req.local_response.is_none(), "{:?}", h.logs());
     let reserve = only_pending(h);
@@ -65,6 +65,12 @@ fn served_until_settle_is_out(h: &mut Host) -> u32 {
     )
     .unwrap();
     h.log_and_done(req.stream).unwrap();
+}
+
+/// [`served`], then the tick that sends its settle. Returns the settle call's token (its answer
+/// is the test's to give).
+fn served_until_settle_is_out(h: &mut Host) -> u32 {
+    served(h);
     h.tick().unwrap();
     let settle = only_pending(h);
     let call = h.http_calls().into_iter().last().unwrap();
@@ -161,4 +167,44 @@ fn answers_without_versions_keep_the_last_one() {
     a.tick().unwrap();
     b.tick().unwrap();
     assert_eq!(gauge(&[&a, &b]), 3946);
+}
+
+/// Requests that end between two ticks settle in one callout: `/v1/end` with every settle due
+/// (one service request, one Redis round trip), each end's answer setting the gauges; a batch
+/// the service could not apply (503) is sent again whole, since each end applies once however
+/// often it arrives.
+#[test]
+fn settles_due_on_one_tick_go_out_in_one_batch() {
+    let shared = SharedStore::new();
+    let mut h = worker(&shared);
+    served(&mut h);
+    served(&mut h);
+    h.tick().unwrap();
+    let first = only_pending(&h);
+    let call = h.http_calls().into_iter().last().unwrap();
+    assert_eq!(call.header(":path"), Some("/v1/end"));
+    let batch: Value = serde_json::from_slice(&call.body).unwrap();
+    let ends = batch["ends"].as_array().unwrap();
+    assert_eq!(ends.len(), 2, "{batch}");
+    assert!(ends.iter().all(|e| e["amount"]["tokens"] == 30), "{batch}");
+    assert_ne!(ends[0]["reservation"], ends[1]["reservation"]);
+    h.reply_http_call(first, HttpCallReply::new(503, "{}".to_string()))
+        .unwrap();
+    assert!(h.pending_http_calls().is_empty());
+    h.advance_clock(std::time::Duration::from_millis(500))
+        .unwrap();
+    h.tick().unwrap();
+    let again = only_pending(&h);
+    let resent = h.http_calls().into_iter().last().unwrap();
+    assert_eq!(resent.header(":path"), Some("/v1/end"));
+    assert_eq!(resent.body, call.body, "the same two ends, sent again");
+    let answer = json!({"results": [
+        {"ok": true, "holds_found": 1, "ledgers": [ledger(30, Some(3))]},
+        {"ok": true, "holds_found": 1, "ledgers": [ledger(60, Some(4))]}]});
+    h.reply_http_call(again, HttpCallReply::new(200, answer.to_string()))
+        .unwrap();
+    assert_eq!(gauge(&[&h]), 60);
+    h.advance_clock(std::time::Duration::from_secs(5)).unwrap();
+    h.tick().unwrap();
+    assert!(h.pending_http_calls().is_empty(), "nothing more is sent");
 }

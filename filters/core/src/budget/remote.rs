@@ -15,14 +15,18 @@ use super::money::format_usd;
 use super::reply::{self, Refused};
 use super::window::Amount;
 use super::wire::{
-    AmountJson, LedgerRef, LedgerState, ReserveRequest, ReserveResponse, SettleRequest,
-    SettleResponse, MAX_LEDGERS,
+    AmountJson, EndBatchResponse, LedgerRef, LedgerState, ReserveRequest, ReserveResponse,
+    SettleRequest, SettleResponse, MAX_LEDGERS,
 };
 use crate::errors::ApiError;
 
 pub const RESERVE_PATH: &str = "/v1/reserve";
 pub const SETTLE_PATH: &str = "/v1/settle";
 pub const RELEASE_PATH: &str = "/v1/release";
+/// Several settles and releases in one call (`wire::EndBatch`).
+pub const END_PATH: &str = "/v1/end";
+/// Most bytes of ends a gateway puts in one batch (the service takes up to 256 KiB).
+pub const MAX_BATCH_BYTES: usize = 48 * 1024;
 /// The `:authority` of calls to the service (Envoy routes by cluster, not by this name).
 pub const AUTHORITY: &str = "llmkube-budgets";
 /// Most bytes of a service answer the filter reads; its answers are a few hundred bytes.
@@ -71,6 +75,7 @@ pub fn reserve_body(
         amount: AmountJson::from_amount(amount),
         ttl_s: Some(c.hold_ttl_s),
         reservation: Some(reservation.to_string()),
+        max_teams: Some(c.max_teams as u64),
     };
     // Serialising plain strings and integers cannot fail; an empty body would only be refused
     // by the service with a 400, which the caller reports.
@@ -159,14 +164,18 @@ pub fn read_reserve(
                 ledgers,
                 ..
             }) if !id.is_empty() => (Admission::Admitted { reservation: id }, ledgers),
-            Ok(r) if !r.admitted => (
-                Admission::Refused(reply::exceeded(
-                    &r.refused,
-                    r.retry_after_s.unwrap_or(1),
-                    r.never,
-                )),
-                r.ledgers,
-            ),
+            Ok(r) if !r.admitted => {
+                let wait = r.retry_after_s.unwrap_or(1);
+                let refused = match (r.teams_full, r.refused.first()) {
+                    // The same answer as the embedded team table's when it is full.
+                    (Some(max), Some(label)) => {
+                        let budget = label.split_once('/').map_or(label.as_str(), |(b, _)| b);
+                        reply::teams_full(budget, max as usize, wait)
+                    }
+                    _ => reply::exceeded(&r.refused, wait, r.never),
+                };
+                (Admission::Refused(refused), r.ledgers)
+            }
             _ => (
                 Admission::Unavailable {
                     why: "llmkube-budgets answered 200 with an unreadable reserve result".into(),
@@ -234,6 +243,61 @@ pub fn read_end(status: u32, body: &[u8]) -> Result<SettleResponse, EndFailed> {
             format!("llmkube-budgets answered {s}{}", error_detail(body)),
             s >= 500,
         ),
+    }
+}
+
+/// `POST /v1/end` of ends already built by [`end_call`] (each body is one `SettleRequest`):
+/// the batch is their bodies in a list, so nothing is encoded twice.
+pub fn end_batch_body<'a>(bodies: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut out = b"{\"ends\":[".to_vec();
+    for (i, b) in bodies.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b);
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+/// Reads a batch's answer for its `n` ends: per end its answer or why it failed (a malformed
+/// end is not sent again), or, when the whole call failed, why and whether to send every end
+/// again.
+#[allow(clippy::type_complexity)]
+pub fn read_end_batch(
+    status: u32,
+    body: &[u8],
+    n: usize,
+) -> Result<Vec<Result<SettleResponse, EndFailed>>, EndFailed> {
+    if status != 200 {
+        // Not 200: `read_end` reads it as a failure, the same for one end or many.
+        return Err(read_end(status, body).err().unwrap_or(EndFailed {
+            why: format!("llmkube-budgets answered {status}"),
+            retry: false,
+        }));
+    }
+    match serde_json::from_slice::<EndBatchResponse>(body) {
+        Ok(b) if b.results.len() == n => Ok(b
+            .results
+            .into_iter()
+            .map(|r| {
+                if r.ok {
+                    Ok(r)
+                } else {
+                    Err(EndFailed {
+                        why: format!(
+                            "llmkube-budgets refused it: {}",
+                            r.error.as_deref().unwrap_or("no reason given")
+                        ),
+                        retry: false,
+                    })
+                }
+            })
+            .collect()),
+        _ => Err(EndFailed {
+            why: format!("llmkube-budgets answered 200 with an unreadable result for {n} ends"),
+            retry: false,
+        }),
     }
 }
 
@@ -453,5 +517,50 @@ mod tests {
         let e = read_end(400, long.as_bytes()).unwrap_err().why;
         assert!(e.starts_with("llmkube-budgets answered 400: é"));
         assert!(e.len() < 260, "{}", e.len());
+    }
+
+    #[test]
+    fn a_batch_is_the_ends_bodies_and_its_answer_is_read_per_end() {
+        let c = compiled();
+        let (_, a) = end_call("ns/r", &c, &keys(), "id1", Some(Amount::new(3, 0)));
+        let (_, b) = end_call("ns/r", &c, &keys(), "id2", None);
+        let body = end_batch_body([a.as_slice(), b.as_slice()]);
+        let batch: crate::budget::wire::EndBatch = serde_json::from_slice(&body).unwrap();
+        assert_eq!(batch.ends.len(), 2);
+        assert_eq!(batch.ends[0].amount.as_ref().map(|a| a.tokens), Some(3));
+        assert!(batch.ends[1].amount.is_none(), "no amount: a release");
+        let answer =
+            br#"{"results":[{"ok":true,"holds_found":2},{"ok":false,"error":"reservation: bad"}]}"#;
+        let r = read_end_batch(200, answer, 2).unwrap();
+        assert_eq!(r[0].as_ref().map(|a| a.holds_found), Ok(2));
+        let e = r[1].as_ref().unwrap_err();
+        assert!(e.why.contains("reservation: bad") && !e.retry, "{e:?}");
+        // The whole call failing: every end is sent again (5xx, no answer) or not (4xx).
+        assert!(read_end_batch(503, b"", 2).unwrap_err().retry);
+        assert!(read_end_batch(0, b"", 2).unwrap_err().retry);
+        assert!(!read_end_batch(400, b"", 2).unwrap_err().retry);
+        // An answer for a different number of ends is not guessed at.
+        assert!(read_end_batch(200, answer, 3).is_err());
+    }
+
+    #[test]
+    fn a_new_team_refused_by_a_full_budget_gets_the_embedded_tables_answer() {
+        let body = reserve_body("ns/r", &compiled(), &keys(), Amount::new(1, 0), "w1-1");
+        let r: ReserveRequest = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            r.max_teams,
+            Some(1024),
+            "the gateway's max_teams bounds the service's"
+        );
+        let Admission::Refused(r) = read_reserve(
+            200,
+            None,
+            br#"{"admitted":false,"retry_after_s":30,"refused":["teams/new"],"teams_full":1024}"#,
+        )
+        .0
+        else {
+            panic!("not refused")
+        };
+        assert_eq!(r, reply::teams_full("teams", 1024, 30));
     }
 }

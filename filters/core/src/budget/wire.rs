@@ -60,6 +60,11 @@ pub struct ReserveRequest {
     /// reservation whose answer it never got; absent: the service picks one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation: Option<String>,
+    /// Most teams a team budget of this request keeps ledgers for at a time (the gateway's
+    /// `max_teams`): a new team beyond them is refused until one has rolled off. Absent: no
+    /// bound (a gateway older than this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_teams: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -125,6 +130,26 @@ pub struct SettleResponse {
     pub holds_found: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ledgers: Vec<LedgerState>,
+    /// In a batch's results, why this end was not applied (`ok: false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Most settles and releases in one `POST /v1/end`.
+pub const MAX_ENDS: usize = 64;
+
+/// `POST /v1/end`: several settles and releases at once (what a gateway's tick has due). Each is
+/// a settle when it carries `amount`, else a release.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndBatch {
+    pub ends: Vec<SettleRequest>,
+}
+
+/// The answer to a batch: one result per end, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndBatchResponse {
+    pub results: Vec<SettleResponse>,
 }
 
 /// A reservation id: 1 to 64 printable ASCII bytes.
@@ -151,6 +176,10 @@ pub struct ReserveResponse {
     /// When refused: `budget` or `budget/team` of every ledger that refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refused: Vec<String>,
+    /// When refused because a new team found its budget at `max_teams` active teams: that
+    /// bound (`refused` names the team ledger).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teams_full: Option<u64>,
     /// Every ledger of the request after the reserve (the gateway's gauges).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ledgers: Vec<LedgerState>,

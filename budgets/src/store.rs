@@ -165,6 +165,35 @@ impl RedisStore {
         )
     }
 
+    /// Redis Cluster: a request's ledgers sit in different slots, so each gets its own call,
+    /// all at once; the answers come back in the ledgers' order.
+    #[allow(clippy::too_many_arguments)]
+    async fn per_ledger(
+        &self,
+        op: &str,
+        clock: Clock,
+        router: &str,
+        refs: &[&LedgerRef],
+        id: &str,
+        amount: Amount,
+        ttl_ms: u64,
+        with_caps: bool,
+    ) -> Vec<Result<Vec<(i64, i64, LedgerUse)>, StoreError>> {
+        join_all(refs.iter().map(|l| {
+            self.call(
+                op,
+                clock,
+                router,
+                std::slice::from_ref(l),
+                id,
+                amount,
+                ttl_ms,
+                with_caps,
+            )
+        }))
+        .await
+    }
+
     /// One script call on `ledgers` (all in one hash slot, or any in a single Redis): the
     /// ledgers as the call left them, with the script's code and wait for each.
     #[allow(clippy::too_many_arguments)]
@@ -303,19 +332,9 @@ impl RedisStore {
         let op = if self.hold { "reserve" } else { "check" };
         let refs: Vec<&LedgerRef> = ledgers.iter().collect();
         let mut out: Vec<(Reserve, LedgerUse)> = if self.conn.is_cluster() {
-            let calls = join_all(refs.iter().map(|l| {
-                self.call(
-                    op,
-                    clock,
-                    router,
-                    std::slice::from_ref(l),
-                    id,
-                    amount,
-                    ttl_ms,
-                    true,
-                )
-            }))
-            .await;
+            let calls = self
+                .per_ledger(op, clock, router, &refs, id, amount, ttl_ms, true)
+                .await;
             let mut out = Vec::with_capacity(ledgers.len());
             let mut failure = None;
             for r in calls {
@@ -461,19 +480,9 @@ impl RedisStore {
         ttl_ms: u64,
     ) -> Result<Vec<(i64, i64, LedgerUse)>, StoreError> {
         let answers = if self.conn.is_cluster() {
-            let calls = join_all(refs.iter().map(|l| {
-                self.call(
-                    op,
-                    clock,
-                    router,
-                    std::slice::from_ref(l),
-                    id,
-                    amount,
-                    ttl_ms,
-                    false,
-                )
-            }))
-            .await;
+            let calls = self
+                .per_ledger(op, clock, router, refs, id, amount, ttl_ms, false)
+                .await;
             let mut all = Vec::with_capacity(refs.len());
             for r in calls {
                 all.extend(r?);

@@ -1,12 +1,16 @@
 //! The response usage reader: reading a body (JSON or server-sent events, with or without
 //! stripping the usage-only chunk) in pieces gives the same answer and the same forwarded bytes
-//! as reading it whole, and never panics.
+//! as reading it whole, the same as the reader before it (the `usage-oracle` feature: a branch
+//! per byte and a `serde_json::Value` per `usage` object), and never panics.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use router_core::budget::usage::split_invariance;
+use router_core::budget::usage::{matches_oracle, split_invariance};
 
 fuzz_target!(|data: &[u8]| {
     if let Err(e) = split_invariance(data) {
+        panic!("{e}");
+    }
+    if let Err(e) = matches_oracle(data) {
         panic!("{e}");
     }
 });

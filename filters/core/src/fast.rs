@@ -11,6 +11,13 @@ pub fn find_string_special(b: &[u8], from: usize) -> usize {
     imp::find_string_special(b, from)
 }
 
+/// Index of the first `\r` or `\n` at or after `from`, or `b.len()` if there is none (the
+/// end of a server-sent-events line).
+#[inline]
+pub fn find_line_end(b: &[u8], from: usize) -> usize {
+    imp::find_line_end(b, from)
+}
+
 /// Where a walk over string content ([`skip_string`]) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Walk<E> {
@@ -116,6 +123,26 @@ mod imp {
             i += 16;
         }
         while i < b.len() && !is_special(b[i]) {
+            i += 1;
+        }
+        i
+    }
+
+    #[inline]
+    pub fn find_line_end(b: &[u8], from: usize) -> usize {
+        let mut i = from;
+        let lf = u8x16_splat(b'\n');
+        let cr = u8x16_splat(b'\r');
+        while i + 16 <= b.len() {
+            // SAFETY: i + 16 <= len, and v128_load has no alignment requirement.
+            let v = unsafe { v128_load(b.as_ptr().add(i) as *const v128) };
+            let mask = u8x16_bitmask(v128_or(u8x16_eq(v, lf), u8x16_eq(v, cr)));
+            if mask != 0 {
+                return i + mask.trailing_zeros() as usize;
+            }
+            i += 16;
+        }
+        while i < b.len() && b[i] != b'\n' && b[i] != b'\r' {
             i += 1;
         }
         i
@@ -425,6 +452,25 @@ mod imp {
         i
     }
 
+    #[inline]
+    pub fn find_line_end(b: &[u8], from: usize) -> usize {
+        let mut i = from;
+        while i + 8 <= b.len() {
+            let v = load(b, i);
+            let lf = v ^ (LO * b'\n' as u64);
+            let cr = v ^ (LO * b'\r' as u64);
+            let m = ((lf.wrapping_sub(LO) & !lf) | (cr.wrapping_sub(LO) & !cr)) & HI;
+            if m != 0 {
+                return i + (m.trailing_zeros() / 8) as usize;
+            }
+            i += 8;
+        }
+        while i < b.len() && b[i] != b'\n' && b[i] != b'\r' {
+            i += 1;
+        }
+        i
+    }
+
     /// SWAR masks can flag bytes above the first hit falsely, so search again after each
     /// escape instead of reusing the mask. UTF-8 is checked over the whole walk at its end
     /// (this path only serves native builds: tests, fuzzing, tools).
@@ -498,6 +544,22 @@ mod tests {
         // Non-ASCII bytes never count as special, even right before a hit.
         let b = "ééééééééé\"".as_bytes();
         assert_eq!(find_string_special(b, 0), b.len() - 1);
+    }
+
+    #[test]
+    fn finds_the_first_line_end_at_every_offset() {
+        for p in [b'\n', b'\r', 0x0b, 0x0c, 0x8a, 0x8d, b'a'] {
+            for pos in 0..40 {
+                let mut b = vec![b'x'; 40];
+                b[pos] = p;
+                for from in [0, 1, 7, 9, 17, 39, 40] {
+                    let want = (from..b.len())
+                        .find(|&i| b[i] == b'\n' || b[i] == b'\r')
+                        .unwrap_or(b.len());
+                    assert_eq!(find_line_end(&b, from), want, "{p:#x} at {pos} from {from}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! - [`bound`]: the request facts budgets read and the upper bound a request reserves.
 //! - [`shared`]: ledgers in proxy-wasm shared data, compare-and-swap per update.
 //! - [`table`]: the bounded directory of team ledgers kept in shared data.
-//! - [`usage`], [`inject`]: usage from response bodies; asking streams for it.
+//! - [`usage`], [`inject`]: usage from response bodies; asking streams for it
+//!   (`usage_object` reads the counts of one captured `usage` object).
 //! - [`wire`]: the JSON the filter and `llmkube-budgets` exchange.
 //! - [`gauge`]: the newest state of each shared ledger across workers, for its gauges.
 //! - [`remote`]: the calls the filter sends to `llmkube-budgets` and what their answers mean.
@@ -31,6 +32,10 @@ pub mod table;
 #[cfg(test)]
 mod test_store;
 pub mod usage;
+mod usage_object;
+#[cfg(any(test, feature = "usage-oracle"))]
+#[doc(hidden)]
+pub mod usage_oracle;
 mod varint;
 pub mod window;
 pub mod wire;

@@ -303,9 +303,19 @@ pub fn read_end_batch(
 
 /// `: <message>` of an OpenAI-shaped error body, bounded; empty when there is none.
 fn error_detail(body: &[u8]) -> String {
-    let message = serde_json::from_slice::<serde_json::Value>(body)
+    // Only the one field, not a `serde_json::Value` of the body (whose parser is code the
+    // filter module carries for nothing else).
+    #[derive(serde::Deserialize)]
+    struct Body {
+        error: Detail,
+    }
+    #[derive(serde::Deserialize)]
+    struct Detail {
+        message: String,
+    }
+    let message = serde_json::from_slice::<Body>(body)
         .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_string));
+        .map(|b| b.error.message);
     match message {
         Some(m) => {
             let cut = (0..=m.len().min(200))

@@ -13,6 +13,14 @@
 //! Memory: a few dozen bytes of parser state, a `usage` object of at most [`MAX_USAGE_BYTES`],
 //! and when stripping, one event of at most [`MAX_HELD_EVENT`] (a longer one cannot be the small
 //! usage-only chunk and is forwarded as it comes).
+//!
+//! Cost: the walk keeps a state per byte only where one can change it. String content goes by
+//! in runs found by a 16-byte search for the next quote, backslash or control byte; so does the
+//! rest of an event-stream line; a held event moves once when it ends, not byte by byte; and the
+//! captured `usage` object is read for its few counts without building a document
+//! (`usage_object`). The answer is the reader's before this (`usage_oracle`, kept as the
+//! oracle): unit tests compare the two at every split of a corpus and the `usage_stream` fuzz
+//! target on any input.
 
 /// A captured `usage` object longer than this is ignored (real ones are a few hundred bytes).
 pub const MAX_USAGE_BYTES: usize = 4096;
@@ -184,9 +192,47 @@ impl Probe {
         }
     }
 
+    /// The same as [`Probe::byte`] for each byte, but the inside of a string goes by in runs up
+    /// to its next quote, backslash or control byte (a search 16 bytes at a time): nearly all
+    /// of a response is string content, and none of it but those bytes changes the state.
     fn feed(&mut self, bytes: &[u8]) {
-        for &c in bytes {
-            self.byte(c);
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.in_string && !self.escape {
+                let j = crate::fast::find_string_special(bytes, i);
+                if j > i {
+                    self.string_run(&bytes[i..j]);
+                    i = j;
+                    if i == bytes.len() {
+                        return;
+                    }
+                }
+            }
+            self.byte(bytes[i]);
+            i += 1;
+        }
+    }
+
+    /// Ordinary string bytes (no quote, backslash or control byte), as [`Probe::byte`] would
+    /// take them one by one.
+    fn string_run(&mut self, run: &[u8]) {
+        if self.capture.is_some() && !self.capture_overflow {
+            let room = MAX_USAGE_BYTES - self.captured.len();
+            if run.len() <= room {
+                self.captured.extend_from_slice(run);
+            } else {
+                self.captured.extend_from_slice(&run[..room]);
+                self.capture_overflow = true;
+            }
+        }
+        if self.string_is_key {
+            let end = self.key_len + run.len();
+            if end <= KEY_BUF {
+                self.key[self.key_len..end].copy_from_slice(run);
+                self.key_len = end;
+            } else {
+                self.key_len = KEY_BUF + 1;
+            }
         }
     }
 
@@ -272,7 +318,7 @@ impl Probe {
                 if self.capture == Some(self.depth) {
                     self.capture = None;
                     if !self.capture_overflow {
-                        let parsed = parse_usage(&self.captured);
+                        let parsed = super::usage_object::parse_usage(&self.captured);
                         self.usage.merge(parsed);
                     }
                 }
@@ -281,21 +327,6 @@ impl Probe {
             b':' => {}
             _ => self.value_start(c),
         }
-    }
-}
-
-fn parse_usage(raw: &[u8]) -> Usage {
-    let Ok(serde_json::Value::Object(m)) = serde_json::from_slice::<serde_json::Value>(raw) else {
-        return Usage::default();
-    };
-    let n = |k: &str| m.get(k).and_then(|v| v.as_u64());
-    let anthropic_input = n("input_tokens").map(|i| {
-        i.saturating_add(n("cache_creation_input_tokens").unwrap_or(0))
-            .saturating_add(n("cache_read_input_tokens").unwrap_or(0))
-    });
-    Usage {
-        prompt: n("prompt_tokens").or(anthropic_input),
-        completion: n("completion_tokens").or(n("output_tokens")),
     }
 }
 
@@ -385,8 +416,82 @@ impl UsageReader {
             self.probe.feed(chunk);
             return;
         }
-        for &c in chunk {
-            self.sse_byte(c, out);
+        // When stripping, `chunk[seg..i]` are bytes of the current event not yet held or
+        // forwarded: they move once, when the event ends or the chunk does, not byte by byte.
+        let mut seg = 0;
+        let mut i = 0;
+        while i < chunk.len() {
+            if matches!(self.line, Line::Data | Line::Skip) {
+                // The rest of the line goes by as one run (no byte in it changes the line's
+                // state); a data line's run goes to the probe.
+                let j = crate::fast::find_line_end(chunk, i);
+                if self.line == Line::Data {
+                    self.content_bytes += (j - i) as u64;
+                    self.probe.feed(&chunk[i..j]);
+                }
+                i = j;
+                if i == chunk.len() {
+                    break;
+                }
+            }
+            let c = chunk[i];
+            i += 1;
+            if self.after_cr && c == b'\n' {
+                // The second half of a CRLF: part of the line ending already handled, and
+                // dropped with the event that line ending closed, if that one was dropped.
+                self.after_cr = false;
+                if self.strip {
+                    match self.cr_ended {
+                        // Held with the event it belongs to.
+                        Ended::No => {}
+                        Ended::Forwarded => {
+                            out.push(c);
+                            seg = i;
+                        }
+                        Ended::Dropped => seg = i,
+                    }
+                }
+                self.cr_ended = Ended::No;
+                continue;
+            }
+            self.after_cr = false;
+            self.cr_ended = Ended::No;
+            if c == b'\r' || c == b'\n' {
+                self.after_cr = c == b'\r';
+                if self.line == (Line::Field { len: 0, data: true }) {
+                    self.end_event(&chunk[seg..i], out);
+                    seg = i;
+                } else if matches!(self.line, Line::Field { data: true, len: 4 }) {
+                    // A bare `data` line is an empty data line.
+                    self.data_line();
+                }
+                self.line = Line::Field { len: 0, data: true };
+                continue;
+            }
+            self.line = match self.line {
+                Line::Field { len, data } if c == b':' => {
+                    if data && len == 4 {
+                        self.data_line();
+                        Line::DataStart
+                    } else {
+                        Line::Skip
+                    }
+                }
+                Line::Field { len, data } => Line::Field {
+                    len: len + 1,
+                    data: data && len < 4 && b"data"[len] == c,
+                },
+                Line::DataStart if c == b' ' => Line::Data,
+                Line::DataStart | Line::Data => {
+                    self.content_bytes += 1;
+                    self.probe.byte(c);
+                    Line::Data
+                }
+                Line::Skip => Line::Skip,
+            };
+        }
+        if self.strip {
+            self.hold(&chunk[seg..], out);
         }
     }
 
@@ -398,75 +503,23 @@ impl UsageReader {
             }
             BodyKind::EventStream => {
                 // A stream may end without the blank line after its last event.
-                self.end_event(out);
+                self.end_event(&[], out);
             }
         }
         self.reported
     }
 
-    fn sse_byte(&mut self, c: u8, out: &mut Vec<u8>) {
-        if self.after_cr && c == b'\n' {
-            // The second half of a CRLF: part of the line ending already handled, and dropped
-            // with the event that line ending closed, if that one was dropped.
-            self.after_cr = false;
-            if self.strip {
-                match self.cr_ended {
-                    Ended::No => self.hold(c, out),
-                    Ended::Forwarded => out.push(c),
-                    Ended::Dropped => {}
-                }
-            }
-            self.cr_ended = Ended::No;
-            return;
-        }
-        self.after_cr = false;
-        self.cr_ended = Ended::No;
-        if self.strip {
-            self.hold(c, out);
-        }
-        if c == b'\r' || c == b'\n' {
-            self.after_cr = c == b'\r';
-            if self.line == (Line::Field { len: 0, data: true }) {
-                self.end_event(out);
-            } else if matches!(self.line, Line::Field { data: true, len: 4 }) {
-                // A bare `data` line is an empty data line.
-                self.data_line();
-            }
-            self.line = Line::Field { len: 0, data: true };
-            return;
-        }
-        self.line = match self.line {
-            Line::Field { len, data } if c == b':' => {
-                if data && len == 4 {
-                    self.data_line();
-                    Line::DataStart
-                } else {
-                    Line::Skip
-                }
-            }
-            Line::Field { len, data } => Line::Field {
-                len: len + 1,
-                data: data && len < 4 && b"data"[len] == c,
-            },
-            Line::DataStart if c == b' ' => Line::Data,
-            Line::DataStart | Line::Data => {
-                self.content_bytes += 1;
-                self.probe.byte(c);
-                Line::Data
-            }
-            Line::Skip => Line::Skip,
-        };
-    }
-
-    fn hold(&mut self, c: u8, out: &mut Vec<u8>) {
+    /// The part of the current event a chunk ended in: held until the event ends, unless the
+    /// event is longer than [`MAX_HELD_EVENT`] (then it is forwarded as it comes).
+    fn hold(&mut self, part: &[u8], out: &mut Vec<u8>) {
         if self.passing {
-            out.push(c);
+            out.extend_from_slice(part);
+        } else if self.held.len() + part.len() > MAX_HELD_EVENT {
+            out.append(&mut self.held);
+            out.extend_from_slice(part);
+            self.passing = true;
         } else {
-            self.held.push(c);
-            if self.held.len() > MAX_HELD_EVENT {
-                out.append(&mut self.held);
-                self.passing = true;
-            }
+            self.held.extend_from_slice(part);
         }
     }
 
@@ -477,19 +530,22 @@ impl UsageReader {
         self.data_lines += 1;
     }
 
-    /// The blank line after an event (or the end of the body): take its usage, then forward or
-    /// drop what was held of it.
-    fn end_event(&mut self, out: &mut Vec<u8>) {
+    /// The blank line after an event (or the end of the body), `tail` the event's bytes in this
+    /// chunk up to and including that line's end: take its usage, then forward or drop the
+    /// event.
+    fn end_event(&mut self, tail: &[u8], out: &mut Vec<u8>) {
         let usage = self.probe.usage;
         let usage_only = self.probe.choices_empty && !usage.is_empty() && self.data_lines > 0;
         self.reported.merge(usage);
         if self.strip {
-            if usage_only && !self.passing {
+            let passing = self.passing || self.held.len() + tail.len() > MAX_HELD_EVENT;
+            if usage_only && !passing {
                 self.held.clear();
                 self.stripped = true;
                 self.cr_ended = Ended::Dropped;
             } else {
                 out.append(&mut self.held);
+                out.extend_from_slice(tail);
                 self.cr_ended = Ended::Forwarded;
             }
             self.passing = false;
@@ -546,6 +602,54 @@ pub fn split_invariance(data: &[u8]) -> Result<(), String> {
     };
     if forwarded_all && whole.1 != expected_out {
         return Err("bytes were changed without stripping a usage chunk".into());
+    }
+    Ok(())
+}
+
+/// What the `usage_stream` fuzz target and the corpus replay also check: this reader and the
+/// one before it (`usage_oracle`, a branch per byte and a `serde_json::Value` per `usage`
+/// object) give the same usage, the same forwarded bytes after every piece, the same content
+/// count and the same stripping, with `data` cut as for [`split_invariance`]; and read as one
+/// `usage` object, the body gives the same counts.
+#[cfg(any(test, feature = "usage-oracle"))]
+#[doc(hidden)]
+pub fn matches_oracle(data: &[u8]) -> Result<(), String> {
+    use super::usage_oracle::{self, OldReader};
+    let (Some(&flags), Some(&a), Some(&b)) = (data.first(), data.get(1), data.get(2)) else {
+        return Ok(());
+    };
+    let body = &data[3..];
+    let kind = if flags & 1 == 0 {
+        BodyKind::EventStream
+    } else {
+        BodyKind::Json
+    };
+    let strip = flags & 2 != 0;
+    let cut = |x: u8| (x as usize * body.len()) / 255;
+    let (i, j) = (cut(a.min(b)), cut(a.max(b)));
+    let pieces: [&[u8]; 3] = [&body[..i], &body[i..j], &body[j..]];
+    let mut new = UsageReader::new(kind, strip);
+    let mut old = OldReader::new(kind, strip);
+    for (n, p) in pieces.iter().enumerate() {
+        let (mut o_new, mut o_old) = (Vec::new(), Vec::new());
+        new.feed(p, &mut o_new);
+        old.feed(p, &mut o_old);
+        if o_new != o_old {
+            return Err(format!("piece {n} (cut at {i},{j}): forwarded bytes differ"));
+        }
+    }
+    let (mut o_new, mut o_old) = (Vec::new(), Vec::new());
+    let got = (new.finish(&mut o_new), o_new, new.content_bytes(), new.stripped());
+    let want = (old.finish(&mut o_old), o_old, old.content_bytes(), old.stripped());
+    if got != want {
+        return Err(format!("cut at {i},{j}: {got:?} != oracle {want:?}"));
+    }
+    let (u_new, u_old) = (
+        super::usage_object::parse_usage(body),
+        usage_oracle::parse_usage(body),
+    );
+    if u_new != u_old {
+        return Err(format!("as a usage object: {u_new:?} != oracle {u_old:?}"));
     }
     Ok(())
 }

@@ -635,12 +635,24 @@ pub fn matches_oracle(data: &[u8]) -> Result<(), String> {
         new.feed(p, &mut o_new);
         old.feed(p, &mut o_old);
         if o_new != o_old {
-            return Err(format!("piece {n} (cut at {i},{j}): forwarded bytes differ"));
+            return Err(format!(
+                "piece {n} (cut at {i},{j}): forwarded bytes differ"
+            ));
         }
     }
     let (mut o_new, mut o_old) = (Vec::new(), Vec::new());
-    let got = (new.finish(&mut o_new), o_new, new.content_bytes(), new.stripped());
-    let want = (old.finish(&mut o_old), o_old, old.content_bytes(), old.stripped());
+    let got = (
+        new.finish(&mut o_new),
+        o_new,
+        new.content_bytes(),
+        new.stripped(),
+    );
+    let want = (
+        old.finish(&mut o_old),
+        o_old,
+        old.content_bytes(),
+        old.stripped(),
+    );
     if got != want {
         return Err(format!("cut at {i},{j}: {got:?} != oracle {want:?}"));
     }

@@ -285,7 +285,10 @@ mod tests {
                 same(&b[..i]);
             }
             for i in 0..b.len() {
-                for c in [b'"', b'\\', b'{', b'}', b'[', b']', b',', b':', b'0', b'-', b'e', b' ', 0x01, 0xC3, 0x80] {
+                for c in [
+                    b'"', b'\\', b'{', b'}', b'[', b']', b',', b':', b'0', b'-', b'e', b' ', 0x01,
+                    0xC3, 0x80,
+                ] {
                     let mut m = b.to_vec();
                     m[i] = c;
                     same(&m);

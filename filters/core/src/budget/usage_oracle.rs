@@ -422,7 +422,6 @@ impl OldReader {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::OldReader;

@@ -435,7 +435,7 @@ mod tests {
         let j = BodyKind::Json;
         let s = BodyKind::EventStream;
         let long = "y".repeat(super::MAX_HELD_EVENT + 10);
-        vec![
+        let mut bodies = vec![
             (j, r#"{"id":"x","choices":[{"message":{"content":"{\"usage\":{\"prompt_tokens\":999}}"}}],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46}}"#.into()),
             (j, r#"{"type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":10,"cache_read_input_tokens":5,"output_tokens":7}}"#.into()),
             (j, r#"{"object":"response","output":[],"usage":{"input_tokens":3,"output_tokens":4}}"#.into()),
@@ -458,7 +458,21 @@ mod tests {
             (s, "data:{\"choices\":[ ],\"usage\":{\"prompt_tokens\":1}}\ndata\n\nid: 3\nretry: 10\ndat: x\ndataa: y\n\n".into()),
             (s, format!("data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":1}},\"p\":\"{long}\"}}\n\ndata: {{\"choices\":[],\"usage\":{{\"completion_tokens\":3}}}}\n\n")),
             (s, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":1}}".into()),
-        ]
+        ];
+        // A usage object one byte under, at and over the captured maximum: read, read, ignored.
+        let base = r#"{"prompt_tokens":1,"pad":"","completion_tokens":2}"#.len();
+        for len in [
+            super::MAX_USAGE_BYTES - 1,
+            super::MAX_USAGE_BYTES,
+            super::MAX_USAGE_BYTES + 1,
+        ] {
+            let pad = "p".repeat(len - base);
+            bodies.push((
+                j,
+                format!(r#"{{"usage":{{"prompt_tokens":1,"pad":"{pad}","completion_tokens":2}}}}"#),
+            ));
+        }
+        bodies
     }
 
     /// Both readers over `pieces`, compared after every piece and at the end.

@@ -27,6 +27,4 @@ pub fn example() -> String {
     .unwrap()
 }
 
-pub fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    docs.iter().filter(|d| d["kind"] == kind).collect()
-}
+pub use super::eg_xds::of_kind;

@@ -143,14 +143,28 @@ fn patch_added_clusters_and_auth_load_in_envoy() {
         .any(|r| r["route"]["cluster"] == "llmkube-pick/llm/demo/local-a"));
 }
 
-/// The harness itself: a patch whose JSONPath selects nothing, and an xDS field Envoy does not
-/// know, are caught.
+/// The harness itself: a patch whose JSONPath selects nothing, one naming a cluster that does
+/// not exist, and an xDS field Envoy does not know, are caught.
 #[test]
 fn harness_catches_unmatched_paths_and_bad_xds() {
     let docs = compile(&example(), &opts());
     let mut policy = of_kind(&docs, "EnvoyPatchPolicy")[0].clone();
     policy["spec"]["jsonPatches"][0]["operation"]["jsonPath"] =
         json!("..http_filters[?(@.name=='no-such-filter')].typed_config.config");
+    let caught = std::panic::catch_unwind(|| {
+        let mut xds = generated_xds(&docs, &module());
+        apply_patches(&mut xds, &policy);
+    });
+    assert!(caught.is_err());
+    // A cluster patch naming a cluster Envoy Gateway does not generate.
+    let mut policy = of_kind(&docs, "EnvoyPatchPolicy")[0].clone();
+    let renamed = policy["spec"]["jsonPatches"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|p| p["name"].as_str().unwrap().starts_with("httproute/"))
+        .map(|p| p["name"] = json!("httproute/llm/no-such-route/rule/0"));
+    assert!(renamed.is_some());
     let caught = std::panic::catch_unwind(|| {
         let mut xds = generated_xds(&docs, &module());
         apply_patches(&mut xds, &policy);
@@ -234,7 +248,7 @@ fn mixed_address_rules_patch_each_backends_cluster_and_warn() {
     .expect("compiles");
     let w: Vec<String> = diags.warnings.iter().map(|w| w.to_string()).collect();
     assert!(
-        w.iter().any(|w| w.starts_with("ModelRouter/llm/demo: spec.rules[0].route.backends: the attempt order local-a → cloud")
+        w.iter().any(|w| w.starts_with("ModelRouter/demo: spec.rules[0].route.backends: the attempt order local-a → cloud")
             && w.contains("by IP address (local-a) and by host name (cloud)")
             && w.contains("does not fail over")),
         "{w:#?}"

@@ -27,4 +27,6 @@ pub fn example() -> String {
     .unwrap()
 }
 
+// Not every test crate including `common` uses it.
+#[allow(unused_imports)]
 pub use super::eg_xds::of_kind;

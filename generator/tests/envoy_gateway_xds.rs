@@ -248,8 +248,9 @@ fn mixed_address_rules_patch_each_backends_cluster_and_warn() {
     .expect("compiles");
     let w: Vec<String> = diags.warnings.iter().map(|w| w.to_string()).collect();
     assert!(
-        w.iter().any(|w| w.starts_with("ModelRouter/demo: spec.rules[0].route.backends: the attempt order local-a → cloud")
-            && w.contains("by IP address (local-a) and by host name (cloud)")
+        w.iter().any(|w| w.starts_with(
+            "ModelRouter/demo: spec.rules[0].route.backends: the attempt order local-a → cloud"
+        ) && w.contains("by IP address (local-a) and by host name (cloud)")
             && w.contains("does not fail over")),
         "{w:#?}"
     );

@@ -153,7 +153,8 @@ pub fn generated_xds(docs: &[Value], module: &Path) -> Xds {
                 .iter()
                 .map(|r| setting(docs, r))
                 .collect();
-            let mut action = json!({"timeout": "0s", "retry_policy": retry_policy(&btp["spec"]["retry"])});
+            let mut action =
+                json!({"timeout": "0s", "retry_policy": retry_policy(&btp["spec"]["retry"])});
             if needs_cluster_per_setting(&settings) {
                 let mut weighted = Vec::new();
                 for (j, s) in settings.iter().enumerate() {
@@ -205,15 +206,31 @@ pub struct Setting {
 }
 
 fn setting(docs: &[Value], backend_ref: &Value) -> Setting {
-    let aisb = named(docs, "AIServiceBackend", backend_ref["name"].as_str().unwrap());
-    let backend = named(docs, "Backend", aisb["spec"]["backendRef"]["name"].as_str().unwrap());
+    let aisb = named(
+        docs,
+        "AIServiceBackend",
+        backend_ref["name"].as_str().unwrap(),
+    );
+    let backend = named(
+        docs,
+        "Backend",
+        aisb["spec"]["backendRef"]["name"].as_str().unwrap(),
+    );
     let endpoints = backend["spec"]["endpoints"]
         .as_array()
         .unwrap()
         .iter()
         .map(|e| match (&e["ip"], &e["fqdn"]) {
-            (Value::Object(ip), _) => (ip["address"].as_str().unwrap().to_string(), ip["port"].as_u64().unwrap(), true),
-            (_, Value::Object(f)) => (f["hostname"].as_str().unwrap().to_string(), f["port"].as_u64().unwrap(), false),
+            (Value::Object(ip), _) => (
+                ip["address"].as_str().unwrap().to_string(),
+                ip["port"].as_u64().unwrap(),
+                true,
+            ),
+            (_, Value::Object(f)) => (
+                f["hostname"].as_str().unwrap().to_string(),
+                f["port"].as_u64().unwrap(),
+                false,
+            ),
             _ => panic!("endpoint {e}"),
         })
         .collect();
@@ -263,7 +280,10 @@ fn rule_cluster(name: &str, settings: &[Setting], btp: &Value) -> Value {
             "timeout": gateway_to_envoy(a["timeout"].as_str().unwrap()),
             "interval": gateway_to_envoy(a["interval"].as_str().unwrap()),
         });
-        for (from, to) in [("unhealthyThreshold", "unhealthy_threshold"), ("healthyThreshold", "healthy_threshold")] {
+        for (from, to) in [
+            ("unhealthyThreshold", "unhealthy_threshold"),
+            ("healthyThreshold", "healthy_threshold"),
+        ] {
             if a[from].is_number() {
                 check[to] = a[from].clone();
             }
@@ -283,7 +303,13 @@ fn rule_cluster(name: &str, settings: &[Setting], btp: &Value) -> Value {
         if let Some(m) = p["maxEjectionPercent"].as_u64().filter(|&m| m > 0) {
             od["max_ejection_percent"] = json!(m);
         }
-        for (from, to) in [("consecutiveLocalOriginFailures", "consecutive_local_origin_failure"), ("consecutive5XxErrors", "consecutive_5xx")] {
+        for (from, to) in [
+            (
+                "consecutiveLocalOriginFailures",
+                "consecutive_local_origin_failure",
+            ),
+            ("consecutive5XxErrors", "consecutive_5xx"),
+        ] {
             if p[from].is_number() {
                 od[to] = p[from].clone();
             }
@@ -452,7 +478,9 @@ pub fn apply_patches(xds: &mut Xds, patch_policy: &Value) {
                 .clusters
                 .iter_mut()
                 .find(|c| c["name"] == p["name"])
-                .unwrap_or_else(|| panic!("the patch names no cluster Envoy Gateway generates: {p}")),
+                .unwrap_or_else(|| {
+                    panic!("the patch names no cluster Envoy Gateway generates: {p}")
+                }),
             other => panic!("patch of an unexpected resource type {other}: {p}"),
         };
         if kind != "Cluster" {
@@ -485,4 +513,3 @@ pub fn bootstrap(xds: Xds) -> Value {
         "static_resources": {"listeners": [listener], "clusters": xds.clusters},
     })
 }
-

@@ -128,7 +128,8 @@ pub(super) fn backend_cluster_config(
     let mut c = endpoint_cluster(&backend_cluster(&b.name), b, buffer_limit, ca_file);
     c["outlier_detection"] = quarantine::outlier_detection(quarantine);
     c["health_checks"] = json!([quarantine::health_check(quarantine)]);
-    c["common_lb_config"] = json!({"healthy_panic_threshold": quarantine::healthy_panic_threshold()});
+    c["common_lb_config"] =
+        json!({"healthy_panic_threshold": quarantine::healthy_panic_threshold()});
     c
 }
 

@@ -91,7 +91,11 @@ pub(super) fn check(ir: &Ir, diags: &mut Diagnostics) {
     }
     let mut warned: Vec<String> = Vec::new();
     for p in &ir.routes {
-        if !cluster_per_backend(ir, p) || p.order.iter().any(|&b| addresses(ir, b) == Addresses::Mixed) {
+        if !cluster_per_backend(ir, p)
+            || p.order
+                .iter()
+                .any(|&b| addresses(ir, b) == Addresses::Mixed)
+        {
             continue;
         }
         let field = plan_field(ir, p);
@@ -107,7 +111,11 @@ pub(super) fn check(ir: &Ir, diags: &mut Diagnostics) {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let order: Vec<&str> = p.order.iter().map(|&b| ir.backends[b].name.as_str()).collect();
+        let order: Vec<&str> = p
+            .order
+            .iter()
+            .map(|&b| ir.backends[b].name.as_str())
+            .collect();
         diags.warn(Problem::new(
             &ir.label,
             &field,

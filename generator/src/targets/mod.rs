@@ -5,6 +5,7 @@ pub mod agentgateway;
 pub mod checks;
 pub mod envoy;
 pub mod envoy_gateway;
+pub mod quarantine;
 
 use std::fmt;
 use std::str::FromStr;

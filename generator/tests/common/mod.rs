@@ -3,6 +3,7 @@
 
 pub mod crds;
 pub mod eg;
+pub mod eg_xds;
 pub mod envoy;
 pub mod envoy_run;
 pub mod golden;

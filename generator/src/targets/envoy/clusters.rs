@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use super::filters::{socket, typed};
 use super::names::*;
 use crate::ir::Backend;
+use crate::targets::quarantine;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Discovery {
@@ -115,10 +116,9 @@ pub(super) fn via_cluster_config(backend: &str, tier: rc::Tier, buffer_limit: u6
     })
 }
 
-/// `backend-<b>`: the backend's endpoints with the quarantine (one 5xx ejects for
-/// `quarantine`; statistical ejection off so a many-endpoint backend is never ejected for being
-/// slow), a TCP health check for refused connections (a backend it marks down is checked again
-/// only `quarantine` later), and no panic mode.
+/// `backend-<b>`: the backend's endpoints with the quarantine ([`crate::targets::quarantine`]:
+/// one 5xx ejects for `quarantine`, a TCP health check for refused connections) and no panic
+/// mode.
 pub(super) fn backend_cluster_config(
     b: &Backend,
     quarantine: &str,
@@ -126,35 +126,10 @@ pub(super) fn backend_cluster_config(
     ca_file: &str,
 ) -> Value {
     let mut c = endpoint_cluster(&backend_cluster(&b.name), b, buffer_limit, ca_file);
-    c["outlier_detection"] = json!({
-        "consecutive_5xx": 1,
-        "enforcing_consecutive_5xx": 100,
-        "interval": "1s",
-        "base_ejection_time": quarantine,
-        "max_ejection_time": quarantine,
-        "max_ejection_percent": 100,
-        "split_external_local_origin_errors": true,
-        "enforcing_consecutive_local_origin_failure": 0,
-        "enforcing_success_rate": 0,
-        "enforcing_local_origin_success_rate": 0,
-        // Envoy's default lets the next passing TCP health check (1 s) lift the ejection, which
-        // would end the quarantine long before `quarantineDuration`.
-        "successful_active_health_check_uneject_host": false,
-    });
-    c["health_checks"] = json!([{
-        "timeout": "1s",
-        "interval": "1s",
-        "no_traffic_interval": "1s",
-        // Checks of a backend marked down (and Envoy's unhealthy edge interval, which defaults
-        // to this): a refused connection is a network error, which quarantines for
-        // `quarantineDuration` like a 5xx instead of ending at the next 1 s check; a backend
-        // that stays down is probed once per quarantine (the seed's half-open probe).
-        "unhealthy_interval": quarantine,
-        "unhealthy_threshold": 1,
-        "healthy_threshold": 1,
-        "tcp_health_check": {},
-    }]);
-    c["common_lb_config"] = json!({"healthy_panic_threshold": {"value": 0}});
+    c["outlier_detection"] = quarantine::outlier_detection(quarantine);
+    c["health_checks"] = json!([quarantine::health_check(quarantine)]);
+    c["common_lb_config"] =
+        json!({"healthy_panic_threshold": quarantine::healthy_panic_threshold()});
     c
 }
 

@@ -97,7 +97,9 @@ pub(super) fn http_route_refs(routes: &[String]) -> Vec<Value> {
 /// - the client's `authorization` removed on every route ([`super::routing::authorization_patches`]);
 /// - the `ORIGINAL_DST` cluster of each backend whose pods the filter picks, and its rules'
 ///   routes pointed at it ([`super::pick`]);
-/// - shadow clusters and mirror policies ([`super::shadow`]).
+/// - shadow clusters and mirror policies ([`super::shadow`]);
+/// - the quarantine fields the BackendTrafficPolicy lacks, on every rule cluster
+///   ([`super::quarantine`]).
 fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef, routes: &[String]) -> Value {
     let listener = names::xds_listener(&gw.namespace, &gw.name, &opts.listener);
     let policies = ir.routes.len().div_ceil(super::names::MAX_RULES_PER_ROUTE);
@@ -123,6 +125,7 @@ fn patch_policy(ir: &Ir, opts: &GatewayOptions, gw: &GatewayRef, routes: &[Strin
     patches.extend(super::routing::authorization_patches(ir, routes, &listener));
     patches.extend(super::pick::patches(ir, routes, &listener));
     patches.extend(super::shadow::patches(ir, routes, &listener));
+    patches.extend(super::quarantine::patches(ir, routes));
     patches.push(json!({
         "type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
         "name": listener,

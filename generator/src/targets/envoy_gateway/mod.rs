@@ -8,6 +8,8 @@
 //! - [`routing`]: AIGatewayRoutes with one rule per route key (`x-llmkube-route` exact, backends
 //!   by priority in attempt order), BackendTrafficPolicies for retries, per-attempt timeouts,
 //!   passive and active health checks (the quarantine);
+//! - [`quarantine`]: the quarantine settings the BackendTrafficPolicy cannot express, patched
+//!   onto the rule clusters;
 //! - [`backends`]: AIServiceBackend + Backend per backend, BackendSecurityPolicy per external
 //!   credential (a Secret reference: no credential value is ever written);
 //! - [`security`]: the SecurityPolicy verifying `policy.auth.jwt` on the routes;
@@ -21,6 +23,7 @@ pub mod budgets;
 mod extension;
 pub mod names;
 mod pick;
+mod quarantine;
 mod routing;
 mod security;
 mod shadow;
@@ -241,6 +244,7 @@ impl TargetChecks for GatewayOptions {
         budgets::check(ir, self.budgets.as_ref(), diags);
         pick::check(ir, diags);
         shadow::check(ir, diags);
+        quarantine::check(ir, diags);
     }
 }
 

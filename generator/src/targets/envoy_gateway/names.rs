@@ -71,6 +71,16 @@ pub fn xds_listener(gateway_namespace: &str, gateway: &str, section: &str) -> St
     format!("{gateway_namespace}/{gateway}/{section}")
 }
 
+/// The cluster Envoy Gateway makes of rule `rule` of HTTPRoute `namespace/route`.
+pub fn rule_cluster(namespace: &str, route: &str, rule: usize) -> String {
+    format!("httproute/{namespace}/{route}/rule/{rule}")
+}
+
+/// The cluster of the `backend`-th backendRef of that rule when each backend gets its own.
+pub fn rule_backend_cluster(namespace: &str, route: &str, rule: usize, backend: usize) -> String {
+    format!("{}/backend/{backend}", rule_cluster(namespace, route, rule))
+}
+
 /// The HTTP filter Envoy Gateway makes of `spec.wasm[index]` of EnvoyExtensionPolicy `ns/name`.
 pub fn wasm_filter(namespace: &str, policy: &str, index: usize) -> String {
     format!("envoy.filters.http.wasm/envoyextensionpolicy/{namespace}/{policy}/wasm/{index}")

@@ -12,6 +12,7 @@ use super::names::{self, MAX_RULES_PER_ROUTE, MAX_TARGET_REFS};
 use super::{metadata, object, GatewayRef};
 use crate::duration::gateway_duration;
 use crate::ir::{Ir, RoutePlan};
+use crate::targets::quarantine as q;
 use crate::{Diagnostics, Problem};
 
 const AIG_API: &str = "aigateway.envoyproxy.io/v1beta1";
@@ -150,10 +151,10 @@ pub(super) fn traffic_policies(ir: &Ir, route_names: &[String]) -> Vec<Value> {
     docs
 }
 
-/// Retries across the order, the attempt timeout, the stream idle timeout, and the quarantine:
-/// one 5xx ejects a backend for `proxy.quarantineDuration`, a refused connection fails the TCP
-/// health check, and no panic mode (an all-ejected order answers 503 rather than sending to a
-/// quarantined backend).
+/// Retries across the order, the attempt timeout, the stream idle timeout, and the quarantine
+/// as far as the typed policy expresses it ([`crate::targets::quarantine`]: one 5xx ejects a
+/// backend for `proxy.quarantineDuration`, a refused connection fails the TCP health check, no
+/// panic mode); the rest is patched onto the rule clusters ([`super::quarantine`]).
 fn traffic_spec(ir: &Ir, p: &RoutePlan) -> Value {
     let quarantine = gateway_duration(ir.timeouts.quarantine);
     let per_try = json!({"timeout": gateway_duration(Duration::from_millis(per_try_ms(p)))});
@@ -174,21 +175,21 @@ fn traffic_spec(ir: &Ir, p: &RoutePlan) -> Value {
         "timeout": {"http": {"streamIdleTimeout": gateway_duration(ir.timeouts.stream_idle)}},
         "healthCheck": {
             "passive": {
-                "consecutive5XxErrors": 1,
-                "interval": "1s",
+                "consecutive5XxErrors": q::CONSECUTIVE_5XX,
+                "interval": q::DETECTION_INTERVAL,
                 "baseEjectionTime": quarantine,
-                "maxEjectionPercent": 100,
+                "maxEjectionPercent": q::MAX_EJECTION_PERCENT,
                 "splitExternalLocalOriginErrors": true,
             },
             "active": {
                 "type": "TCP",
                 "tcp": {},
-                "timeout": "1s",
-                "interval": "1s",
-                "unhealthyThreshold": 1,
-                "healthyThreshold": 1,
+                "timeout": q::CHECK_TIMEOUT,
+                "interval": q::CHECK_INTERVAL,
+                "unhealthyThreshold": q::CHECK_THRESHOLD,
+                "healthyThreshold": q::CHECK_THRESHOLD,
             },
-            "panicThreshold": 0,
+            "panicThreshold": q::PANIC_THRESHOLD,
         },
     })
 }

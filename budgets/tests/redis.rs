@@ -942,19 +942,33 @@ fn a_longer_window_keeps_the_ledger_in_redis_for_it() {
         };
         let ttl_ms = 1000;
         store
-            .settle(Some(1_000), &router, &l, "x", Some(Amount::new(10, 0)), ttl_ms)
+            .settle(
+                Some(1_000),
+                &router,
+                &l,
+                "x",
+                Some(Amount::new(10, 0)),
+                ttl_ms,
+            )
             .await
             .unwrap();
+        let key = format!("{}:w", RedisStore::ledger_key(&router, &l));
         let pttl = || {
             let out = std::process::Command::new("redis-cli")
                 .args(["-p", &redis.port.to_string(), "PTTL"])
-                .arg(format!("{}:w", RedisStore::ledger_key(&router, &l)))
+                .arg(&key)
                 .output()
                 .expect("redis-cli");
-            String::from_utf8_lossy(&out.stdout).trim().parse::<i64>().unwrap()
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<i64>()
+                .unwrap()
         };
         let before = pttl();
-        assert!(before > 0 && before <= 63_000, "kept for the 1 s window: {before}");
+        assert!(
+            before > 0 && before <= 63_000,
+            "kept for the 1 s window: {before}"
+        );
         l.window_s = 3600;
         let (got, _) = store
             .reserve(Some(1_500), &router, &l, "a", Amount::new(1, 0), ttl_ms)

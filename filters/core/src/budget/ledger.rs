@@ -751,7 +751,9 @@ mod tests {
                         .sum();
                     let at_most: u64 = charges
                         .iter()
-                        .filter(|&&(t, _)| t + wa + wb + lb > at && t + wa * (a.window.slots + 1) > change)
+                        .filter(|&&(t, _)| {
+                            t + wa + wb + lb > at && t + wa * (a.window.slots + 1) > change
+                        })
                         .map(|c| c.1)
                         .sum();
                     assert!(

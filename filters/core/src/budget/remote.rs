@@ -375,7 +375,11 @@ mod tests {
         ]);
         assert_eq!(
             got,
-            vec![g(0, None, 9, 90), g(1, Some("a"), 6, 60), g(1, Some("b"), 1, 10)]
+            vec![
+                g(0, None, 9, 90),
+                g(1, Some("a"), 6, 60),
+                g(1, Some("b"), 1, 10)
+            ]
         );
         // Without versions the later answer wins, as setting them one by one did.
         assert_eq!(

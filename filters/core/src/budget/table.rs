@@ -237,7 +237,8 @@ mod tests {
         let old = Shape::new(60, 900);
         let mut t = TeamTable::default();
         let t0 = 1_000_000;
-        t.admit("a", TeamTable::quiet_bound(&old, t0), t0, 1).unwrap();
+        t.admit("a", TeamTable::quiet_bound(&old, t0), t0, 1)
+            .unwrap();
         let mut ledger = Ledger::new(&old);
         ledger.settle(&old, None, Amount::new(40, 0), t0);
         // The new configuration arrives 30 s later, while the charge still counts.
@@ -248,7 +249,10 @@ mod tests {
         assert!(t.clone().admit("b", bound, bound, 1).is_ok());
         let l = Ledger::decode(ledger.as_bytes(), &new, now).unwrap();
         assert!(t.outlast(now, |_| Some(l.quiet_at(&new, now))));
-        assert_eq!(t.admit("b", bound, bound, 1), Err(TableError::Full { max: 1 }));
+        assert_eq!(
+            t.admit("b", bound, bound, 1),
+            Err(TableError::Full { max: 1 })
+        );
         // Charged at 1000 s: in the one-minute bucket [960 s, 1020 s), gone at 1020 s + 3600 s.
         assert_eq!(t.next_free_at(), Some(4_620_000));
         assert!(t.admit("b", 4_620_000, 4_620_000, 1).is_ok());

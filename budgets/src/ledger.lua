@@ -11,7 +11,9 @@
 --                   and the buckets that died since the last call, not every bucket);
 --                   lo = the oldest bucket that may still be live (everything below is gone);
 --                   ht, hu = tokens and pico-USD held by reservations;
---                   v = the version of the last answer (see `stamp`)
+--                   v = the version of the last answer (see `stamp`);
+--                   bw, wl = bucket width and window (ms) the buckets were written under: a
+--                   call under another window re-buckets them by time first (`rebucket`)
 -- <ledger>:r  HASH  reservation id -> "<tokens> <pico>", or "-" once it ended
 -- <ledger>:x  ZSET  reservation id scored by its expiry (ms)
 --
@@ -109,6 +111,55 @@ local function scan(L)
   return st, sp
 end
 
+-- Keeps the ledger's keys at least `ms` longer (never shortens them: a status call passes no
+-- hold ttl, and the holds in :r/:x must outlive their ttl).
+local function outlive(L, ms)
+  local cur = redis.call('PTTL', L.W)
+  if cur >= 0 and cur < ms then
+    for _, k in ipairs({L.W, L.R, L.X}) do redis.call('PEXPIRE', k, ms) end
+  end
+end
+
+-- The buckets were written under another width (the budget's window changed; a gateway with
+-- the old config may still be writing): each bucket moves to the bucket of this width holding
+-- its last instant (or now, if that is later), so it counts this window from when it can have
+-- been charged at the latest. Never early; late by less than an old bucket plus a new one.
+-- What had rolled off under the old window stays off, and what is older than this window (it
+-- shrank) is out of it. Indices of one width read as another would put a charge hours in the
+-- past (lost) or in the future (never rolling off).
+local function rebucket(L, old_width, old_life)
+  local fields = redis.call('HGETALL', L.W)
+  local now_k = math.floor(now / L.width)
+  local moved, order, stale = {}, {}, {}
+  for i = 1, #fields, 2 do
+    local f, v = fields[i], fields[i + 1]
+    local kind = string.sub(f, 1, 1)
+    if kind == 't' or kind == 'u' then
+      table.insert(stale, f)
+      local k = tonumber(string.sub(f, 2))
+      local to = math.min(math.floor(((k + 1) * old_width - 1) / L.width), now_k)
+      if now < (k + 1) * old_width + old_life and now < expires(L, to) then
+        local b = moved[to]
+        if not b then b = {0, {0, 0}}; moved[to] = b; table.insert(order, to) end
+        if kind == 't' then b[1] = b[1] + tonumber(v) else b[2] = padd(b[2], P(v)) end
+      end
+    end
+  end
+  if #stale > 0 then redis.call('HDEL', L.W, unpack(stale)) end
+  table.sort(order)
+  local st, sp, f = 0, {0, 0}, {}
+  for _, k in ipairs(order) do
+    local b = moved[k]
+    st = st + b[1]
+    sp = padd(sp, b[2])
+    table.insert(f, 't' .. istr(k)); table.insert(f, istr(b[1]))
+    table.insert(f, 'u' .. istr(k)); table.insert(f, pstr(b[2]))
+  end
+  if #f > 0 then redis.call('HSET', L.W, unpack(f)) end
+  L.buckets, L.order = moved, order
+  return st, sp
+end
+
 -- One ledger as it is now: expired holds dropped (a crashed gateway's reservations end here),
 -- buckets that rolled off subtracted from the running sums.
 local function load(i)
@@ -118,7 +169,7 @@ local function load(i)
     cap_t = tonumber(ARGV[9 + 4 * i]), cap_p = nil,
   }
   if ARGV[10 + 4 * i] ~= '-1' then L.cap_p = P(ARGV[10 + 4 * i]) end
-  local w = redis.call('HMGET', L.W, 'ht', 'hu', 'st', 'su', 'lo')
+  local w = redis.call('HMGET', L.W, 'ht', 'hu', 'st', 'su', 'lo', 'bw', 'wl')
   L.held_t = tonumber(w[1] or '0')
   L.held_p = P(w[2] or nil)
   L.expired = redis.call('ZRANGEBYSCORE', L.X, '-inf', now)
@@ -136,7 +187,14 @@ local function load(i)
   local dead = math.floor((now - L.life) / L.width) - 1
   local span = math.floor(L.life / L.width) + 2
   L.sums_dirty = false
-  if w[5] then
+  -- Written under this window, or (no `bw`: before windows were recorded) taken to be.
+  local old_width, old_life = tonumber(w[6] or L.width), tonumber(w[7] or L.life)
+  L.geom_dirty = old_width ~= L.width or old_life ~= L.life or not w[6]
+  if old_width ~= L.width then
+    L.spent_t, L.spent_p = rebucket(L, old_width, old_life)
+    L.lo = math.max(dead + 1, 0)
+    L.sums_dirty = true
+  elseif w[5] then
     L.lo = tonumber(w[5])
     L.spent_t, L.spent_p = tonumber(w[3] or '0'), P(w[4] or nil)
     if dead >= L.lo then
@@ -180,7 +238,17 @@ local function save(L, held_dirty)
     table.insert(f, 'su'); table.insert(f, pstr(L.spent_p))
     table.insert(f, 'lo'); table.insert(f, istr(L.lo))
   end
+  if L.geom_dirty then
+    table.insert(f, 'bw'); table.insert(f, istr(L.width))
+    table.insert(f, 'wl'); table.insert(f, istr(L.life))
+  end
   if #f > 0 then redis.call('HSET', L.W, unpack(f)) end
+  if L.geom_dirty then
+    -- The keys' expiry was set for the old window: a longer one must not lose the ledger to
+    -- it while every call is a refusal (which sets no expiry).
+    outlive(L, L.life + L.width + 60000)
+    L.geom_dirty = false
+  end
 end
 
 local function fits(L, t, p)

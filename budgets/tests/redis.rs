@@ -33,9 +33,9 @@ fn lua_and_core_agree_on_the_shared_table_of_cases() {
         let store = RedisStore::new(&redis.url(), &common::test_options(true, false)).unwrap();
         for case in table["cases"].as_array().unwrap() {
             let name = case["name"].as_str().unwrap();
-            let window_s = case["window_s"].as_u64().unwrap();
+            let mut window_s = case["window_s"].as_u64().unwrap();
             let ttl_s = case["ttl_s"].as_u64().unwrap();
-            let l = LedgerRef {
+            let mut l = LedgerRef {
                 budget: "b".into(),
                 team: None,
                 window_s,
@@ -43,7 +43,7 @@ fn lua_and_core_agree_on_the_shared_table_of_cases() {
                 max_usd: case["max_usd"].as_str().map(String::from),
             };
             let caps: Caps = l.caps().unwrap();
-            let shape = Shape::new(window_s, ttl_s);
+            let mut shape = Shape::new(window_s, ttl_s);
             let router = unique("cases");
             let mut core = Ledger::new(&shape);
             let mut core_holds = std::collections::HashMap::new();
@@ -56,6 +56,15 @@ fn lua_and_core_agree_on_the_shared_table_of_cases() {
                     step["usd"].as_str().map_or(0, |u| parse_usd(u).unwrap()),
                 );
                 let ctx = format!("{name}, step {n}: {step}");
+                if let Some(w) = step["window_s"].as_u64().filter(|w| *w != window_s) {
+                    // The budget's window changed: the core reads the bytes it kept under the
+                    // new shape (as a gateway with the new config does), the script is called
+                    // with it.
+                    window_s = w;
+                    l.window_s = w;
+                    shape = Shape::new(w, ttl_s);
+                    core = Ledger::decode(core.as_bytes(), &shape, at).unwrap();
+                }
                 match step["op"].as_str().unwrap() {
                     "reserve" => {
                         let core_got = core.try_reserve(&shape, &caps, amount, at);
@@ -912,5 +921,61 @@ fn a_team_budget_admits_at_most_max_teams_and_frees_quiet_places() {
         };
         assert_eq!(active.len(), 2, "{active:?}");
         assert!(active.contains(&"c".to_string()), "{active:?}");
+    });
+}
+
+/// A window that grows while every call on the ledger is refused: its keys were set to expire
+/// for the old window and must now last the new one, or the spend would go with them (a
+/// refusal sets no expiry of its own).
+#[test]
+fn a_longer_window_keeps_the_ledger_in_redis_for_it() {
+    let Some(redis) = common::redis() else { return };
+    rt().block_on(async {
+        let store = RedisStore::new(&redis.url(), &common::test_options(true, false)).unwrap();
+        let router = unique("window-keys");
+        let mut l = LedgerRef {
+            budget: "b".into(),
+            team: None,
+            window_s: 1,
+            max_tokens: Some(10),
+            max_usd: None,
+        };
+        let ttl_ms = 1000;
+        store
+            .settle(
+                Some(1_000),
+                &router,
+                &l,
+                "x",
+                Some(Amount::new(10, 0)),
+                ttl_ms,
+            )
+            .await
+            .unwrap();
+        let key = format!("{}:w", RedisStore::ledger_key(&router, &l));
+        let pttl = || {
+            let out = std::process::Command::new("redis-cli")
+                .args(["-p", &redis.port.to_string(), "PTTL"])
+                .arg(&key)
+                .output()
+                .expect("redis-cli");
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<i64>()
+                .unwrap()
+        };
+        let before = pttl();
+        assert!(
+            before > 0 && before <= 63_000,
+            "kept for the 1 s window: {before}"
+        );
+        l.window_s = 3600;
+        let (got, _) = store
+            .reserve(Some(1_500), &router, &l, "a", Amount::new(1, 0), ttl_ms)
+            .await
+            .unwrap();
+        assert!(matches!(got, Reserve::Refused(_)), "{got:?}");
+        let after = pttl();
+        assert!(after >= 3_600_000, "kept for the 3600 s window: {after}");
     });
 }

@@ -247,7 +247,47 @@ impl Budgets {
             .iter()
             .map(|(i, name)| self.shared_ledger(*i, name))
             .collect();
-        create_missing(data, &ledgers).map_err(|e| format!("budgets: creating ledgers: {e:?}"))
+        create_missing(data, &ledgers).map_err(|e| format!("budgets: creating ledgers: {e:?}"))?;
+        self.outlast_tables();
+        Ok(())
+    }
+
+    /// At configuration (the budget's window may have changed since the team tables were
+    /// written): every slot stays its team's while its ledger, read under the current window,
+    /// still counts anything (`TeamTable::outlast`). Best effort: a table or ledger that cannot
+    /// be read is left as it is, and the request path reports it.
+    fn outlast_tables(&self) {
+        let data = self.data();
+        let now = now_ms();
+        for (i, b) in self.compiled.budgets.iter().enumerate() {
+            if !matches!(b.scope, Scope::Team { .. }) {
+                continue;
+            }
+            let shape = b.shape(self.compiled.hold_ttl_s);
+            let key = self.table_name(i);
+            for _ in 0..router_core::budget::shared::MAX_CAS_ATTEMPTS {
+                let Some((raw, cas)) = data.get(&key) else {
+                    break;
+                };
+                let Ok(mut table) = TeamTable::decode(&raw, self.compiled.max_teams) else {
+                    break;
+                };
+                let changed = table.outlast(now, |slot| {
+                    let (bytes, _) = data.get(&self.ledger_name(i, Some(slot)))?;
+                    let l = router_core::budget::Ledger::from_vec(bytes, &shape, now).ok()?;
+                    Some(l.quiet_at(&shape, now))
+                });
+                if !changed {
+                    break;
+                }
+                let mut buf = Vec::new();
+                table.encode(&mut buf);
+                match data.set(&key, &buf, Some(cas)) {
+                    Err(router_core::budget::shared::SetError::CasMismatch) => continue,
+                    _ => break,
+                }
+            }
+        }
     }
 
     /// The store over the ledgers `find` names (by their shared-data key).
@@ -584,13 +624,17 @@ impl Budgets {
     }
 
     /// A settle or release answered (the root's `on_http_call_response`): the gauges follow
-    /// the ledgers it reports.
+    /// the ledgers it reports, each set once to its newest state in the call (a batch's ends
+    /// mostly report the same few ledgers).
     pub fn ended(&self, token: u32, num_headers: usize, body_size: usize) {
         if let LedgerBackend::Remote(remote) = &self.ledgers {
-            for answer in remote.ended(token, num_headers, body_size) {
-                let gauges = router_core::budget::remote::gauges(&self.compiled, &answer.ledgers);
-                self.stats.record_all(&gauges);
-            }
+            let answers = remote.ended(token, num_headers, body_size);
+            let gauges = router_core::budget::remote::newest_per_ledger(
+                answers
+                    .iter()
+                    .flat_map(|a| router_core::budget::remote::gauges(&self.compiled, &a.ledgers)),
+            );
+            self.stats.record_all(&gauges);
         }
     }
 

@@ -271,8 +271,11 @@ impl Ledger {
     /// The ledger `bytes` hold, in place when they are the current layout of `shape` (the
     /// request path: no copy). A ledger of version 1, or written under another geometry (the
     /// budget's window or the hold TTL changed), is rebuilt: each ring written under another
-    /// geometry is folded into the bucket of `now`, so its amounts roll off later than they would
-    /// have, never earlier.
+    /// geometry is re-bucketed by the time of its buckets ([`Ring::fold_in`]), so what it still
+    /// counts rolls off the new lifetime after it was charged: never earlier, and what had rolled
+    /// off stays off. A lifetime change that keeps the bucket width and cell count (e.g. a hold
+    /// TTL of 900 → 899 s) needs no rebuild: the width fixes the buckets' times, and liveness is
+    /// read with the new lifetime.
     pub fn from_vec(bytes: Vec<u8>, shape: &Shape, now_ms: u64) -> Result<Ledger, CodecError> {
         match bytes.first() {
             Some(&VERSION) => {}
@@ -307,26 +310,20 @@ impl Ledger {
         if end != b.len() {
             return Err(CodecError::Trailing);
         }
-        let total = |r: &Ring<&[u8]>| {
-            let (t, p) = r.total();
-            let cap = |v: u128| v.min(u128::from(u64::MAX)) as u64;
-            Amount::new(cap(t), cap(p))
-        };
         let parts = [
-            (as_is(spent, &shape.window), spent, total(&spent)),
-            (as_is(held, &shape.hold), held, total(&held)),
+            (as_is(spent, &shape.window), spent),
+            (as_is(held, &shape.hold), held),
         ];
         Ok(Ledger::rebuilt(shape, current.seq(), now_ms, parts))
     }
 
     /// A ledger of `shape` from two rings read under some geometry: a ring of the same geometry
-    /// is copied as it is, any other folded (its `total`) into the bucket of `now`.
+    /// is copied as it is, any other folded in by the time of its buckets ([`Ring::fold_in`]).
     fn rebuilt<B: AsRef<[u8]>>(
         shape: &Shape,
         seq: u64,
         now_ms: u64,
-        [(spent_same, spent, spent_total), (held_same, held, held_total)]: [(bool, Ring<B>, Amount);
-            2],
+        [(spent_same, spent), (held_same, held)]: [(bool, Ring<B>); 2],
     ) -> Ledger {
         let mut l = Ledger::new(shape);
         put_u64(&mut l.b, 1, seq);
@@ -340,13 +337,11 @@ impl Ledger {
             }
             _ => false,
         };
-        let spent_copied = spent_same && copy(l.b.get_mut(spent_at()..at), spent.b.as_ref());
-        if !spent_copied && !spent_total.is_zero() {
-            l.spent_mut(shape).add(&shape.window, now_ms, spent_total);
+        if !(spent_same && copy(l.b.get_mut(spent_at()..at), spent.b.as_ref())) {
+            l.spent_mut(shape).fold_in(&shape.window, now_ms, &spent);
         }
-        let held_copied = held_same && copy(l.b.get_mut(at..), held.b.as_ref());
-        if !held_copied && !held_total.is_zero() {
-            l.held_mut(shape).add(&shape.hold, now_ms, held_total);
+        if !(held_same && copy(l.b.get_mut(at..), held.b.as_ref())) {
+            l.held_mut(shape).fold_in(&shape.hold, now_ms, &held);
         }
         l
     }
@@ -371,22 +366,26 @@ mod v1 {
         }
 
         /// A ring of `g` with the cells read, and whether it was written under `g`.
-        fn ring(&mut self, g: &Geometry) -> Result<(bool, Ring<Vec<u8>>, Amount), CodecError> {
+        fn ring(&mut self, g: &Geometry) -> Result<(bool, Ring<Vec<u8>>), CodecError> {
             let width_s = self.varint()?;
             let head = self.varint()?;
             let n = self.varint()?;
             if n == 0 || n > MAX_CELLS {
                 return Err(CodecError::TooManyCells);
             }
-            let same = width_s.saturating_mul(1000) == g.width_ms && n == g.slots;
+            let written = Geometry {
+                width_ms: width_s.max(1).saturating_mul(1000),
+                lifetime_ms: 0,
+                slots: n,
+            };
+            let same = written.width_ms == g.width_ms && n == g.slots;
             let mut cells = Vec::with_capacity(n as usize);
             for _ in 0..n {
                 cells.push(Amount::new(self.varint()?, self.varint()?));
             }
-            let total = cells.iter().fold(Amount::ZERO, |a, c| a.plus(*c));
-            // Both layouts keep bucket `k` in cell `k % n`: the cells carry over as they are.
-            let ring = Ring::from_cells(g, head, &cells);
-            Ok((same, ring, total))
+            // Both layouts keep bucket `k` in cell `k % n`: the cells carry over as they are,
+            // in the geometry they were written under (folded in by time if it is not `g`).
+            Ok((same, Ring::from_cells(&written, head, &cells)))
         }
     }
 
@@ -620,15 +619,20 @@ mod tests {
         assert!(l.check(&shape, &c, Amount::new(631, 0), now).is_ok());
         assert_eq!(l.as_bytes()[0], VERSION);
         assert_eq!(l.as_bytes().len(), Ledger::max_encoded_len(&shape));
-        // Version 1 written under another window: folded, kept until the new window passed.
+        // Version 1 written under another window (2 s buckets, head at bucket 14 = [28 s, 30 s)):
+        // re-bucketed by time, so each bucket rolls off the new window after it ended.
         let mut other = Vec::new();
         v1::encode(
-            (2, 0, &[Amount::new(9, 0); 31]),
+            (2, 14, &[Amount::new(9, 0); 31]),
             (h.width_ms / 1000, 0, &held),
             &mut other,
         );
         let l = Ledger::decode(&other, &shape, now).unwrap();
-        assert_eq!(l.spent(&shape, now + 60_000).tokens, 9 * 31);
+        // Buckets 0..=14 are in the ring; [0 s, 2 s) ended at 2 s and is gone by 62 s.
+        assert_eq!(l.spent(&shape, now).tokens, 9 * 15);
+        assert_eq!(l.spent(&shape, 61_999).tokens, 9 * 15);
+        assert_eq!(l.spent(&shape, 62_000).tokens, 9 * 14);
+        assert_eq!(l.spent(&shape, now + 60_000).tokens, 0);
         for cut in 1..old.len() {
             assert!(
                 Ledger::decode(&old[..cut], &shape, now).is_err(),
@@ -637,17 +641,127 @@ mod tests {
         }
     }
 
+    /// `bytes` of a ledger of `from` read as a ledger of `to` at `now`.
+    fn reread(l: &Ledger, to: &Shape, now: u64) -> Ledger {
+        Ledger::decode(l.as_bytes(), to, now).unwrap()
+    }
+
+    /// A longer window: a charge counts the new window from when it was made (to its bucket),
+    /// not from the change on.
     #[test]
-    fn a_changed_window_keeps_what_was_spent_until_the_new_window_passed() {
+    fn a_longer_window_counts_a_charge_from_its_own_time() {
         let old = Shape::new(60, 900);
         let mut l = Ledger::new(&old);
         l.settle(&old, None, Amount::new(70, 5), 1_000);
-        let mut b = Vec::new();
-        l.encode(&old, &mut b);
         let new = Shape::new(120, 900);
-        let now = 30_000;
-        let l2 = Ledger::decode(&b, &new, now).unwrap();
-        assert_eq!(l2.spent(&new, now), Amount::new(70, 5));
-        assert_eq!(l2.spent(&new, now + 120_000 - 1), Amount::new(70, 5));
+        let l2 = reread(&l, &new, 30_000);
+        assert_eq!(l2.spent(&new, 30_000), Amount::new(70, 5));
+        // Charged at 1 s, 2 s buckets: counts until 2 s + 120 s, not 30 s + 120 s.
+        assert_eq!(l2.spent(&new, 121_999), Amount::new(70, 5), "never early");
+        assert_eq!(l2.spent(&new, 122_000), Amount::ZERO);
+    }
+
+    /// What had rolled off under the old window (its cell not yet reused) stays off.
+    #[test]
+    fn spend_that_rolled_off_is_not_counted_again_by_a_window_change() {
+        let old = Shape::new(60, 900);
+        let mut l = Ledger::new(&old);
+        l.settle(&old, None, Amount::new(50, 0), 1_000);
+        assert_eq!(l.spent(&old, 70_000), Amount::ZERO);
+        let new = Shape::new(120, 900);
+        assert_eq!(reread(&l, &new, 70_000).spent(&new, 70_000), Amount::ZERO);
+    }
+
+    /// A shorter window: what is older than the new window is out of it; the rest counts the
+    /// new window from its own time, not the old window.
+    #[test]
+    fn a_shorter_window_keeps_only_what_the_new_window_covers() {
+        let old = Shape::new(3600, 900);
+        let mut l = Ledger::new(&old);
+        l.settle(&old, None, Amount::new(40, 0), 10_000);
+        l.settle(&old, None, Amount::new(25, 0), 1_000_000);
+        let new = Shape::new(60, 900);
+        let now = 1_010_000;
+        let l2 = reread(&l, &new, now);
+        assert_eq!(l2.spent(&new, now).tokens, 25);
+        // The old bucket [960 s, 1020 s) has not ended: the charge may be from `now`.
+        assert_eq!(l2.spent(&new, now + 60_999).tokens, 25, "never early");
+        assert_eq!(l2.spent(&new, now + 61_000).tokens, 0);
+    }
+
+    /// A hold TTL change keeps live holds held (never early) and does not bring back dead ones.
+    #[test]
+    fn a_changed_hold_ttl_keeps_live_holds_and_not_dead_ones() {
+        let old = Shape::new(60, 16);
+        let c = caps(100);
+        let mut l = Ledger::new(&old);
+        l.try_reserve(&old, &c, Amount::new(10, 0), 0).unwrap();
+        l.try_reserve(&old, &c, Amount::new(7, 0), 12_500).unwrap();
+        // At 20 s the first hold (2 s buckets, 16 s TTL) is gone, the second is not.
+        assert_eq!(l.held(&old, 20_000).tokens, 7);
+        let new = Shape::new(60, 900);
+        let l2 = reread(&l, &new, 20_000);
+        assert_eq!(l2.held(&new, 20_000).tokens, 7);
+        // Reserved by 14 s at the latest: held 900 s from then.
+        assert_eq!(l2.held(&new, 14_000 + 900_000 - 1).tokens, 7);
+    }
+
+    /// Random charges under one window, read under another: every charge that still counted at
+    /// the change counts until its own time + the new window (never early), and nothing counts
+    /// later than one old bucket + one new bucket past that.
+    #[test]
+    fn a_window_change_never_expires_early_and_is_late_by_at_most_two_buckets() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        let windows = [1u64, 7, 30, 60, 61, 100, 3540, 3600, 86_400];
+        for &from in &windows {
+            for &to in &windows {
+                let (a, b) = (Shape::new(from, 900), Shape::new(to, 900));
+                let mut l = Ledger::new(&a);
+                let mut charges = Vec::new();
+                let span = 3 * a.window.lifetime_ms;
+                let mut t = next(span);
+                for _ in 0..40 {
+                    t += next(span / 40 + 1);
+                    let amt = next(1000) + 1;
+                    l.settle(&a, None, Amount::new(amt, 0), t);
+                    charges.push((t, amt));
+                }
+                let change = t + next(a.window.width_ms * 2);
+                let l2 = reread(&l, &b, change);
+                // Counted at the change under the old window, by bucket.
+                let counted: Vec<(u64, u64)> = charges
+                    .iter()
+                    .copied()
+                    .filter(|&(t, _)| a.window.live(a.window.bucket(t), change))
+                    .collect();
+                let (wa, wb, lb) = (a.window.width_ms, b.window.width_ms, b.window.lifetime_ms);
+                for _ in 0..30 {
+                    let at = change + next(lb + wa + 2 * wb);
+                    let got = l2.spent(&b, at).tokens;
+                    let at_least: u64 = counted
+                        .iter()
+                        .filter(|&&(t, _)| t + lb > at)
+                        .map(|c| c.1)
+                        .sum();
+                    let at_most: u64 = charges
+                        .iter()
+                        .filter(|&&(t, _)| {
+                            t + wa + wb + lb > at && t + wa * (a.window.slots + 1) > change
+                        })
+                        .map(|c| c.1)
+                        .sum();
+                    assert!(
+                        at_least <= got && got <= at_most,
+                        "{from} s -> {to} s, change at {change}, at {at}: {at_least} <= {got} <= {at_most}"
+                    );
+                }
+            }
+        }
     }
 }

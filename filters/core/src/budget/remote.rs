@@ -148,6 +148,22 @@ pub fn gauges(c: &CompiledBudgets, states: &[LedgerState]) -> Vec<Gauge> {
         .collect()
 }
 
+/// The newest state of each ledger among `gauges` (the answers of one settle batch, up to 64
+/// ends on the same few ledgers), in first-seen order: setting a gauge costs a shared-data
+/// compare-and-swap and four stats, and only the newest state would be left by setting them
+/// all (ties, a service without versions, go to the later one, as setting them in order did).
+pub fn newest_per_ledger(gauges: impl IntoIterator<Item = Gauge>) -> Vec<Gauge> {
+    let mut out: Vec<Gauge> = Vec::new();
+    for g in gauges {
+        match out.iter_mut().find(|o| o.key == g.key) {
+            Some(o) if g.reading.version >= o.reading.version => *o = g,
+            Some(_) => {}
+            None => out.push(g),
+        }
+    }
+    out
+}
+
 /// Reads a reserve answer: `status` is the call's `:status` (0 when the call failed or timed
 /// out and there is no response), `retry_after` its `Retry-After` header, `body` its body.
 /// With it, the ledgers as the service left them (empty when it did not say).
@@ -344,6 +360,42 @@ mod tests {
         .unwrap()
         .compile()
         .unwrap()
+    }
+
+    #[test]
+    fn a_batch_sets_each_ledger_once_to_its_newest_state() {
+        let g = |budget: usize, team: Option<&str>, version: u64, tokens: u64| Gauge {
+            key: LedgerKey {
+                budget,
+                team: team.map(String::from),
+            },
+            reading: Reading {
+                version,
+                spent: Amount::new(tokens, 0),
+                held_tokens: 0,
+            },
+        };
+        let got = newest_per_ledger([
+            g(0, None, 5, 50),
+            g(1, Some("a"), 6, 60),
+            g(0, None, 9, 90),
+            g(1, Some("b"), 1, 10),
+            g(0, None, 7, 70),
+            g(1, Some("a"), 3, 30),
+        ]);
+        assert_eq!(
+            got,
+            vec![
+                g(0, None, 9, 90),
+                g(1, Some("a"), 6, 60),
+                g(1, Some("b"), 1, 10)
+            ]
+        );
+        // Without versions the later answer wins, as setting them one by one did.
+        assert_eq!(
+            newest_per_ledger([g(0, None, 0, 1), g(0, None, 0, 2)]),
+            vec![g(0, None, 0, 2)]
+        );
     }
 
     fn keys() -> Vec<LedgerKey> {

@@ -116,6 +116,24 @@ impl TeamTable {
         }
     }
 
+    /// Keeps every slot its team's at least until `quiet_at(slot)` (when that slot's ledger,
+    /// read under the budget's current window, holds nothing any more) where that is later
+    /// than both `now_ms` and what the table says. The table's times were computed under the
+    /// window in force when they were written: after the window grew (a configuration change)
+    /// a slot would otherwise go to another team while its ledger still counts the old team's
+    /// spend, which the new team would be charged and the old one would no longer be.
+    /// Whether anything changed.
+    pub fn outlast(&mut self, now_ms: u64, mut quiet_at: impl FnMut(usize) -> Option<u64>) -> bool {
+        let mut changed = false;
+        for (i, e) in self.entries.iter_mut().enumerate() {
+            if let Some(q) = quiet_at(i).filter(|&q| q > now_ms && q > e.quiet_until) {
+                e.quiet_until = q;
+                changed = true;
+            }
+        }
+        changed
+    }
+
     /// When the first slot frees up (its team goes quiet): the `Retry-After` of a new team
     /// refused by a full table.
     pub fn next_free_at(&self) -> Option<u64> {
@@ -208,6 +226,40 @@ mod tests {
         assert_eq!(t.slot_of("b"), None);
         assert_eq!(t.slot_of("a"), Some(0));
         assert_eq!(t.teams().collect::<Vec<_>>(), vec!["a", "c"]);
+    }
+
+    /// A team budget's window grew from 60 s to an hour: the slot of a team that spent under
+    /// the old window stays its team's until its ledger is quiet under the new one.
+    #[test]
+    fn a_longer_window_keeps_a_slot_until_its_ledger_is_quiet() {
+        use super::super::ledger::Ledger;
+        use super::super::window::Amount;
+        let old = Shape::new(60, 900);
+        let mut t = TeamTable::default();
+        let t0 = 1_000_000;
+        t.admit("a", TeamTable::quiet_bound(&old, t0), t0, 1)
+            .unwrap();
+        let mut ledger = Ledger::new(&old);
+        ledger.settle(&old, None, Amount::new(40, 0), t0);
+        // The new configuration arrives 30 s later, while the charge still counts.
+        let new = Shape::new(3600, 900);
+        let now = t0 + 30_000;
+        let bound = TeamTable::quiet_bound(&old, t0);
+        // By the old window's bound another team could take the slot at `bound`.
+        assert!(t.clone().admit("b", bound, bound, 1).is_ok());
+        let l = Ledger::decode(ledger.as_bytes(), &new, now).unwrap();
+        assert!(t.outlast(now, |_| Some(l.quiet_at(&new, now))));
+        assert_eq!(
+            t.admit("b", bound, bound, 1),
+            Err(TableError::Full { max: 1 })
+        );
+        // Charged at 1000 s: in the one-minute bucket [960 s, 1020 s), gone at 1020 s + 3600 s.
+        assert_eq!(t.next_free_at(), Some(4_620_000));
+        assert!(t.admit("b", 4_620_000, 4_620_000, 1).is_ok());
+        // Quiet ledgers change nothing.
+        let mut t = TeamTable::default();
+        t.admit("a", 5, 0, 1).unwrap();
+        assert!(!t.outlast(10, |_| Some(10)));
     }
 
     #[test]

@@ -303,6 +303,35 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Ring<B> {
         k
     }
 
+    /// Adds in what `old`, a ring written under another geometry (the budget's window or the
+    /// hold TTL changed), still counts, as if this geometry had applied when it was charged:
+    /// each cell goes to the bucket of the latest instant its charges can have been made (its
+    /// old bucket's end, or `now` if that is later than `now`), so it rolls off this geometry's
+    /// lifetime after that instant at the earliest: never early, late by less than one old
+    /// bucket plus one new. A cell that had already rolled off under the old geometry stays off
+    /// (its lifetime is at most `slots - 1` of its buckets), and so does one that is past this
+    /// geometry's lifetime (the window shrank). Folding everything into `now`'s bucket, as this
+    /// replaced, counted the old cells for a whole new window from the change on, dead ones
+    /// included.
+    pub(crate) fn fold_in<C: AsRef<[u8]>>(&mut self, g: &Geometry, now_ms: u64, old: &Ring<C>) {
+        self.advance(g, now_ms);
+        let head = self.head();
+        let now_k = g.bucket(now_ms);
+        let old_width = u64::from(old.geometry().0).max(1).saturating_mul(1000);
+        for (k, c) in old.entries() {
+            let dead_before = k.saturating_add(old.slots()).saturating_mul(old_width);
+            if c.is_zero() || dead_before <= now_ms {
+                continue;
+            }
+            let end = k.saturating_add(1).saturating_mul(old_width);
+            let to = (end.saturating_sub(1) / g.width_ms).min(now_k);
+            if g.live(to, now_ms) && to <= head && to + self.slots() > head {
+                let sum = self.cell(to).plus(c);
+                self.replace(to, sum);
+            }
+        }
+    }
+
     /// Takes `a` out of bucket `k` if that bucket is still held (it may have expired, or its cell
     /// been reused, in which case there is nothing left to take).
     pub fn take(&mut self, g: &Geometry, now_ms: u64, k: u64, a: Amount) {

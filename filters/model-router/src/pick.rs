@@ -328,6 +328,9 @@ impl Pick {
         let mut picker = be.picker.borrow_mut();
         let was = picker.is_quarantined(pod, now);
         picker.release(held.ticket, outcome, now);
+        // Sent before the log line: once the line is out, every other worker has the event
+        // queued and applies it before its next pick (tests wait for the line).
+        self.send(held.backend, &event);
         if !was && picker.is_quarantined(pod, now) {
             edge::log(
                 Level::Warn,
@@ -339,7 +342,6 @@ impl Pick {
             );
         }
         drop(picker);
-        self.send(held.backend, &event);
         if let Some(id) = be.in_flight {
             edge::increment_metric(id, -1);
         }

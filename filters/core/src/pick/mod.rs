@@ -125,12 +125,7 @@ impl Default for Config {
             spread_bytes: 4096,
             unseen_load_percent: 110,
             balance_percent: 110,
-            // Off by default for now: with it, where a known prefix goes depends on recent
-            // prefill work that decays with time, and two e2e tests (pick.rs step 5, epp.rs)
-            // then saw the prefix or a new session on another pod in one CI run of two. The
-            // simulation's 130 % (docs/endpoint-picking.md) is one knob away once the tests
-            // pin placement without timing.
-            known_balance_percent: 0,
+            known_balance_percent: 130,
             recent_from_usage: true,
             recent_half_life_ns: 10_000_000_000,
             engine_counts: false,

@@ -28,6 +28,27 @@ pub struct PickConfig {
     /// The scrape period (default [`DEFAULT_SCRAPE_MS`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scrape_ms: Option<u64>,
+    /// Overrides of the picker's prefill-work bounds. Not in the ModelRouter CRD and never
+    /// written by the generator: tests that assert placement pin what they depend on with it
+    /// (the bounds read prefill work that decays with wall time), and an operator can try
+    /// other settings by editing the plugin config. Absent: the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bounds: Option<BoundsWire>,
+}
+
+/// `pick.bounds` of the plugin config; each field absent keeps the picker's default.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BoundsWire {
+    /// `Config::balance_percent` (0 turns the bound on new prefixes off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance_percent: Option<u64>,
+    /// `Config::known_balance_percent` (0 turns the bound on known prefixes off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub known_balance_percent: Option<u64>,
+    /// `Config::recent_half_life_ns`, in ms (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recent_half_life_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -61,6 +82,8 @@ impl PickConfig {
     /// generator refuses them first).
     pub fn picker_config(&self, quarantine_ms: u64, seed: u64) -> Config {
         let d = PrefixAffinity::default();
+        let base = Config::default();
+        let bounds = self.bounds.clone().unwrap_or_default();
         Config {
             mode: self.mode,
             prefix: self.prefix_affinity.as_ref().map(|p| PrefixAffinity {
@@ -85,7 +108,16 @@ impl PickConfig {
             }),
             quarantine_ns: quarantine_ms.saturating_mul(1_000_000),
             seed,
-            ..Config::default()
+            balance_percent: bounds.balance_percent.unwrap_or(base.balance_percent),
+            known_balance_percent: bounds
+                .known_balance_percent
+                .unwrap_or(base.known_balance_percent),
+            recent_half_life_ns: bounds
+                .recent_half_life_ms
+                .map_or(base.recent_half_life_ns, |ms| {
+                    ms.max(1).saturating_mul(1_000_000)
+                }),
+            ..base
         }
     }
 
@@ -125,7 +157,36 @@ mod tests {
         assert_eq!(s.idle_ns, DEFAULT_IDLE_MS * 1_000_000);
         assert_eq!(c.quarantine_ns, 15_000_000_000);
         assert_eq!(c.seed, 7);
+        let d = Config::default();
+        assert_eq!(
+            (c.balance_percent, c.known_balance_percent),
+            (d.balance_percent, d.known_balance_percent)
+        );
+        assert_eq!(c.recent_half_life_ns, d.recent_half_life_ns);
         assert_eq!(w.problem(), None);
+    }
+
+    #[test]
+    fn bounds_override_only_what_they_name() {
+        let w: PickConfig = serde_json::from_str(
+            r#"{"endpoints":["10.0.0.1:8000"],
+                "bounds":{"known_balance_percent":0,"recent_half_life_ms":3600000}}"#,
+        )
+        .unwrap();
+        let c = w.picker_config(15_000, 0);
+        let d = Config::default();
+        assert_eq!(c.known_balance_percent, 0);
+        assert_eq!(c.recent_half_life_ns, 3_600_000_000_000);
+        assert_eq!(c.balance_percent, d.balance_percent);
+        let zero: PickConfig = serde_json::from_str(
+            r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"recent_half_life_ms":0}}"#,
+        )
+        .unwrap();
+        assert_eq!(zero.picker_config(0, 0).recent_half_life_ns, 1_000_000);
+        let typo = serde_json::from_str::<PickConfig>(
+            r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"known_percent":0}}"#,
+        );
+        assert!(typo.is_err(), "an unknown bound is refused, not ignored");
     }
 
     #[test]

@@ -78,6 +78,8 @@ pub(crate) fn plugin_with_picks(
             }),
             scrape_cluster: vllm.then(|| cluster(&b.name)),
             scrape_ms: vllm.then_some(DEFAULT_SCRAPE_MS),
+            // No CRD field: the defaults (tests and experiments set it in the plugin config).
+            bounds: None,
         });
     }
     plugin

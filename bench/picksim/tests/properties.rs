@@ -122,8 +122,14 @@ fn three_replicas_keep_ninety_percent_of_the_shared_prompt_hits() {
     };
     let shared = judge_with(true);
     assert!(shared.ratio.mean >= 0.90, "{shared:?}");
-    assert!(shared.imbalance.mean <= 1.3, "one replica unchanged: {shared:?}");
+    assert!(
+        shared.imbalance.mean <= 1.3,
+        "one replica unchanged: {shared:?}"
+    );
     let lone = judge_with(false);
     assert!(lone.ratio.mean < 0.90, "{lone:?}");
-    assert_eq!(lone.imbalance, shared.imbalance, "a lone replica never sees others");
+    assert_eq!(
+        lone.imbalance, shared.imbalance,
+        "a lone replica never sees others"
+    );
 }

@@ -406,9 +406,10 @@ impl Picker {
         };
         let over = self.over_balance(balance, prompt_bytes, now, req.avoid);
         let shed = match shared {
-            true if self.cfg.known_balance_percent > 0 => {
-                nonzero_or(self.cfg.shared_known_balance_percent, self.cfg.known_balance_percent)
-            }
+            true if self.cfg.known_balance_percent > 0 => nonzero_or(
+                self.cfg.shared_known_balance_percent,
+                self.cfg.known_balance_percent,
+            ),
             _ => self.cfg.known_balance_percent,
         };
         let over_known = if shed > 0 && block > 0 {
@@ -463,10 +464,7 @@ impl Picker {
                 .map(|i| self.load_bytes(i, now))
                 .collect();
             let mean = live.iter().sum::<u64>() / live.len().max(1) as u64;
-            Some(
-                (mean as u128 * unseen_percent as u128 / 100) as u64
-                    + self.cfg.request_cost_bytes,
-            )
+            Some((mean as u128 * unseen_percent as u128 / 100) as u64 + self.cfg.request_cost_bytes)
         } else {
             None
         };

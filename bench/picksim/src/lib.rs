@@ -226,6 +226,7 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         decode,
     };
     let mut unplaced = 0;
+    let mut shared_picks = 0usize;
     let mut diag: Vec<(u64, usize, usize, u64)> = Vec::new();
     let mut scanner = Scanner::new();
     let mut prompt = Prompt::default();
@@ -322,6 +323,9 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                 session: session_key(&names, headers.iter().copied()),
                 avoid: None,
             };
+            if pickers[replica].others_send(now) {
+                shared_picks += 1;
+            }
             match pickers[replica].pick(&req, now) {
                 Choice::Pod(t) => {
                     if let Some(&b) = prompt.blocks.first() {
@@ -380,8 +384,9 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         }
         let computed: Vec<u64> = w.pods.iter().map(|p| p.computed).collect();
         eprintln!(
-            "replicas {}: {} prefixes, {} on several pods ({} requests); computed {:?}",
+            "replicas {}: {} picks among others; {} prefixes, {} on several pods ({} requests); computed {:?}",
             s.replicas,
+            shared_picks,
             by.len(),
             multi,
             reqs_multi,

@@ -24,7 +24,12 @@ fn row(name: &str, r: &Report) {
 
 /// The settings `--sweep` compares, each a list of `--set` assignments on top of the base.
 const SWEEP: &[(&str, &str)] = &[
-    ("defaults (usage-corrected, known shed at 130 %)", ""),
+    ("defaults", ""),
+    ("known shed at 130 %", "known_balance_percent=130"),
+    (
+        "known at 130 %, lone bounds among replicas",
+        "known_balance_percent=130,shared_balance_percent=0,shared_known_balance_percent=0",
+    ),
     (
         "previous defaults",
         "recent_from_usage=0,known_balance_percent=0",
@@ -222,6 +227,9 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "known_balance_percent" => c.known_balance_percent = n,
         "recent_from_usage" => c.recent_from_usage = n != 0,
         "spread_bytes" => c.spread_bytes = n,
+        "shared_known_balance_percent" => c.shared_known_balance_percent = n,
+        "shared_balance_percent" => c.shared_balance_percent = n,
+        "shared_unseen_load_percent" => c.shared_unseen_load_percent = n,
         "request_cost_bytes" => c.request_cost_bytes = n,
         "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,
         _ => {

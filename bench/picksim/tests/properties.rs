@@ -103,3 +103,33 @@ fn over_several_seeds_the_defaults_bound_the_prefill_imbalance() {
     assert!(old_shared.imbalance.mean > 1.3, "{old_shared:?}");
     assert!(old_agent.imbalance.mean > 1.6, "{old_agent:?}");
 }
+
+/// Issue 12's replica target, judged over 8 seeds of `pick_envoy`'s shape with the known-prefix
+/// bound at 130 %: three replicas that share nothing keep at least 90 % of one replica's hit
+/// rate on shared prompts, because a replica that sees the engines compute far more than it
+/// sent keeps a prompt new to it on its rendezvous home up to the looser shared bound (where
+/// another replica has most likely put it). With the lone bound everywhere they do not.
+#[test]
+fn three_replicas_keep_ninety_percent_of_the_shared_prompt_hits() {
+    let judge_with = |shared: bool| {
+        let mut s = picksim::like_envoy();
+        s.picker.known_balance_percent = 130;
+        if !shared {
+            s.picker.shared_balance_percent = 0;
+            s.picker.shared_known_balance_percent = 0;
+        }
+        picksim::judge(&s, Shape::SharedPrompt, true, &picksim::seeds(8))
+    };
+    let shared = judge_with(true);
+    assert!(shared.ratio.mean >= 0.90, "{shared:?}");
+    assert!(
+        shared.imbalance.mean <= 1.3,
+        "one replica unchanged: {shared:?}"
+    );
+    let lone = judge_with(false);
+    assert!(lone.ratio.mean < 0.90, "{lone:?}");
+    assert_eq!(
+        lone.imbalance, shared.imbalance,
+        "a lone replica never sees others"
+    );
+}

@@ -36,6 +36,22 @@ use blocks::{fnv64, mix};
 /// confirmations that grow it back) keep happening.
 const MIN_LIMIT: usize = 64;
 
+/// Below this share of what the engines computed, this gateway is not their only client. A lone
+/// gateway's usage-corrected share is about 1 (its bytes per token against the engine's
+/// rendered 4); two replicas' are about 0.5 each.
+const OWN_SHARE_ALONE: f64 = 0.7;
+
+/// Engine-computed prompt bytes (decaying) needed before the share is trusted.
+const MIN_SHARED_EVIDENCE_BYTES: f64 = 32.0 * 1024.0;
+
+fn nonzero_or(v: u64, otherwise: u64) -> u64 {
+    if v == 0 {
+        otherwise
+    } else {
+        v
+    }
+}
+
 /// Most pods per backend: pod indices are `u16` in tickets, tables and sessions.
 pub const MAX_PODS: usize = 1024;
 
@@ -101,6 +117,18 @@ pub struct Config {
     pub recent_from_usage: bool,
     /// Half-life of the recent prefill work.
     pub recent_half_life_ns: u64,
+    /// `balance_percent` and `unseen_load_percent` while other gateways (replicas sharing
+    /// nothing with this one) send to the same pods, as the engines' counters show (see
+    /// [`Picker::others_send`]). A prompt new to this replica is then likely held by its
+    /// rendezvous home already (another replica put it there when it was first seen), and a
+    /// tight bound would place this replica's copy elsewhere, so the bounds are looser. 0 (for
+    /// each of the three `shared_*`): the lone-gateway setting.
+    pub shared_balance_percent: u64,
+    pub shared_unseen_load_percent: u64,
+    /// `known_balance_percent` (when that is on) while other gateways send to the same pods:
+    /// a replica that sheds a prefix it holds copies it where the other replicas, which did not
+    /// shed it, will not look, so among replicas it sheds only well past the bound.
+    pub shared_known_balance_percent: u64,
     /// Count load and prefill work as the engines report them (scraped, so every gateway
     /// replica reads the same numbers) plus this gateway's own changes since the scrape,
     /// instead of this gateway's own traffic, so independent replicas bound alike. Off: in the
@@ -128,6 +156,9 @@ impl Default for Config {
             known_balance_percent: 130,
             recent_from_usage: true,
             recent_half_life_ns: 10_000_000_000,
+            shared_balance_percent: 130,
+            shared_unseen_load_percent: 110,
+            shared_known_balance_percent: 200,
             engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
@@ -357,8 +388,25 @@ impl Picker {
             }
         }
 
-        let over = self.over_balance(self.cfg.balance_percent, prompt_bytes, now, req.avoid);
-        let shed = self.cfg.known_balance_percent;
+        let shared = self.others_send(now);
+        let (balance, unseen_percent) = match shared {
+            true => (
+                nonzero_or(self.cfg.shared_balance_percent, self.cfg.balance_percent),
+                nonzero_or(
+                    self.cfg.shared_unseen_load_percent,
+                    self.cfg.unseen_load_percent,
+                ),
+            ),
+            false => (self.cfg.balance_percent, self.cfg.unseen_load_percent),
+        };
+        let over = self.over_balance(balance, prompt_bytes, now, req.avoid);
+        let shed = match shared {
+            true if self.cfg.known_balance_percent > 0 => nonzero_or(
+                self.cfg.shared_known_balance_percent,
+                self.cfg.known_balance_percent,
+            ),
+            _ => self.cfg.known_balance_percent,
+        };
         let over_known = if shed > 0 && block > 0 {
             self.over_balance(shed, prompt_bytes, now, req.avoid)
         } else {
@@ -411,10 +459,7 @@ impl Picker {
                 .map(|i| self.load_bytes(i, now))
                 .collect();
             let mean = live.iter().sum::<u64>() / live.len().max(1) as u64;
-            Some(
-                (mean as u128 * self.cfg.unseen_load_percent as u128 / 100) as u64
-                    + self.cfg.request_cost_bytes,
-            )
+            Some((mean as u128 * unseen_percent as u128 / 100) as u64 + self.cfg.request_cost_bytes)
         } else {
             None
         };
@@ -466,6 +511,28 @@ impl Picker {
         let bytes = req.prompt.bytes as u64;
         let cached = (matched[i] as u64 * block).min(bytes);
         self.charge(i, bytes - cached, matched[i], req.prompt, now)
+    }
+
+    /// Whether other gateways send to these pods too: the engines report computing clearly more
+    /// prompt than this gateway's own recent prefill (usage-corrected, so for a lone gateway
+    /// the two agree up to bytes-per-token), summed over the pods whose counters are fresh.
+    /// Both sides come from picks, releases and scrapes, so every worker's copy agrees.
+    pub fn others_send(&self, now: u64) -> bool {
+        if !self.cfg.recent_from_usage {
+            // Predicted work undercounts wherever the cache thrashes: no basis to compare.
+            return false;
+        }
+        let h = self.cfg.recent_half_life_ns;
+        let max_age = self.cfg.metrics_max_age_ns;
+        let (mut own, mut engines) = (0.0, 0.0);
+        for l in &self.loads {
+            if let (Some(c), Some(_)) = (l.scrape.computed, l.fresh_metrics(now, max_age)) {
+                own += l.recent.at(now, h);
+                engines += c.at(now, h);
+            }
+        }
+        // A minimum of engine work so that a few requests' rounding decide nothing.
+        engines >= MIN_SHARED_EVIDENCE_BYTES && own < OWN_SHARE_ALONE * engines
     }
 
     /// Which eligible pods were recently sent more prefill than `percent` of the mean (plus

@@ -666,3 +666,77 @@ fn a_known_prefix_leaves_a_pod_past_the_known_bound_for_the_same_pod_everywhere(
     assert!(shed.iter().all(|(home, p)| home != p), "{shed:?}");
     assert_eq!(shed[0], shed[1], "both replicas spill to the same pod");
 }
+
+/// Gauges for pods `0..n` at `at`, each engine having computed `bytes[i]` prompt bytes since
+/// the previous call (`prev` holds the running token counters).
+fn computed_since(p: &mut Picker, prev: &mut [f64], bytes: &[f64], at: u64) {
+    for (i, b) in bytes.iter().enumerate() {
+        prev[i] += b / load::BYTES_PER_TOKEN;
+        p.set_metrics(i, gauges(0.0, prev[i], at));
+    }
+}
+
+/// A gateway whose own (usage-corrected) prefill is about what the engines computed is alone;
+/// one that sent a third of it shares the pods with other replicas.
+#[test]
+fn other_gateways_show_as_engine_work_this_one_did_not_send() {
+    let run = |engines_over_own: f64| {
+        let c = cfg();
+        let h = c.recent_half_life_ns;
+        let mut p = Picker::new(c, &pods(2));
+        let mut counters = [0.0; 2];
+        computed_since(&mut p, &mut counters, &[0.0, 0.0], S);
+        for i in 0..2 {
+            p.loads[i].sent(2 * S, 40_000, h);
+        }
+        let e = 40_000.0 * engines_over_own;
+        computed_since(&mut p, &mut counters, &[e, e], 2 * S);
+        p.others_send(2 * S)
+    };
+    assert!(!run(1.0), "alone");
+    assert!(!run(1.3), "alone, the engine's bytes per token differing");
+    assert!(run(3.0), "one of three");
+    assert!(run(2.0), "one of two");
+    // Stale gauges are no evidence.
+    let c = cfg();
+    let mut p = Picker::new(c, &pods(1));
+    let mut counters = [0.0];
+    computed_since(&mut p, &mut counters, &[0.0], S);
+    computed_since(&mut p, &mut counters, &[120_000.0], 2 * S);
+    assert!(p.others_send(2 * S));
+    assert!(!p.others_send(2 * S + p.config().metrics_max_age_ns + 1));
+}
+
+/// A prompt new to this replica whose home was recently sent between 110 % and 130 % of the
+/// mean prefill: a lone gateway spills it (it knows the home does not hold it), a replica
+/// among others keeps it on the home, where another replica most likely put it already.
+#[test]
+fn among_other_replicas_a_new_prompt_stays_on_its_home_up_to_the_shared_bound() {
+    let run = |engines_over_own: f64, shared_balance_percent: u64| {
+        let c = Config {
+            shared_balance_percent,
+            ..cfg()
+        };
+        let h = c.recent_half_life_ns;
+        let pr = prompt(&text("a tenant new here", 3000), 256);
+        let home = home_of(&c, &pr);
+        let mut p = Picker::new(c, &pods(4));
+        let mut counters = [0.0; 4];
+        computed_since(&mut p, &mut counters, &[0.0; 4], S);
+        let sent: Vec<f64> = (0..4)
+            .map(|i| if i == home { 60_000.0 } else { 40_000.0 })
+            .collect();
+        for (i, &b) in sent.iter().enumerate() {
+            p.loads[i].sent(2 * S, b as u64, h);
+        }
+        let engines: Vec<f64> = sent.iter().map(|b| b * engines_over_own).collect();
+        computed_since(&mut p, &mut counters, &engines, 2 * S);
+        let t = pod(p.pick(&req(&pr), 2 * S));
+        let stayed = t.pod() == home;
+        p.release(t, done(), 2 * S);
+        stayed
+    };
+    assert!(!run(1.0, 130), "alone: spilled at 110 %");
+    assert!(run(3.0, 130), "among three: kept up to 130 %");
+    assert!(!run(3.0, 0), "0: the lone bound among others too");
+}

@@ -385,7 +385,14 @@ impl Budgets {
     fn label(&self, key: &LedgerKey) -> String {
         let name = &self.compiled.budgets[key.budget].name;
         match &key.team {
-            Some(t) => format!("{name}/{t}"),
+            // By hand, not `format!` (every admitted team request has one).
+            Some(t) => {
+                let mut label = String::with_capacity(name.len() + 1 + t.len());
+                label.push_str(name);
+                label.push('/');
+                label.push_str(t);
+                label
+            }
             None => name.clone(),
         }
     }
@@ -469,18 +476,16 @@ impl Budgets {
         // Gauges follow settle, release and refusal, not admission: one ledger read fewer on
         // the request path.
         drop(store);
+        // The holds come back in key order, the order `names` and `owned` were built in: the
+        // names move into the holds instead of being looked up and copied.
         let held = holds
             .into_iter()
-            .map(|(key, hold)| {
-                let i = names.iter().position(|(k, _)| *k == key);
-                let shared = i.map(|i| names[i].1.clone()).unwrap_or_default();
-                let owned_until = i.map_or(0, |i| owned[i]);
-                Held {
-                    key,
-                    shared,
-                    hold,
-                    owned_until,
-                }
+            .zip(names.into_iter().zip(owned))
+            .map(|((key, hold), ((_, shared), owned_until))| Held {
+                key,
+                shared,
+                hold,
+                owned_until,
             })
             .collect();
         Ok(Some(admitted(&facts, splice, held, None)))

@@ -232,7 +232,17 @@ impl Request {
         body_len: usize,
         body: Option<&[u8]>,
     ) -> Action {
-        let budget_fields = worker.budgets.as_ref().and(scanned.as_ref().ok()).cloned();
+        // What the budget step reads of the scan (not the model name: no copy of it).
+        let budget_fields = worker
+            .budgets
+            .as_ref()
+            .and(scanned.as_ref().ok())
+            .map(|f| Fields {
+                model: String::new(),
+                stream: f.stream,
+                spans: f.spans.clone(),
+                knobs: f.knobs,
+            });
         let audit_body = body.filter(|_| worker.router.config.audit.include_request_body);
         let spans = scanned
             .as_ref()

@@ -109,8 +109,13 @@ fn counter(name: &str) -> Option<u32> {
 /// Percent of the tightest cap `spent` uses (rounded down).
 fn percent(caps: &router_core::budget::Caps, tokens: u64, pico: u64) -> u64 {
     let of = |used: u64, cap: Option<u64>| {
+        // In u64 when `used × 100` fits (always for tokens): a u128 division is a library
+        // call on wasm32, and this runs for every ledger a request settles.
         cap.filter(|&c| c > 0)
-            .map_or(0, |c| (u128::from(used) * 100 / u128::from(c)) as u64)
+            .map_or(0, |c| match used.checked_mul(100) {
+                Some(x) => x / c,
+                None => (u128::from(used) * 100 / u128::from(c)) as u64,
+            })
     };
     of(tokens, caps.tokens).max(of(pico, caps.pico))
 }

@@ -7,7 +7,8 @@
 //! `WASM_HOST_FUEL=1 cargo run -p wasm-host --example budget_cost [-- --wasm A.wasm[,B.wasm]]`
 //!
 //! `BUDGET_COST_TRACE=1` also prints one budgeted request as the instructions between its
-//! hostcalls (where in a callback the budget step's work goes, e.g. per ledger compare-and-swap).
+//! hostcalls (where in a callback the budget step's work goes, e.g. per ledger compare-and-swap);
+//! `BUDGET_COST_TRACE=all` prints the routing filter's request alone the same way before it.
 //!
 //! With several modules (e.g. a copy of the build before a change, then the current one) each is
 //! run in turn and printed side by side. Bodies are handed over as Envoy does when it buffers:
@@ -194,7 +195,17 @@ fn measure(wasm: &std::path::Path, budgets: bool, req: &[u8], stream: bool) -> T
     for _ in 0..measured() {
         one(&mut h, req, stream, Some(&mut t));
     }
-    if budgets && std::env::var_os("BUDGET_COST_TRACE").is_some() {
+    // `BUDGET_COST_TRACE=all`: the routing filter alone too (to subtract it phase by phase).
+    let tracing = std::env::var("BUDGET_COST_TRACE").ok();
+    if tracing.as_deref() == Some("all") || (budgets && tracing.is_some()) {
+        println!(
+            "  trace ({}):",
+            if budgets {
+                "local budgets"
+            } else {
+                "routing alone"
+            }
+        );
         trace(&mut h, req, stream);
     }
     t

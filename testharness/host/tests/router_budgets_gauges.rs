@@ -84,3 +84,34 @@ fn a_worker_that_set_an_overtaken_ledger_state_sets_the_newest_on_its_tick() {
     a.tick().unwrap();
     assert_eq!(a.metric(GAUGE).unwrap().set_seq, seq);
 }
+
+/// `utilization_percent` is the tightest cap's share, rounded down, in u64 arithmetic where
+/// `used × 100` fits and in u128 where it does not: a USD cap's pico-dollars pass u64 / 100
+/// (≈ 184 467 USD) well below the largest cap accepted (1 000 000 USD).
+#[test]
+fn utilization_percent_is_exact_for_tokens_and_for_usd_past_u64_range() {
+    let mut c = router_config();
+    c["budgets"] = json!({
+        "budgets": [
+            {"name": "usd", "scope": "router", "max_usd": "1000000", "window_s": 60},
+            {"name": "tok", "scope": "router", "max_tokens": 1000000, "window_s": 60}
+        ],
+        "prices": [{"backend": "qwen-small", "prompt_usd": "1000000"}],
+    });
+    let mut h = host_with("llmkube_model_router", &c);
+    let req = post(&mut h, &[], BODY);
+    assert!(req.local_response.is_none(), "{:?}", req.local_response);
+    // 300 001 prompt tokens at 1 USD each: 3.00001e17 pico-dollars, 30.0001 % of each cap.
+    h.run_response(
+        req.stream,
+        &[(":status", "200"), ("content-type", "application/json")],
+        br#"{"choices":[],"usage":{"prompt_tokens":300001,"completion_tokens":0}}"#,
+        0,
+    )
+    .unwrap();
+    h.log_and_done(req.stream).unwrap();
+    let g = |name: &str| h.metric(name).map_or(-1, |m| m.value);
+    assert_eq!(g("llmkube.budget.usd.usd_micro_used"), 300_001_000_000);
+    assert_eq!(g("llmkube.budget.usd.utilization_percent"), 30);
+    assert_eq!(g("llmkube.budget.tok.utilization_percent"), 30);
+}

@@ -67,14 +67,27 @@ pub fn parse_usd(s: &str) -> Result<u64, String> {
 /// Pico-dollars as a decimal USD string: `0.0`, `1.5`, `0.00000015`. Exact, no trailing zeros
 /// beyond the first decimal (the seed's `usdUsed` is a string so no float rounding creeps in).
 pub fn format_usd(pico: u64) -> String {
-    let whole = pico / PICO_PER_USD;
-    let frac = format!("{:012}", pico % PICO_PER_USD);
-    let frac = frac.trim_end_matches('0');
-    if frac.is_empty() {
-        format!("{whole}.0")
-    } else {
-        format!("{whole}.{frac}")
+    // By hand, not `format!`: this runs for every settled request's audit line, and the
+    // formatting machinery (padding, `Display`) costs the filter more than the digits.
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut v = pico;
+    // At least 13 digits: the twelve of the fraction (leading zeros included) and one whole.
+    while v > 0 || digits.len() - i < 13 {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
     }
+    let (whole, frac) = digits[i..].split_at(digits.len() - i - 12);
+    let kept = frac.iter().rposition(|&d| d != b'0').map_or(0, |p| p + 1);
+    let mut out = String::with_capacity(whole.len() + 1 + kept.max(1));
+    out.extend(whole.iter().map(|&d| char::from(d)));
+    out.push('.');
+    match kept {
+        0 => out.push('0'),
+        _ => out.extend(frac[..kept].iter().map(|&d| char::from(d))),
+    }
+    out
 }
 
 /// `used / cap` as the seed's `utilization` string (`0.0` to `1.0`, four decimals at most, cut
@@ -163,6 +176,33 @@ mod tests {
         assert_eq!(format_usd(150_000), "0.00000015");
         assert_eq!(format_usd(2_500_000_000_000), "2.5");
         assert_eq!(parse_usd(&format_usd(123_456_789)).unwrap(), 123_456_789);
+        // The hand-written digits say what `format!` said, at every magnitude and at the ends.
+        let by_fmt = |pico: u64| {
+            let frac = format!("{:012}", pico % PICO_PER_USD);
+            let frac = frac.trim_end_matches('0');
+            let whole = pico / PICO_PER_USD;
+            if frac.is_empty() {
+                format!("{whole}.0")
+            } else {
+                format!("{whole}.{frac}")
+            }
+        };
+        let mut x: u64 = 1;
+        for _ in 0..64 {
+            for v in [x - 1, x, x + 1, x.wrapping_mul(7) / 3, u64::MAX - x] {
+                assert_eq!(format_usd(v), by_fmt(v), "{v}");
+            }
+            x = x.saturating_mul(2);
+        }
+        for v in [
+            PICO_PER_USD,
+            PICO_PER_USD * 10,
+            10,
+            100_000_000_000,
+            u64::MAX,
+        ] {
+            assert_eq!(format_usd(v), by_fmt(v), "{v}");
+        }
     }
 
     #[test]

@@ -184,6 +184,9 @@ impl Probe {
         if usage_here && c == b'{' && self.capture.is_none() {
             self.capture = Some(self.depth);
             self.captured.clear();
+            // Once, not by doubling from empty as the object's bytes arrive: real `usage`
+            // objects are a few dozen to a few hundred bytes.
+            self.captured.reserve(256);
             self.captured.push(c);
             self.capture_overflow = false;
         }

@@ -295,8 +295,6 @@ impl Probe {
                 if self.string_is_key {
                     self.expect_key = false;
                     self.key_len = 0;
-                } else {
-                    self.value_start(c);
                 }
             }
             b'{' | b'[' => {
@@ -327,8 +325,9 @@ impl Probe {
                 }
             }
             b',' => self.expect_key = self.in_object(),
-            b':' => {}
-            _ => self.value_start(c),
+            // Any other byte continues or starts a scalar (a number, `true`, …): only an
+            // opening `{` or `[` can start what `value_start` looks for.
+            _ => {}
         }
     }
 }

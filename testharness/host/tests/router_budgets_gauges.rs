@@ -34,12 +34,20 @@ fn worker(shared: &SharedStore) -> Host {
 
 /// One request charged 30 tokens (its usage) on `h`.
 fn served(h: &mut Host) {
+    served_with(
+        h,
+        br#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20}}"#,
+    );
+}
+
+/// One request on `h` answered 200 with the JSON `response`.
+fn served_with(h: &mut Host, response: &[u8]) {
     let req = post(h, &[], BODY);
     assert!(req.local_response.is_none(), "{:?}", req.local_response);
     h.run_response(
         req.stream,
         &[(":status", "200"), ("content-type", "application/json")],
-        br#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20}}"#,
+        response,
         0,
     )
     .unwrap();
@@ -99,17 +107,11 @@ fn utilization_percent_is_exact_for_tokens_and_for_usd_past_u64_range() {
         "prices": [{"backend": "qwen-small", "prompt_usd": "1000000"}],
     });
     let mut h = host_with("llmkube_model_router", &c);
-    let req = post(&mut h, &[], BODY);
-    assert!(req.local_response.is_none(), "{:?}", req.local_response);
     // 300 001 prompt tokens at 1 USD each: 3.00001e17 pico-dollars, 30.0001 % of each cap.
-    h.run_response(
-        req.stream,
-        &[(":status", "200"), ("content-type", "application/json")],
+    served_with(
+        &mut h,
         br#"{"choices":[],"usage":{"prompt_tokens":300001,"completion_tokens":0}}"#,
-        0,
-    )
-    .unwrap();
-    h.log_and_done(req.stream).unwrap();
+    );
     let g = |name: &str| h.metric(name).map_or(-1, |m| m.value);
     assert_eq!(g("llmkube.budget.usd.usd_micro_used"), 300_001_000_000);
     assert_eq!(g("llmkube.budget.usd.utilization_percent"), 30);

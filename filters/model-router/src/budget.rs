@@ -438,8 +438,9 @@ impl Budgets {
             return Ok(Some(admitted(&facts, splice, Vec::new(), Some(pending))));
         }
         let now = now_ms();
-        let mut names = Vec::with_capacity(p.keys.len());
-        let mut owned = Vec::with_capacity(p.keys.len());
+        // Per key of `p.keys`, in its order: the ledger's shared-data name and until when the
+        // team table keeps its slot (no copy of the key itself).
+        let mut names: Vec<(String, u64)> = Vec::with_capacity(p.keys.len());
         for key in &p.keys {
             let (slot, until) = match &key.team {
                 Some(team) => {
@@ -448,11 +449,10 @@ impl Budgets {
                 }
                 None => (None, 0),
             };
-            names.push((key.clone(), self.ledger_name(key.budget, slot)));
-            owned.push(until);
+            names.push((self.ledger_name(key.budget, slot), until));
         }
         audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
-        let mut store = self.store(|k| named(&names, k), now);
+        let mut store = self.store(|k| named(&p.keys, &names, k), now);
         let admitted_holds = if self.compiled.charge_after {
             charge_after_check(&mut store, &p.keys, p.amount)
         } else {
@@ -464,9 +464,7 @@ impl Budgets {
             Err(refusal) => {
                 let answer = self.refusal(&refusal);
                 for key in &refusal.refused {
-                    if let (Ok(r), Some((_, shared))) =
-                        (store.usage(key), names.iter().find(|(k, _)| k == key))
-                    {
+                    if let (Ok(r), Some(shared)) = (store.usage(key), named(&p.keys, &names, key)) {
                         self.stats.record_ledger(key, shared, r);
                     }
                 }
@@ -476,12 +474,12 @@ impl Budgets {
         // Gauges follow settle, release and refusal, not admission: one ledger read fewer on
         // the request path.
         drop(store);
-        // The holds come back in key order, the order `names` and `owned` were built in: the
-        // names move into the holds instead of being looked up and copied.
+        // The holds come back in key order, the order `names` was built in: the names move
+        // into the holds instead of being looked up and copied.
         let held = holds
             .into_iter()
-            .zip(names.into_iter().zip(owned))
-            .map(|((key, hold), ((_, shared), owned_until))| Held {
+            .zip(names)
+            .map(|((key, hold), (shared, owned_until))| Held {
                 key,
                 shared,
                 hold,
@@ -841,9 +839,10 @@ impl Budgets {
     }
 }
 
-/// The shared-data key `names` gives ledger `k`.
-fn named<'n>(names: &'n [(LedgerKey, String)], k: &LedgerKey) -> Option<&'n str> {
-    names.iter().find(|(h, _)| h == k).map(|(_, n)| n.as_str())
+/// The shared-data key `names` gives ledger `k` (`names[i]` is that of `keys[i]`).
+fn named<'n>(keys: &[LedgerKey], names: &'n [(String, u64)], k: &LedgerKey) -> Option<&'n str> {
+    let i = keys.iter().position(|h| h == k)?;
+    names.get(i).map(|(n, _)| n.as_str())
 }
 
 /// The shared-data key of the held ledger `k`.

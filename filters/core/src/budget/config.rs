@@ -83,6 +83,10 @@ pub struct ServiceConfig {
     /// default 503 `budget_store_unavailable`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fail_open: bool,
+    /// Lease mode (`super::lease`): admit against a lease held in Redis per ledger instead of
+    /// one reservation call per request. Absent: per-request reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<super::lease::LeaseConfig>,
 }
 
 fn default_hold_ttl_s() -> u64 {

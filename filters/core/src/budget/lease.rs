@@ -411,6 +411,77 @@ impl LeaseState {
     }
 }
 
+/// `POST /v1/lease`.
+pub const LEASE_PATH: &str = "/v1/lease";
+
+/// The body of `report` on the lease of budget `budget` (a router or rule budget: leases are
+/// not kept for team ledgers), replacing lease `old` (empty: none).
+pub fn lease_body(
+    router: &str,
+    c: &super::config::CompiledBudgets,
+    budget: usize,
+    old: &str,
+    report: &Pending,
+    unheld: bool,
+) -> Option<Vec<u8>> {
+    use super::wire::{AmountJson, LeaseRequest};
+    let key = super::admit::LedgerKey { budget, team: None };
+    let ledger = super::remote::ledger_refs(c, std::slice::from_ref(&key)).pop()?;
+    let req = LeaseRequest {
+        router: router.to_string(),
+        ledger,
+        old: (!old.is_empty()).then(|| old.to_string()),
+        id: report.new_id.clone(),
+        used: AmountJson::from_amount(report.used),
+        admitted: AmountJson::from_amount(report.admitted),
+        max: AmountJson::from_amount(report.max),
+        ttl_s: Some(c.hold_ttl_s),
+        unsafe_unheld: unheld,
+    };
+    serde_json::to_vec(&req).ok()
+}
+
+/// Why a lease report got no usable answer, and whether it may have been applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportFailed {
+    pub why: String,
+    /// No answer or a 5xx: the script may have run; resend the report as it is.
+    pub in_doubt: bool,
+}
+
+/// Reads a lease report's answer: the granted size and the ledger after it.
+pub fn read_lease(
+    status: u32,
+    body: &[u8],
+) -> Result<(Amount, super::wire::LedgerState), ReportFailed> {
+    let fail = |why: String, in_doubt| Err(ReportFailed { why, in_doubt });
+    match status {
+        0 => fail(
+            "no answer from llmkube-budgets (timed out or unreachable)".into(),
+            true,
+        ),
+        200 => match serde_json::from_slice::<super::wire::LeaseResponse>(body) {
+            Ok(r) => match r.granted.parse() {
+                Ok(g) => Ok((g, r.ledger)),
+                Err(e) => fail(
+                    format!("llmkube-budgets granted an unreadable lease: {e}"),
+                    true,
+                ),
+            },
+            // The service answered but this code cannot read it: the report ran or not; treat
+            // it as in doubt (a resend is applied once).
+            Err(_) => fail(
+                "llmkube-budgets answered 200 with an unreadable lease".into(),
+                true,
+            ),
+        },
+        s => fail(
+            format!("llmkube-budgets answered {s} to a lease report"),
+            s >= 500,
+        ),
+    }
+}
+
 /// Reads, changes and compare-and-swaps the lease under `key`; `change` answers whether it
 /// changed the state (nothing is written otherwise) and a value. A missing key is a new
 /// (empty) lease, created by the first write: lease keys are created at configuration, so
@@ -795,6 +866,50 @@ mod tests {
             both.max_for(&usd),
             Some(Amount::new(UNLIMITED_TOKENS, 500_000_000_000))
         );
+    }
+
+    #[test]
+    fn a_report_is_sent_as_the_service_reads_it_and_its_answers_are_read() {
+        let c = serde_json::from_str::<crate::budget::config::BudgetsConfig>(
+            r#"{"budgets":[{"name":"all","scope":"router","max_tokens":1000,"window_s":60}],
+                "hold_ttl_s":120,"service":{"cluster":"c","lease":{"max_tokens":300}}}"#,
+        )
+        .unwrap()
+        .compile()
+        .unwrap();
+        assert_eq!(c.lease.map(|l| l.max_tokens), Some(Some(300)));
+        let r = Pending {
+            new_id: "w-2".into(),
+            used: Amount::new(5, 7),
+            admitted: Amount::new(3, 0),
+            max: Amount::new(300, UNLIMITED_PICO),
+            sent_ms: 1,
+        };
+        let body = lease_body("ns/r", &c, 0, "w-1", &r, false).unwrap();
+        let req: crate::budget::wire::LeaseRequest = serde_json::from_slice(&body).unwrap();
+        assert_eq!((req.old.as_deref(), req.id.as_str()), (Some("w-1"), "w-2"));
+        assert_eq!(req.used.parse().unwrap(), Amount::new(5, 7));
+        assert_eq!(req.max.parse().unwrap(), r.max);
+        assert_eq!((req.ledger.max_tokens, req.ttl_s), (Some(1000), Some(120)));
+        let none = lease_body("ns/r", &c, 0, "", &r, false).unwrap();
+        assert!(
+            serde_json::from_slice::<crate::budget::wire::LeaseRequest>(&none)
+                .unwrap()
+                .old
+                .is_none()
+        );
+        assert!(lease_body("ns/r", &c, 9, "", &r, false).is_none());
+        let ok = br#"{"granted":{"tokens":40,"usd":"0.5"},"applied":true,
+            "ledger":{"budget":"all","tokens_used":1,"usd_used":"0","tokens_reserved":40}}"#;
+        let (g, l) = read_lease(200, ok).unwrap();
+        assert_eq!(
+            (g, l.tokens_reserved),
+            (Amount::new(40, 500_000_000_000), 40)
+        );
+        assert!(read_lease(0, b"").unwrap_err().in_doubt);
+        assert!(read_lease(503, b"").unwrap_err().in_doubt);
+        assert!(!read_lease(400, b"").unwrap_err().in_doubt);
+        assert!(read_lease(200, b"nope").unwrap_err().in_doubt);
     }
 
     #[test]

@@ -23,6 +23,9 @@ use serde::{Deserialize, Serialize};
 /// there, so the hold's amount in it limits nothing): large, and exact in Lua's doubles.
 pub const UNLIMITED_TOKENS: u64 = 1_000_000_000_000_000;
 pub const UNLIMITED_PICO: u64 = 1_000_000_000_000_000_000;
+/// A lease without admissions for this many report periods shrinks to its requests in flight
+/// (and goes when they are done): it holds room other gateways could use.
+pub const IDLE_REPORTS: u64 = 10;
 /// Default and bounds of `report_ms`.
 pub const DEFAULT_REPORT_MS: u64 = 100;
 pub const MAX_REPORT_MS: u64 = 60_000;
@@ -176,6 +179,8 @@ pub struct LeaseState {
     pub wanted: bool,
     /// A request was admitted since the last report.
     pub active: bool,
+    /// When a request was last admitted on the lease.
+    pub last_admit_ms: u64,
     /// A worker's report is out until then (0: none).
     pub reporting_until_ms: u64,
     pub pending: Option<Pending>,
@@ -242,6 +247,7 @@ impl LeaseState {
             self.hold_expires_ms,
             self.reported_ms,
             self.reporting_until_ms,
+            self.last_admit_ms,
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -269,6 +275,7 @@ impl LeaseState {
             hold_expires_ms: r.u64()?,
             reported_ms: r.u64()?,
             reporting_until_ms: r.u64()?,
+            last_admit_ms: r.u64()?,
             wanted: flags & 1 != 0,
             active: flags & 2 != 0,
             pending: None,
@@ -307,9 +314,10 @@ impl LeaseState {
             && b.pico <= room.pico
     }
 
-    pub fn admit(&mut self, b: Amount) {
+    pub fn admit(&mut self, b: Amount, now_ms: u64) {
         self.admitted = self.admitted.plus(b);
         self.active = true;
+        self.last_admit_ms = now_ms;
     }
 
     /// A request admitted on the lease with bound `b` ended: `actual` is what it is charged
@@ -358,9 +366,17 @@ impl LeaseState {
         if self.active || self.wanted {
             return report(max);
         }
-        // Idle for a report period: shrink the lease to its requests in flight (nothing, once
-        // they are done), unless it is that already and its hold is far from expiry.
         let renew_at = self.hold_expires_ms.saturating_sub(hold_ttl_ms / 2);
+        let quiet_since = self.last_admit_ms;
+        if now_ms < quiet_since.saturating_add(IDLE_REPORTS.saturating_mul(lease.report_ms)) {
+            // A pause in the traffic keeps the lease (requests after it find it there); only
+            // use is reported, or the hold renewed when half its TTL is gone.
+            return (!self.used.is_zero() || now_ms >= renew_at)
+                .then(|| report(max))
+                .flatten();
+        }
+        // Idle for a while: shrink the lease to its requests in flight (nothing, once
+        // they are done), unless it is that already and its hold is far from expiry.
         if self.used.is_zero() && self.granted == self.admitted && now_ms < renew_at {
             return None;
         }
@@ -372,6 +388,10 @@ impl LeaseState {
     pub fn start(&mut self, report: Pending, until_ms: u64) {
         self.pending = Some(report);
         self.reporting_until_ms = until_ms;
+        if self.wanted {
+            // Demand counts as use: a lease taken for it is not idle before it could be used.
+            self.last_admit_ms = self.pending.as_ref().map_or(0, |p| p.sent_ms);
+        }
         self.wanted = false;
         self.active = false;
     }
@@ -529,7 +549,7 @@ pub fn admit_all<S: SharedData>(
     for key in keys {
         let ok = update(data, key, |s| {
             if s.fits(b, now_ms, margin_ms) {
-                s.admit(b);
+                s.admit(b, now_ms);
                 (true, true)
             } else {
                 let mark = !s.wanted;
@@ -690,7 +710,7 @@ mod tests {
         assert!(!LeaseState::default().fits(b, 0, 0), "no lease");
         let mut out = s.clone();
         out.start(
-            s.due(100, &CFG, Amount::new(1000, 0), 10_000, "g-2")
+            s.due(1000, &CFG, Amount::new(1000, 0), 10_000, "g-2")
                 .unwrap(),
             900,
         );
@@ -706,7 +726,7 @@ mod tests {
     fn a_report_charges_used_and_takes_the_new_lease_once() {
         let mut s = lease(100);
         s.reported_ms = 0;
-        s.admit(Amount::new(30, 0));
+        s.admit(Amount::new(30, 0), 0);
         s.settle(Amount::new(10, 0), Amount::new(7, 70));
         assert_eq!(s.due(50, &CFG, Amount::new(1000, 0), 10_000, "g-2"), None);
         let r = s
@@ -737,7 +757,7 @@ mod tests {
     #[test]
     fn a_report_in_doubt_is_resent_as_it_was_and_freezes_the_lease() {
         let mut s = lease(100);
-        s.admit(Amount::new(5, 0));
+        s.admit(Amount::new(5, 0), 0);
         let r = s
             .due(200, &CFG, Amount::new(1000, 0), 10_000, "g-2")
             .unwrap();
@@ -751,6 +771,7 @@ mod tests {
         );
         // Never sent: dropped, the old lease admits again.
         let mut t = lease(100);
+        t.wanted = true;
         let r = t
             .due(200, &CFG, Amount::new(1000, 0), 10_000, "g-2")
             .unwrap();
@@ -763,10 +784,15 @@ mod tests {
     #[test]
     fn an_idle_lease_shrinks_to_its_requests_then_goes() {
         let mut s = lease(100);
-        s.admit(Amount::new(10, 0));
+        s.admit(Amount::new(10, 0), 0);
         s.active = false;
+        assert_eq!(
+            s.due(999, &CFG, Amount::new(1000, 0), 10_000, "g-2"),
+            None,
+            "a pause of less than IDLE_REPORTS periods keeps the lease"
+        );
         let r = s
-            .due(100, &CFG, Amount::new(1000, 0), 10_000, "g-2")
+            .due(1000, &CFG, Amount::new(1000, 0), 10_000, "g-2")
             .unwrap();
         assert_eq!(
             r.max,
@@ -782,8 +808,13 @@ mod tests {
         );
         s.settle(Amount::new(10, 0), Amount::new(4, 0));
         let r = s
-            .due(300, &CFG, Amount::new(1000, 0), 10_000, "g-3")
+            .due(1100, &CFG, Amount::new(1000, 0), 10_000, "g-3")
             .unwrap();
+        assert_eq!(
+            (r.used, r.max),
+            (Amount::new(4, 0), Amount::ZERO),
+            "still idle: the use is charged and nothing more taken"
+        );
         s.start(r.clone(), 1300);
         assert!(s.applied(&r, Amount::ZERO, 10_000));
         assert!(s.id.is_empty(), "released");
@@ -915,7 +946,7 @@ mod tests {
     #[test]
     fn the_state_round_trips_and_refuses_garbage() {
         let mut s = lease(7);
-        s.admit(Amount::new(3, 4));
+        s.admit(Amount::new(3, 4), 0);
         s.used = Amount::new(1, 2);
         s.wanted = true;
         assert_eq!(LeaseState::decode(&s.encode()), Ok(s.clone()));

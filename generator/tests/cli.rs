@@ -631,6 +631,14 @@ fn budgets_lease_flags() {
         ],
         None,
     );
-    assert_eq!(o.status.code(), Some(2), "a usage error: an envoy-target flag");
-    assert!(stderr(&o).contains("--budgets-lease-tokens"), "{}", stderr(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a usage error: an envoy-target flag"
+    );
+    assert!(
+        stderr(&o).contains("--budgets-lease-tokens"),
+        "{}",
+        stderr(&o)
+    );
 }

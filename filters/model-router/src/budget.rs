@@ -645,6 +645,15 @@ impl Budgets {
         }
     }
 
+    /// The VM is stopping: releases this gateway's leases (lease mode). `true` when releases
+    /// went out and the VM should wait for their answers.
+    pub fn release_leases(&self) -> bool {
+        match (&self.ledgers, &self.leases) {
+            (LedgerBackend::Remote(remote), Some(l)) => l.release_all(&self.compiled, remote),
+            _ => false,
+        }
+    }
+
     /// A settle or release answered (the root's `on_http_call_response`): the gauges follow
     /// the ledgers it reports, each set once to its newest state in the call (a batch's ends
     /// mostly report the same few ledgers).

@@ -20,7 +20,7 @@ use router_core::budget::remote::MAX_REPLY_BYTES;
 use router_core::budget::shared::SharedData;
 use router_core::budget::window::Amount;
 use router_core::budget::wire::LedgerState;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 /// An admitted request's part of its leases: which, and the bound it took on each.
 pub(crate) struct LeaseHold {
@@ -47,6 +47,9 @@ pub(crate) struct Leases {
     /// counter) and `.lease_tokens` (the lease's size after its last report, gauge).
     admitted_ids: Vec<Option<u32>>,
     size_ids: Vec<Option<u32>>,
+    /// The VM is stopping (`on_done`): leases are being released, and the host is told when
+    /// the last release is answered.
+    stopping: Cell<bool>,
 }
 
 fn metric(kind: MetricKind, name: &str) -> Option<u32> {
@@ -112,6 +115,7 @@ impl Leases {
             margin_ms: hold_ttl_ms / 2,
             report_timeout_ms: timeout_ms.saturating_add(1000),
             sent: RefCell::new(Vec::new()),
+            stopping: Cell::new(false),
         })
     }
 
@@ -170,6 +174,19 @@ impl Leases {
     /// The root's tick: sends the report of every lease that is due and that no other worker
     /// is reporting (the `reporting` deadline, taken by compare-and-swap).
     pub fn report(&self, c: &CompiledBudgets, remote: &Remote) {
+        self.send_reports(c, remote, false);
+    }
+
+    /// The VM is stopping: every lease this gateway holds is reported and released (its
+    /// requests in flight keep a hold of what they were admitted with). `true` when releases
+    /// went out: the host is told it may stop once they are answered (`proxy_done`).
+    pub fn release_all(&self, c: &CompiledBudgets, remote: &Remote) -> bool {
+        self.stopping.set(true);
+        self.send_reports(c, remote, true);
+        !self.sent.borrow().is_empty()
+    }
+
+    fn send_reports(&self, c: &CompiledBudgets, remote: &Remote, release: bool) {
         let now = now_ms();
         let router = remote.router();
         for (budget, max) in self.max.iter().enumerate() {
@@ -178,7 +195,12 @@ impl Leases {
             let new_id = remote.new_id();
             let until = now.saturating_add(self.report_timeout_ms);
             let taken = lease::update(&HostStore, key, |s| {
-                match s.due(now, &self.lease, max, self.hold_ttl_ms, &new_id) {
+                let due = if release {
+                    s.release_due(now, &new_id)
+                } else {
+                    s.due(now, &self.lease, max, self.hold_ttl_ms, &new_id)
+                };
+                match due {
                     Some(r) => {
                         let old = s.id.clone();
                         s.start(r.clone(), until);
@@ -235,7 +257,7 @@ impl Leases {
             let body = edge::call_response_body(body_size.min(MAX_REPLY_BYTES)).unwrap_or_default();
             (edge::response_status(&headers), body)
         };
-        Some(match lease::read_lease(status, &body) {
+        let out = Some(match lease::read_lease(status, &body) {
             Ok((granted, state)) => {
                 self.settle_report(budget, &report, Some(granted), false);
                 if let Some(Some(id)) = self.size_ids.get(budget) {
@@ -259,7 +281,12 @@ impl Leases {
                 self.settle_report(budget, &report, None, f.in_doubt);
                 None
             }
-        })
+        });
+        if self.stopping.get() && self.sent.borrow().is_empty() {
+            // The last release is answered: the VM may go.
+            let _ = proxy_wasm::hostcalls::done();
+        }
+        out
     }
 
     fn settle_report(&self, budget: usize, r: &Pending, granted: Option<Amount>, in_doubt: bool) {

@@ -81,6 +81,15 @@ impl Context for Root {
             }
         }
     }
+
+    /// The VM is stopping: lease mode releases this gateway's leases first (the host waits for
+    /// `proxy_done`, sent when the releases are answered).
+    fn on_done(&mut self) -> bool {
+        match self.worker.as_ref().and_then(|w| w.budgets.as_ref()) {
+            Some(budgets) => !budgets.release_leases(),
+            None => true,
+        }
+    }
 }
 
 impl RootContext for Root {

@@ -383,6 +383,29 @@ impl LeaseState {
         report(Amount::ZERO)
     }
 
+    /// The release of this lease when the gateway stops: its use charged and nothing more
+    /// held than its requests in flight. `None` when there is no lease and nothing to report,
+    /// or another worker's report is out.
+    pub fn release_due(&self, now_ms: u64, new_id: &str) -> Option<Pending> {
+        if now_ms < self.reporting_until_ms
+            || (self.id.is_empty() && self.used.is_zero() && self.pending.is_none())
+        {
+            return None;
+        }
+        // A report in doubt goes as it was (it may have been applied); the next tick, if any,
+        // releases after it.
+        if let Some(p) = &self.pending {
+            return Some(p.clone());
+        }
+        Some(Pending {
+            new_id: new_id.to_string(),
+            used: self.used,
+            admitted: self.admitted,
+            max: Amount::ZERO,
+            sent_ms: now_ms,
+        })
+    }
+
     /// Marks `report` as out until `until_ms` (the call's timeout past now); the flags it
     /// consumed start again.
     pub fn start(&mut self, report: Pending, until_ms: u64) {
@@ -825,6 +848,29 @@ mod tests {
             s.due(1000, &CFG, Amount::new(1000, 0), 10_000, "g-4")
                 .map(|r| r.max),
             Some(Amount::new(1000, 0))
+        );
+    }
+
+    #[test]
+    fn a_stopping_gateway_releases_its_lease_keeping_only_what_is_in_flight() {
+        let mut s = lease(100);
+        s.admit(Amount::new(10, 0), 0);
+        s.used = Amount::new(7, 0);
+        let r = s.release_due(5, "g-9").unwrap();
+        assert_eq!(
+            (r.used, r.admitted, r.max),
+            (Amount::new(7, 0), Amount::new(10, 0), Amount::ZERO)
+        );
+        s.start(r, 1000);
+        assert_eq!(
+            s.release_due(6, "g-10"),
+            None,
+            "another worker's report is out"
+        );
+        assert_eq!(
+            LeaseState::default().release_due(0, "x"),
+            None,
+            "nothing to release"
         );
     }
 

@@ -1069,3 +1069,49 @@ fn a_longer_window_keeps_the_ledger_in_redis_for_it() {
         assert!(after >= 3_600_000, "kept for the 3600 s window: {after}");
     });
 }
+
+/// `POST /v1/lease` over HTTP: a lease granted and held, its report charging the use and
+/// renewing it, the same report sent again charging nothing, and malformed reports refused
+/// with the field named.
+#[test]
+fn lease_reports_over_http_charge_once_and_refuse_malformed_ones() {
+    let Some(redis) = common::redis() else { return };
+    let svc = InProcess::start(&redis.url(), true);
+    let router = unique("lease");
+    let ledger = ledger("all", None, 3600, 1000);
+    let lease = |old: Option<&str>, id: &str, used: u64| {
+        let mut req = json!({"router": router, "ledger": ledger, "id": id,
+            "used": {"tokens": used}, "admitted": {"tokens": 0}, "max": {"tokens": 300}});
+        if let Some(o) = old {
+            req["old"] = json!(o);
+        }
+        http(svc.addr, "POST", "/v1/lease", Some(&req))
+    };
+    let (status, v) = lease(None, "g-1", 0);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["granted"]["tokens"], 300);
+    assert_eq!(v["ledger"]["tokens_reserved"], 300);
+    let (status, v) = lease(Some("g-1"), "g-2", 40);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (v["applied"].as_bool(), v["ledger"]["tokens_used"].as_u64()),
+        (Some(true), Some(40))
+    );
+    let (_, v) = lease(Some("g-1"), "g-2", 40);
+    assert_eq!(
+        (v["applied"].as_bool(), v["ledger"]["tokens_used"].as_u64()),
+        (Some(false), Some(40)),
+        "{v}"
+    );
+    assert_eq!(v["granted"]["tokens"], 300);
+    let (status, v) = lease(Some("g-2"), "", 0);
+    assert_eq!(status, 400, "{v}");
+    assert!(v.to_string().contains("reservation"), "{v}");
+    let (status, v) = http(
+        svc.addr,
+        "POST",
+        "/v1/lease",
+        Some(&json!({"router": router, "ledger": ledger, "id": "x", "bogus": 1})),
+    );
+    assert_eq!(status, 400, "{v}");
+}

@@ -510,22 +510,25 @@ fn resolve_and_endpoints_flags() {
     );
 }
 
+/// `compile --target envoy -f <example> EXTRA…`: exit code, stdout, stderr.
+fn compile_example_envoy(extra: &[&str]) -> (Option<i32>, String, String) {
+    let mut args = vec!["compile", "--target", "envoy", "-f"];
+    let ex = example();
+    args.push(&ex);
+    args.extend_from_slice(extra);
+    let o = run(&args, None);
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).to_string(),
+        stderr(&o),
+    )
+}
+
 /// `--budgets-fail-open` (a switch, only with `--budgets-service`) and `--budgets-hold-ttl`
 /// reach the plugin configuration; without them budgets fail closed with the default TTL.
 #[test]
 fn budgets_fail_open_and_hold_ttl_flags() {
-    let compile = |extra: &[&str]| {
-        let mut args = vec!["compile", "--target", "envoy", "-f"];
-        let ex = example();
-        args.push(&ex);
-        args.extend_from_slice(extra);
-        let o = run(&args, None);
-        (
-            o.status.code(),
-            String::from_utf8_lossy(&o.stdout).to_string(),
-            stderr(&o),
-        )
-    };
+    let compile = compile_example_envoy;
     let service = ["--budgets-service", "127.0.0.1:8090"];
     let (code, out, err) = compile(
         &[
@@ -559,18 +562,7 @@ fn budgets_fail_open_and_hold_ttl_flags() {
 /// configuration, only with `--budgets-service`; errors name the flag and the reason.
 #[test]
 fn budgets_lease_flags() {
-    let compile = |extra: &[&str]| {
-        let mut args = vec!["compile", "--target", "envoy", "-f"];
-        let ex = example();
-        args.push(&ex);
-        args.extend_from_slice(extra);
-        let o = run(&args, None);
-        (
-            o.status.code(),
-            String::from_utf8_lossy(&o.stdout).to_string(),
-            stderr(&o),
-        )
-    };
+    let compile = compile_example_envoy;
     let service = ["--budgets-service", "127.0.0.1:8090"];
     let (code, out, err) = compile(
         &[

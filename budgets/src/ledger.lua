@@ -23,7 +23,7 @@
 -- whose first answer was lost) charges once. Tombstones are never scanned: only the expired
 -- range of :x is read, so each id is read once when its ttl ends.
 --
--- ARGV[1] op: reserve | check | settle | release | status
+-- ARGV[1] op: reserve | check | settle | release | status | lease (see its branch below)
 -- ARGV[2] now in ms, or -1 for Redis server TIME (the one clock every gateway shares)
 -- ARGV[3] reservation id, ARGV[4] tokens, ARGV[5] pico (decimal string), ARGV[6] hold ttl ms
 -- then per ledger i: ARGV[7+4i] bucket width ms, ARGV[8+4i] window ms,
@@ -308,6 +308,22 @@ local function answer(L, a, b, version)
   end
 end
 
+-- Adds a charge to the bucket of now (charged at settle time: it rolls off no earlier than it
+-- should).
+local function charge(L, charge_t, charge_p)
+  if charge_t and (charge_t > 0 or not pzero(charge_p)) then
+    local k = math.floor(now / L.width)
+    redis.call('HINCRBY', L.W, 't' .. istr(k), istr(charge_t))
+    local cur = P(redis.call('HGET', L.W, 'u' .. istr(k)))
+    redis.call('HSET', L.W, 'u' .. istr(k), pstr(padd(cur, charge_p)))
+    L.spent_t = L.spent_t + charge_t
+    L.spent_p = padd(L.spent_p, charge_p)
+    -- A charge below `lo` (the clock stepped back) must still roll off by the walk.
+    if k < L.lo then L.lo = k end
+    L.sums_dirty = true
+  end
+end
+
 -- Drops the hold `id` on L (if there) and marks the id ended; `charge` the usage to add (or
 -- nil). Returns 1 when the hold was found.
 local function finish(L, charge_t, charge_p)
@@ -321,24 +337,13 @@ local function finish(L, charge_t, charge_p)
   end
   redis.call('HSET', L.R, id, '-')
   redis.call('ZADD', L.X, now + ttl, id)
-  if charge_t and (charge_t > 0 or not pzero(charge_p)) then
-    -- Charged at settle time: it rolls off no earlier than it should.
-    local k = math.floor(now / L.width)
-    redis.call('HINCRBY', L.W, 't' .. istr(k), istr(charge_t))
-    local cur = P(redis.call('HGET', L.W, 'u' .. istr(k)))
-    redis.call('HSET', L.W, 'u' .. istr(k), pstr(padd(cur, charge_p)))
-    L.spent_t = L.spent_t + charge_t
-    L.spent_p = padd(L.spent_p, charge_p)
-    -- A charge below `lo` (the clock stepped back) must still roll off by the walk.
-    if k < L.lo then L.lo = k end
-    L.sums_dirty = true
-  end
+  charge(L, charge_t, charge_p)
   save(L, true)
   keep_keys(L)
   return found
 end
 
-local n = #KEYS / 3
+local n = math.floor(#KEYS / 3)
 local ledgers = {}
 for i = 0, n - 1 do ledgers[i + 1] = load(i) end
 
@@ -398,6 +403,78 @@ elseif op == 'settle' or op == 'release' then
     end
     answer(L, found, 0, stamp(L))
   end
+  return out
+elseif op == 'lease' then
+  -- One ledger's lease (KEYS[4]: <ledger>:l, the live leases by expiry): the old lease `id`
+  -- ('' for none) is dropped and its use charged, and a new hold taken under ARGV[11]:
+  -- max(min(max, free / (2 x leaseholders)), admitted) per dimension (a dimension without a
+  -- cap gets max). ARGV[12..13] admitted tokens/pico, ARGV[14..15] max tokens/pico,
+  -- ARGV[16] '1' = unheld (test-only: granted from all the free room, nothing held).
+  -- Answer: the ledger's 7 strings (code 1 applied, 2 applied before: this report's answer
+  -- was lost and it came again) and the granted tokens and pico.
+  local L = ledgers[1]
+  local LK = KEYS[4]
+  local new_id = ARGV[11]
+  local adm_t, adm_p = tonumber(ARGV[12]), P(ARGV[13])
+  local max_t, max_p = tonumber(ARGV[14]), P(ARGV[15])
+  local unheld = ARGV[16] == '1'
+  redis.call('ZREMRANGEBYSCORE', LK, '-inf', now)
+  local prior = redis.call('HGET', L.R, new_id)
+  if prior then
+    -- Held ("<tokens> <pico>"), or "-": it granted nothing, or its lease ended since.
+    local sp = string.find(prior, ' ')
+    save(L, false)
+    answer(L, 2, 0, stamp(L))
+    table.insert(out, sp and string.sub(prior, 1, sp - 1) or '0')
+    table.insert(out, sp and string.sub(prior, sp + 1) or '0')
+    return out
+  end
+  if id ~= '' then
+    local h = redis.call('HGET', L.R, id)
+    if h and h ~= '-' then
+      local sp = string.find(h, ' ')
+      L.held_t = math.max(0, L.held_t - tonumber(string.sub(h, 1, sp - 1)))
+      L.held_p = psub(L.held_p, P(string.sub(h, sp + 1)))
+      redis.call('HSET', L.R, id, '-')
+      redis.call('ZADD', L.X, now + ttl, id)
+    end
+    redis.call('ZREM', LK, id)
+  end
+  charge(L, amt_t, amt_p)
+  local share = 1
+  if not unheld then share = 2 * (redis.call('ZCARD', LK) + 1) end
+  local g_t = max_t
+  if L.cap_t >= 0 then
+    g_t = math.min(max_t, math.floor(math.max(0, L.cap_t - L.spent_t - L.held_t) / share))
+  end
+  if g_t < adm_t then g_t = adm_t end
+  local g_p = max_p
+  if L.cap_p then
+    local free = psub(L.cap_p, padd(L.spent_p, L.held_p))
+    local hi = math.floor(free[1] / share)
+    local lo = math.floor(((free[1] - hi * share) * BASE + free[2]) / share)
+    local chunk = {hi, lo}
+    if ple(chunk, g_p) then g_p = chunk end
+  end
+  if ple(g_p, adm_p) then g_p = adm_p end
+  if not unheld and (g_t > 0 or not pzero(g_p)) then
+    L.held_t = L.held_t + g_t
+    L.held_p = padd(L.held_p, g_p)
+    redis.call('HSET', L.R, new_id, istr(g_t) .. ' ' .. pstr(g_p))
+    redis.call('ZADD', L.X, now + ttl, new_id)
+    redis.call('ZADD', LK, now + ttl, new_id)
+  elseif not unheld then
+    -- Nothing granted: the id is still marked, so this report sent again is not applied twice.
+    redis.call('HSET', L.R, new_id, '-')
+    redis.call('ZADD', L.X, now + ttl, new_id)
+  end
+  L.sums_dirty = true
+  save(L, true)
+  keep_keys(L)
+  redis.call('PEXPIRE', LK, L.life + L.width + math.max(ttl, 0) + 60000)
+  answer(L, 1, 0, stamp(L))
+  table.insert(out, istr(g_t))
+  table.insert(out, pstr(g_p))
   return out
 elseif op == 'status' then
   for _, L in ipairs(ledgers) do

@@ -1,6 +1,6 @@
 //! The HTTP/1.1 JSON service: reserve, settle, release, status (README.md has the wire format).
 
-use crate::store::{Clock, LedgerUse, RedisStore, Reserve, StoreError};
+use crate::store::{Clock, LeaseCall, LedgerUse, RedisStore, Reserve, StoreError};
 use bytes::Bytes;
 use futures_util::future::join_all;
 use http_body_util::{BodyExt, Full, Limited};
@@ -8,8 +8,9 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use router_core::budget::admit::DEFAULT_HOLD_TTL_S;
 use router_core::budget::wire::{
-    validate_common, validate_reservation, EndBatch, EndBatchResponse, LedgerRef, LedgerState,
-    ReserveRequest, ReserveResponse, SettleRequest, SettleResponse, MAX_ENDS, MAX_TTL_S,
+    validate_common, validate_reservation, AmountJson, EndBatch, EndBatchResponse, LeaseRequest,
+    LeaseResponse, LedgerRef, LedgerState, ReserveRequest, ReserveResponse, SettleRequest,
+    SettleResponse, MAX_ENDS, MAX_TTL_S,
 };
 use router_core::errors::ApiError;
 use std::sync::Arc;
@@ -119,6 +120,10 @@ impl Service {
             (Method::POST, "/v1/end") => match serde_json::from_slice(&body) {
                 Ok(b) => self.end_batch(None, b).await,
                 Err(e) => bad_request(format!("end: {e}")),
+            },
+            (Method::POST, "/v1/lease") => match serde_json::from_slice(&body) {
+                Ok(r) => self.lease(None, r).await,
+                Err(e) => bad_request(format!("lease: {e}")),
             },
             (Method::GET, "/v1/status") => match router_param(&query) {
                 Some(router) => match self.store.status(None, &router).await {
@@ -303,6 +308,50 @@ impl Service {
             ledgers: states,
             error: None,
         })
+    }
+}
+
+impl Service {
+    /// `POST /v1/lease` (lease mode): the old lease's use charged, its hold replaced by the
+    /// next lease's, in one script call on the one ledger.
+    pub async fn lease(&self, clock: Clock, r: LeaseRequest) -> Reply {
+        if let Err(e) = validate_common(&r.router, std::slice::from_ref(&r.ledger)) {
+            return bad_request(e);
+        }
+        for id in r.old.iter().chain(std::iter::once(&r.id)) {
+            if let Err(e) = validate_reservation(id) {
+                return bad_request(e);
+            }
+        }
+        let amounts = (
+            r.used.parse(),
+            r.admitted.parse(),
+            r.max.parse(),
+            ttl_ms(r.ttl_s),
+        );
+        let (used, admitted, max, ttl) = match amounts {
+            (Ok(u), Ok(a), Ok(m), Ok(t)) => (u, a, m, t),
+            (Err(e), ..) | (_, Err(e), ..) | (_, _, Err(e), _) | (.., Err(e)) => {
+                return bad_request(e)
+            }
+        };
+        let call = LeaseCall {
+            old: r.old.as_deref(),
+            id: &r.id,
+            used,
+            admitted,
+            max,
+            ttl_ms: ttl,
+            unheld: r.unsafe_unheld,
+        };
+        match self.store.lease(clock, &r.router, &r.ledger, call).await {
+            Ok(l) => ok(&LeaseResponse {
+                granted: AmountJson::from_amount(l.granted),
+                applied: l.applied,
+                ledger: state(&r.ledger, l.ledger),
+            }),
+            Err(e) => store_error(e),
+        }
     }
 }
 

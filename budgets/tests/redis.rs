@@ -48,6 +48,8 @@ fn lua_and_core_agree_on_the_shared_table_of_cases() {
             let mut core = Ledger::new(&shape);
             let mut core_holds = std::collections::HashMap::new();
             let mut redis_ids = std::collections::HashMap::new();
+            // Lease mode: the core's live leases (id -> expiry), as the script's `:l`.
+            let mut core_leases = std::collections::HashMap::new();
             for (n, step) in case["steps"].as_array().unwrap().iter().enumerate() {
                 let at = step["at"].as_u64().unwrap();
                 let id = step["id"].as_str().unwrap_or("");
@@ -106,6 +108,23 @@ fn lua_and_core_agree_on_the_shared_table_of_cases() {
                             .await
                             .unwrap();
                     }
+                    "lease" => {
+                        lease_step(
+                            &store,
+                            LeaseStep {
+                                at,
+                                step,
+                                ctx: &ctx,
+                                router: &router,
+                                l: &l,
+                                ttl_s,
+                            },
+                            (&mut core, &shape, &caps),
+                            &mut core_holds,
+                            &mut core_leases,
+                        )
+                        .await;
+                    }
                     "usage" => {
                         let (spent, held) = store.usage(Some(at), &router, &l).await.unwrap();
                         let core_spent = core.spent(&shape, at);
@@ -126,6 +145,77 @@ fn lua_and_core_agree_on_the_shared_table_of_cases() {
             }
         }
     });
+}
+
+struct LeaseStep<'a> {
+    at: u64,
+    step: &'a Value,
+    ctx: &'a str,
+    router: &'a str,
+    l: &'a LedgerRef,
+    ttl_s: u64,
+}
+
+/// A `lease` step of cases.json: on the core, the old lease's hold settled with its use, the
+/// grant computed by `budget::lease::grant` over the live leases and reserved; on Redis, the
+/// `lease` op. Both must grant what the table says.
+async fn lease_step(
+    store: &RedisStore,
+    s: LeaseStep<'_>,
+    (core, shape, caps): (&mut Ledger, &Shape, &Caps),
+    core_holds: &mut std::collections::HashMap<String, router_core::budget::Hold>,
+    core_leases: &mut std::collections::HashMap<String, u64>,
+) {
+    use llmkube_budgets::store::LeaseCall;
+    use router_core::budget::lease::grant;
+    let (at, step, ctx) = (s.at, s.step, s.ctx);
+    let usd = |k: &str| step[k].as_str().map_or(0, |u| parse_usd(u).unwrap());
+    let used = Amount::new(step["tokens"].as_u64().unwrap_or(0), usd("usd"));
+    let admitted = Amount::new(
+        step["admitted_tokens"].as_u64().unwrap_or(0),
+        usd("admitted_usd"),
+    );
+    let max = Amount::new(step["max_tokens"].as_u64().unwrap_or(0), usd("max_usd"));
+    let id = step["id"].as_str().unwrap();
+    let old = step["old"].as_str();
+    let want = Amount::new(step["granted_tokens"].as_u64().unwrap(), usd("granted_usd"));
+    let applied = step["applied"].as_bool().unwrap_or(true);
+    let got = store
+        .lease(
+            Some(at),
+            s.router,
+            s.l,
+            LeaseCall {
+                old,
+                id,
+                used,
+                admitted,
+                max,
+                ttl_ms: s.ttl_s * 1000,
+                unheld: false,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((got.granted, got.applied), (want, applied), "redis {ctx}");
+    if !applied {
+        return;
+    }
+    let hold = old.and_then(|o| core_holds.remove(o));
+    core.settle(shape, hold.as_ref(), used, at);
+    if let Some(o) = old {
+        core_leases.remove(o);
+    }
+    core_leases.retain(|_, exp| *exp > at);
+    let holders = core_leases.len() as u64 + 1;
+    let taken = core.spent(shape, at).plus(core.held(shape, at));
+    let g = grant(caps, taken, max, admitted, holders, false);
+    assert_eq!(g, want, "core {ctx}");
+    if !g.is_zero() {
+        let h = core.try_reserve(shape, caps, g, at).expect(ctx);
+        core_holds.insert(id.to_string(), h);
+        core_leases.insert(id.to_string(), at + s.ttl_s * 1000);
+    }
 }
 
 fn ledger(budget: &str, team: Option<&str>, window_s: u64, max_tokens: u64) -> Value {
@@ -978,4 +1068,50 @@ fn a_longer_window_keeps_the_ledger_in_redis_for_it() {
         let after = pttl();
         assert!(after >= 3_600_000, "kept for the 3600 s window: {after}");
     });
+}
+
+/// `POST /v1/lease` over HTTP: a lease granted and held, its report charging the use and
+/// renewing it, the same report sent again charging nothing, and malformed reports refused
+/// with the field named.
+#[test]
+fn lease_reports_over_http_charge_once_and_refuse_malformed_ones() {
+    let Some(redis) = common::redis() else { return };
+    let svc = InProcess::start(&redis.url(), true);
+    let router = unique("lease");
+    let ledger = ledger("all", None, 3600, 1000);
+    let lease = |old: Option<&str>, id: &str, used: u64| {
+        let mut req = json!({"router": router, "ledger": ledger, "id": id,
+            "used": {"tokens": used}, "admitted": {"tokens": 0}, "max": {"tokens": 300}});
+        if let Some(o) = old {
+            req["old"] = json!(o);
+        }
+        http(svc.addr, "POST", "/v1/lease", Some(&req))
+    };
+    let (status, v) = lease(None, "g-1", 0);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["granted"]["tokens"], 300);
+    assert_eq!(v["ledger"]["tokens_reserved"], 300);
+    let (status, v) = lease(Some("g-1"), "g-2", 40);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (v["applied"].as_bool(), v["ledger"]["tokens_used"].as_u64()),
+        (Some(true), Some(40))
+    );
+    let (_, v) = lease(Some("g-1"), "g-2", 40);
+    assert_eq!(
+        (v["applied"].as_bool(), v["ledger"]["tokens_used"].as_u64()),
+        (Some(false), Some(40)),
+        "{v}"
+    );
+    assert_eq!(v["granted"]["tokens"], 300);
+    let (status, v) = lease(Some("g-2"), "", 0);
+    assert_eq!(status, 400, "{v}");
+    assert!(v.to_string().contains("reservation"), "{v}");
+    let (status, v) = http(
+        svc.addr,
+        "POST",
+        "/v1/lease",
+        Some(&json!({"router": router, "ledger": ledger, "id": "x", "bogus": 1})),
+    );
+    assert_eq!(status, 400, "{v}");
 }

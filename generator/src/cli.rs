@@ -23,6 +23,7 @@ usage:
                      [--ca-file PATH] [--jwks-file FILE] [--format yaml|json]
                      [--budgets-service HOST:PORT [--budgets-fail-open]]
                      [--budgets-hold-ttl SECONDS]
+                     [--budgets-lease-tokens N] [--budgets-lease-usd AMOUNT]
       envoy-gateway options: --wasm-url URL | --wasm-image REF [--wasm-sha256 HEX]
                      [--wasm-dir DIR] [--gateway-listener NAME] [--resolve ...] [--endpoints ...]
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
@@ -66,6 +67,8 @@ const VALUE_FLAGS: &[&str] = &[
     "--budgets-redis-secret",
     "--budgets-image",
     "--budgets-hold-ttl",
+    "--budgets-lease-tokens",
+    "--budgets-lease-usd",
     "--body",
     "--header",
     "--path",
@@ -213,6 +216,8 @@ const TARGET_FLAGS: &[(Target, &[&str])] = &[
             "--budgets-service",
             "--budgets-fail-open",
             "--budgets-hold-ttl",
+            "--budgets-lease-tokens",
+            "--budgets-lease-usd",
         ],
     ),
     (
@@ -543,6 +548,75 @@ fn budgets_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
     }
 }
 
+/// `--budgets-lease-tokens N` and `--budgets-lease-usd AMOUNT` (envoy target, only with
+/// `--budgets-service`): lease mode, the most one lease takes of a budget's tokens / USD.
+fn lease_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
+    let tokens = single(a, "--budgets-lease-tokens", problems);
+    let usd = single(a, "--budgets-lease-usd", problems);
+    if tokens.is_none() && usd.is_none() {
+        return;
+    }
+    let mut lease = router_core::budget::lease::LeaseConfig {
+        max_tokens: None,
+        max_usd: None,
+        report_ms: router_core::budget::lease::DEFAULT_REPORT_MS,
+        unsafe_lease_unheld: false,
+    };
+    let mut ok = true;
+    for (flag, given) in [
+        ("--budgets-lease-tokens", &tokens),
+        ("--budgets-lease-usd", &usd),
+    ] {
+        if given.is_some() && o.budgets_service.is_none() {
+            problems.push(Problem::new(
+                "options",
+                flag,
+                "only with --budgets-service (leases are taken from the shared ledger)".to_string(),
+            ));
+            ok = false;
+        }
+    }
+    if let Some(t) = tokens {
+        match t.parse::<u64>() {
+            Ok(n) if n >= 1 => lease.max_tokens = Some(n),
+            _ => {
+                problems.push(Problem::new(
+                    "options",
+                    "--budgets-lease-tokens",
+                    format!(
+                        "{t:?}: a whole number of tokens, at least 1 (the most one lease takes)"
+                    ),
+                ));
+                ok = false;
+            }
+        }
+    }
+    if let Some(u) = usd {
+        match router_core::budget::money::parse_usd(u) {
+            Ok(p) if p > 0 => lease.max_usd = Some(u.to_string()),
+            Ok(_) => {
+                problems.push(Problem::new(
+                    "options",
+                    "--budgets-lease-usd",
+                    format!("{u:?}: must be more than 0 (the most USD one lease takes)"),
+                ));
+                ok = false;
+            }
+            Err(why) => {
+                problems.push(Problem::new(
+                    "options",
+                    "--budgets-lease-usd",
+                    format!("{u:?}: {why}"),
+                ));
+                ok = false;
+            }
+        }
+    }
+    if ok {
+        o.budgets_lease = Some(lease);
+    }
+}
+
 fn envoy_options(
     a: &Args,
     common: CompileOptions,
@@ -574,6 +648,7 @@ fn envoy_options(
     }
     o.budgets_service = budgets_service(a, problems);
     budgets_flags(a, &mut o, problems);
+    lease_flags(a, &mut o, problems);
     o.format = match single(a, "--format", problems) {
         Some("json") => Format::Json,
         Some("yaml") => Format::Yaml,

@@ -43,6 +43,9 @@ pub struct CompileOptions {
     pub budgets_fail_open: bool,
     /// `--budgets-hold-ttl SECONDS`: how long a reservation lives if its request never ends.
     pub budgets_hold_ttl_s: Option<u64>,
+    /// Lease mode of the shared ledger (`--budgets-lease-tokens`/`--budgets-lease-usd`); only
+    /// with `budgets_cluster`.
+    pub budgets_lease: Option<router_core::budget::lease::LeaseConfig>,
 }
 
 /// How long the filter waits for `llmkube-budgets` to answer a reservation before failing closed.
@@ -340,6 +343,7 @@ pub fn build(
                 cluster,
                 timeout_ms: SERVICE_TIMEOUT_MS,
                 fail_open: opts.budgets_fail_open,
+                lease: opts.budgets_lease.clone(),
             }
         });
         if let Some(ttl) = opts.budgets_hold_ttl_s {

@@ -510,22 +510,25 @@ fn resolve_and_endpoints_flags() {
     );
 }
 
+/// `compile --target envoy -f <example> EXTRA…`: exit code, stdout, stderr.
+fn compile_example_envoy(extra: &[&str]) -> (Option<i32>, String, String) {
+    let mut args = vec!["compile", "--target", "envoy", "-f"];
+    let ex = example();
+    args.push(&ex);
+    args.extend_from_slice(extra);
+    let o = run(&args, None);
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).to_string(),
+        stderr(&o),
+    )
+}
+
 /// `--budgets-fail-open` (a switch, only with `--budgets-service`) and `--budgets-hold-ttl`
 /// reach the plugin configuration; without them budgets fail closed with the default TTL.
 #[test]
 fn budgets_fail_open_and_hold_ttl_flags() {
-    let compile = |extra: &[&str]| {
-        let mut args = vec!["compile", "--target", "envoy", "-f"];
-        let ex = example();
-        args.push(&ex);
-        args.extend_from_slice(extra);
-        let o = run(&args, None);
-        (
-            o.status.code(),
-            String::from_utf8_lossy(&o.stdout).to_string(),
-            stderr(&o),
-        )
-    };
+    let compile = compile_example_envoy;
     let service = ["--budgets-service", "127.0.0.1:8090"];
     let (code, out, err) = compile(
         &[
@@ -552,5 +555,82 @@ fn budgets_fail_open_and_hold_ttl_flags() {
     assert!(
         err.starts_with("options: --budgets-hold-ttl: \"0\""),
         "{err}"
+    );
+}
+
+/// `--budgets-lease-tokens N` / `--budgets-lease-usd AMOUNT` put lease mode in the plugin
+/// configuration, only with `--budgets-service`; errors name the flag and the reason.
+#[test]
+fn budgets_lease_flags() {
+    let compile = compile_example_envoy;
+    let service = ["--budgets-service", "127.0.0.1:8090"];
+    let (code, out, err) = compile(
+        &[
+            &service[..],
+            &[
+                "--budgets-lease-tokens",
+                "20000",
+                "--budgets-lease-usd",
+                "0.25",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(r#""lease":{"max_tokens":20000,"max_usd":"0.25","report_ms":100}"#),
+        "{out}"
+    );
+    let (_, out, _) = compile(&service);
+    assert!(!out.contains(r#""lease""#), "no lease mode unless asked");
+    for (args, says) in [
+        (
+            vec!["--budgets-lease-tokens", "100"],
+            "options: --budgets-lease-tokens: only with --budgets-service",
+        ),
+        (
+            vec!["--budgets-lease-usd", "1"],
+            "options: --budgets-lease-usd: only with --budgets-service",
+        ),
+        (
+            [&service[..], &["--budgets-lease-tokens", "0"]].concat(),
+            "options: --budgets-lease-tokens: \"0\": a whole number of tokens, at least 1",
+        ),
+        (
+            [&service[..], &["--budgets-lease-usd", "0"]].concat(),
+            "options: --budgets-lease-usd: \"0\": must be more than 0",
+        ),
+        (
+            [&service[..], &["--budgets-lease-usd", "1.2.3"]].concat(),
+            "options: --budgets-lease-usd: \"1.2.3\"",
+        ),
+    ] {
+        let (code, _, err) = compile(&args);
+        assert_eq!(code, Some(1), "{args:?}");
+        assert!(err.starts_with(says), "{args:?}: {err}");
+    }
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy-gateway",
+            "-f",
+            &example(),
+            "--wasm-url",
+            "http://x/m.wasm",
+            "--budgets-lease-tokens",
+            "5",
+        ],
+        None,
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a usage error: an envoy-target flag"
+    );
+    assert!(
+        stderr(&o).contains("--budgets-lease-tokens"),
+        "{}",
+        stderr(&o)
     );
 }

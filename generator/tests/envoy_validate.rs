@@ -333,3 +333,35 @@ fn budgets_service_cluster_by_ip_and_by_name() {
         validate("budgets-service", example(), opts);
     }
 }
+
+/// Lease mode (`--budgets-lease-tokens`/`--budgets-lease-usd`) puts `budgets.service.lease` in
+/// the plugin configuration, which the filter accepts in a real Envoy.
+#[test]
+fn budgets_service_in_lease_mode() {
+    let opts = EnvoyOptions {
+        budgets_service: Some(("127.0.0.1".into(), 8090)),
+        budgets_lease: Some(router_core::budget::lease::LeaseConfig {
+            max_tokens: Some(20_000),
+            max_usd: Some("0.5".into()),
+            report_ms: 100,
+            unsafe_lease_unheld: false,
+        }),
+        format: Format::Json,
+        wasm_dir: wasm_dir().to_path_buf(),
+        ..Default::default()
+    };
+    let out = compile_envoy(
+        &[Source {
+            name: "example".into(),
+            text: example(),
+        }],
+        &opts,
+    )
+    .unwrap();
+    let plugin = out.replace("\\\"", "\"");
+    assert!(
+        plugin.contains(r#""lease":{"max_tokens":20000,"max_usd":"0.5","report_ms":100}"#),
+        "no budgets.service.lease in the plugin configuration"
+    );
+    validate("budgets-lease", example(), opts);
+}

@@ -16,6 +16,7 @@
 //! creating keys on the request path could lose a concurrent update. A slot is reused only once
 //! its old team's ledger has fully rolled off, so a reused slot's ledger is already empty.
 
+use crate::budget_lease::{LeaseHold, Leases};
 use crate::budget_remote::{Remote, RemoteHold};
 use crate::metrics::BudgetStats;
 use filter_edge::{self as edge, table::HostStore, Buffer, Level, Map};
@@ -64,6 +65,8 @@ pub(crate) struct Budgets {
     /// The team slots this worker knows, so a request of a known team neither reads nor writes
     /// the team table ([`Budgets::team_slot`]).
     slots: RefCell<SlotCache>,
+    /// Lease mode of the shared ledger (`budgets.service.lease`).
+    leases: Option<Leases>,
 }
 
 /// What the client gets instead of an upstream answer.
@@ -97,6 +100,8 @@ pub(crate) struct Metered {
     out: Vec<u8>,
     /// The reservation on `llmkube-budgets` (remote ledgers only).
     remote: Option<RemoteHold>,
+    /// Admitted on this gateway's leases instead (lease mode).
+    lease: Option<LeaseHold>,
 }
 
 impl Metered {
@@ -177,6 +182,10 @@ impl Budgets {
                 None => LedgerBackend::Local(HostStore),
             },
             attempts,
+            leases: config
+                .service
+                .as_ref()
+                .and_then(|s| Leases::configure(&compiled, &router.config.router, s.timeout_ms)),
             compiled,
             slots: RefCell::new(SlotCache::default()),
         };
@@ -422,6 +431,16 @@ impl Budgets {
         let splice = self.splice(r, &facts, &p)?;
         if let LedgerBackend::Remote(remote) = &self.ledgers {
             audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
+            if let Some(hold) = self
+                .leases
+                .as_ref()
+                .and_then(|l| l.admit(&p.keys, p.amount))
+            {
+                // Covered by this gateway's leases: no callout.
+                let mut a = admitted(&facts, splice, Vec::new(), None);
+                a.metered.lease = Some(hold);
+                return Ok(Some(a));
+            }
             let id = remote.new_id();
             let pending = match remote.reserve(&self.compiled, &p.keys, p.amount, &id) {
                 Ok(token) => RemoteHold {
@@ -605,6 +624,9 @@ impl Budgets {
         match &self.ledgers {
             LedgerBackend::Remote(remote) => {
                 remote.flush();
+                if let Some(l) = &self.leases {
+                    l.report(&self.compiled, remote);
+                }
                 self.stats
                     .republish(|_, key| router_core::budget::gauge::newest(&HostStore, key));
             }
@@ -626,11 +648,35 @@ impl Budgets {
         }
     }
 
+    /// The VM is stopping: releases this gateway's leases (lease mode). `true` when releases
+    /// went out and the VM should wait for their answers.
+    pub fn release_leases(&self) -> bool {
+        match (&self.ledgers, &self.leases) {
+            (LedgerBackend::Remote(remote), Some(l)) => l.release_all(&self.compiled, remote),
+            _ => false,
+        }
+    }
+
     /// A settle or release answered (the root's `on_http_call_response`): the gauges follow
     /// the ledgers it reports, each set once to its newest state in the call (a batch's ends
     /// mostly report the same few ledgers).
     pub fn ended(&self, token: u32, num_headers: usize, body_size: usize) {
         if let LedgerBackend::Remote(remote) = &self.ledgers {
+            if let Some(state) = self
+                .leases
+                .as_ref()
+                .and_then(|l| l.answered(token, num_headers, body_size))
+            {
+                let gauges = router_core::budget::remote::gauges(
+                    &self.compiled,
+                    state
+                        .as_ref()
+                        .map(|(_, s)| std::slice::from_ref(s))
+                        .unwrap_or(&[]),
+                );
+                self.stats.record_all(&gauges);
+                return;
+            }
             let answers = remote.ended(token, num_headers, body_size);
             let gauges = router_core::budget::remote::newest_per_ledger(
                 answers
@@ -644,6 +690,9 @@ impl Budgets {
     /// Ends the request's remote reservation: settles `charge`, or releases (`None`). A
     /// reservation whose answer is still out (the client left first) is released by its id.
     fn end_remote(&self, m: &mut Metered, charge: Option<Amount>) {
+        if let (Some(l), Some(h)) = (&self.leases, m.lease.take()) {
+            l.end(&h, charge);
+        }
         let (LedgerBackend::Remote(remote), Some(h)) = (&self.ledgers, m.remote.take()) else {
             return;
         };
@@ -745,7 +794,7 @@ impl Budgets {
     /// estimate; anything else (refused locally, failed upstream, client gone before an answer)
     /// releases.
     pub fn end(&self, m: &mut Metered, audit: &mut AuditRecord) {
-        if m.held.is_empty() && m.remote.is_none() {
+        if m.held.is_empty() && m.remote.is_none() && m.lease.is_none() {
             return;
         }
         let streamed = m.reader.as_ref().is_some_and(|r| r.content_bytes() > 0);
@@ -788,6 +837,9 @@ impl Budgets {
         if c.estimated {
             for k in m.remote.iter().flat_map(|h| &h.keys) {
                 self.stats.estimated(k.budget);
+            }
+            for &b in m.lease.iter().flat_map(|h| h.budgets()) {
+                self.stats.estimated(b);
             }
         }
         self.end_remote(m, Some(amount));
@@ -883,6 +935,7 @@ fn admitted(
             served: None,
             out: Vec::new(),
             remote,
+            lease: None,
         },
         splice,
     }

@@ -96,6 +96,11 @@ impl Remote {
         }
     }
 
+    /// The router's name, as the service keys its ledgers.
+    pub fn router(&self) -> &str {
+        &self.router
+    }
+
     /// A reservation id unique to this request: the worker's prefix and a counter.
     pub fn new_id(&self) -> String {
         let n = self.next_id.get().wrapping_add(1);
@@ -289,7 +294,7 @@ impl Remote {
         }
     }
 
-    fn send(&self, path: &'static str, body: &[u8]) -> Result<u32, String> {
+    pub(crate) fn send(&self, path: &'static str, body: &[u8]) -> Result<u32, String> {
         let headers = remote::call_headers(path);
         let call = HttpCall {
             upstream: &self.cluster,

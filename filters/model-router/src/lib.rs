@@ -11,6 +11,7 @@
 )]
 
 mod budget;
+mod budget_lease;
 mod budget_remote;
 mod http;
 mod metrics;
@@ -78,6 +79,15 @@ impl Context for Root {
             if let Some(budgets) = &worker.budgets {
                 budgets.ended(token, num_headers, body_size);
             }
+        }
+    }
+
+    /// The VM is stopping: lease mode releases this gateway's leases first (the host waits for
+    /// `proxy_done`, sent when the releases are answered).
+    fn on_done(&mut self) -> bool {
+        match self.worker.as_ref().and_then(|w| w.budgets.as_ref()) {
+            Some(budgets) => !budgets.release_leases(),
+            None => true,
         }
     }
 }

@@ -83,6 +83,10 @@ pub struct ServiceConfig {
     /// default 503 `budget_store_unavailable`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fail_open: bool,
+    /// Lease mode (`super::lease`): admit against a lease held in Redis per ledger instead of
+    /// one reservation call per request. Absent: per-request reservation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<super::lease::LeaseConfig>,
 }
 
 fn default_hold_ttl_s() -> u64 {
@@ -122,6 +126,8 @@ pub struct CompiledBudgets {
     pub max_teams: usize,
     /// See [`BudgetsConfig::unsafe_charge_after`].
     pub charge_after: bool,
+    /// Lease mode (`service.lease`), compiled.
+    pub lease: Option<super::lease::Lease>,
 }
 
 impl CompiledBudgets {
@@ -214,7 +220,12 @@ impl BudgetsConfig {
         if self.max_teams == 0 {
             return Err(err("max_teams".into(), "must be at least 1"));
         }
+        let lease = match self.service.as_ref().and_then(|s| s.lease.as_ref()) {
+            Some(l) => Some(l.compile().map_err(|(path, why)| err(path, why))?),
+            None => None,
+        };
         Ok(CompiledBudgets {
+            lease,
             budgets,
             prices,
             hold_ttl_s: self.hold_ttl_s,
@@ -316,6 +327,10 @@ mod tests {
                 "prices[0]",
             ),
             (r#"{"budgets":[],"hold_ttl_s":0}"#, "hold_ttl_s"),
+            (
+                r#"{"budgets":[],"service":{"cluster":"c","lease":{"max_tokens":0}}}"#,
+                "service.lease.max_tokens: must be at least 1",
+            ),
             (r#"{"budgets":[],"bogus":1}"#, "unknown field"),
         ] {
             let e = parse(json).unwrap_err();

@@ -14,6 +14,7 @@
 //! - [`wire`]: the JSON the filter and `llmkube-budgets` exchange.
 //! - [`gauge`]: the newest state of each shared ledger across workers, for its gauges.
 //! - [`remote`]: the calls the filter sends to `llmkube-budgets` and what their answers mean.
+//! - [`lease`]: lease mode of the shared ledger: admission against a lease held in Redis.
 //! - [`reply`]: the 429 and 503 answers.
 //! - [`plan`]: the budget step of one request: what to reserve where, what to charge.
 
@@ -22,6 +23,7 @@ pub mod bound;
 pub mod config;
 pub mod gauge;
 pub mod inject;
+pub mod lease;
 pub mod ledger;
 pub mod money;
 pub mod plan;

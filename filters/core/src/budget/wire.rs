@@ -185,6 +185,46 @@ pub struct ReserveResponse {
     pub ledgers: Vec<LedgerState>,
 }
 
+/// `POST /v1/lease`: report a lease's use and take the next lease, on one ledger, in one
+/// script call (`lease` in ledger.lua; docs/budgets.md "Lease mode"). The old lease's hold is
+/// dropped, `used` charged at report time, and a new hold of
+/// `max(min(max, free / (2 × leaseholders)), admitted)` taken under `id` (none when that is
+/// zero). A report whose `id` is already held was applied before (its answer was lost): the
+/// answer is that lease, and nothing is charged again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    pub router: String,
+    pub ledger: LedgerRef,
+    /// The lease being replaced; absent: the gateway holds none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old: Option<String>,
+    /// The new lease's id.
+    pub id: String,
+    /// Settled on the old lease since the last report: charged now.
+    pub used: AmountJson,
+    /// Admitted on the lease and not ended: the new hold covers at least this.
+    pub admitted: AmountJson,
+    /// The most the new lease takes (zero: shrink to `admitted`, release when that is zero).
+    pub max: AmountJson,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+    /// UNSAFE, tests only: grant without holding (see `LeaseConfig::unsafe_lease_unheld`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unsafe_unheld: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseResponse {
+    /// The new lease's size (zero: no lease is held).
+    pub granted: AmountJson,
+    /// `false` when this report had been applied already (a resend).
+    #[serde(default)]
+    pub applied: bool,
+    /// The ledger after the call (the gauges).
+    pub ledger: LedgerState,
+}
+
 /// One entry of the seed's `status.budgetUtilization`; team budgets add their teams.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

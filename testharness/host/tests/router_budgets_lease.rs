@@ -1,0 +1,145 @@
+//! Lease mode of the shared ledger on the compiled module, two workers (two VMs on one
+//! shared-data store, as Envoy's `--concurrency 2`): a request that finds no lease reserves on
+//! its own and the next tick asks for one; once granted, either worker admits on it with no
+//! callout; the tick's report charges what the lease's requests used, and while a report is
+//! out nothing is admitted on the lease.
+
+use serde_json::{json, Value};
+use wasm_host::{Host, HttpCallReply, SharedStore, VmOptions};
+
+mod support;
+use support::*;
+
+const BODY: &str =
+    r#"{"model":"qwen3-8b","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+
+fn worker(shared: &SharedStore) -> Host {
+    let mut c = router_config();
+    c["budgets"] = json!({
+        "budgets": [{"name": "all", "scope": "router", "max_tokens": 100000, "window_s": 60}],
+        "service": {"cluster": "llmkube-budgets", "timeout_ms": 1000,
+                    "lease": {"max_tokens": 5000}},
+    });
+    let opts = VmOptions {
+        root_id: "model-router".into(),
+        ..Default::default()
+    }
+    .with_plugin_config(serde_json::to_vec(&c).unwrap())
+    .allow_stop_iteration(true)
+    .with_shared(shared);
+    let host = Host::from_file(wasm("llmkube_model_router"), opts).expect("module loads");
+    assert!(host.configure_ok(), "{:?}", host.logs());
+    host
+}
+
+/// The calls made since `from`, by path.
+fn calls_to(h: &Host, from: usize, path: &str) -> Vec<(u32, Value)> {
+    h.http_calls()
+        .into_iter()
+        .skip(from)
+        .filter(|c| c.header(":path") == Some(path))
+        .map(|c| (c.token, serde_json::from_slice(&c.body).unwrap()))
+        .collect()
+}
+
+/// The response with usage 10 + 20, and the request's end.
+fn respond(h: &mut Host, stream: wasm_host::StreamId) {
+    h.run_response(
+        stream,
+        &[(":status", "200"), ("content-type", "application/json")],
+        br#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20}}"#,
+        0,
+    )
+    .unwrap();
+    h.log_and_done(stream).unwrap();
+}
+
+fn lease_answer(tokens: u64) -> HttpCallReply {
+    let a = json!({"granted": {"tokens": tokens, "usd": "0"}, "applied": true,
+        "ledger": {"budget": "all", "tokens_used": 0, "usd_used": "0", "tokens_reserved": tokens}});
+    HttpCallReply::new(200, a.to_string())
+}
+
+#[test]
+fn a_granted_lease_admits_on_every_worker_without_a_callout_and_reports_the_use() {
+    let shared = SharedStore::new();
+    let (mut a, mut b) = (worker(&shared), worker(&shared));
+    // No lease yet: the request reserves on its own.
+    let req = post(&mut a, &[], BODY);
+    assert!(req.local_response.is_none(), "{:?}", a.logs());
+    let reserve = calls_to(&a, 0, "/v1/reserve");
+    assert_eq!(reserve.len(), 1);
+    let admitted = json!({"admitted": true, "reservation": "r", "ledgers": []});
+    a.reply_http_call(reserve[0].0, HttpCallReply::new(200, admitted.to_string()))
+        .unwrap();
+    respond(&mut a, req.stream);
+    // Its tick asks for a lease (nothing used on one yet).
+    a.tick().unwrap();
+    let first = calls_to(&a, 0, "/v1/lease");
+    assert_eq!(first.len(), 1, "{:?}", a.http_calls());
+    let (token, body) = &first[0];
+    assert!(body.get("old").is_none(), "{body}");
+    assert_eq!(
+        (
+            body["used"]["tokens"].as_u64(),
+            body["max"]["tokens"].as_u64()
+        ),
+        (Some(0), Some(5000))
+    );
+    let lease_id = body["id"].as_str().unwrap().to_string();
+    a.reply_http_call(*token, lease_answer(5000)).unwrap();
+    assert_eq!(
+        a.metric("llmkube.budget.all.lease_tokens").map(|m| m.value),
+        Some(5000)
+    );
+    // The other worker admits on it: no callout at all.
+    let before = b.http_calls().len();
+    let req = post(&mut b, &[], BODY);
+    assert!(req.local_response.is_none(), "{:?}", b.logs());
+    assert_eq!(
+        b.http_calls().len(),
+        before,
+        "admitted on the lease, no callout"
+    );
+    respond(&mut b, req.stream);
+    b.tick().unwrap();
+    assert_eq!(
+        b.http_calls().len(),
+        before,
+        "nothing to settle with the service"
+    );
+    assert_eq!(
+        b.metric("llmkube.budget.all.lease_admitted")
+            .map(|m| m.value),
+        Some(1)
+    );
+    // A report period later the report charges the 30 used and renews the lease.
+    let from = a.http_calls().len();
+    a.advance_clock(std::time::Duration::from_millis(150))
+        .unwrap();
+    let report = calls_to(&a, from, "/v1/lease");
+    assert_eq!(report.len(), 1, "{:?}", a.http_calls());
+    let (token, body) = &report[0];
+    assert_eq!(body["old"].as_str(), Some(lease_id.as_str()));
+    assert_eq!(body["used"]["tokens"].as_u64(), Some(30));
+    // While it is out, a request is not admitted on the lease: it reserves on its own.
+    let before = b.http_calls().len();
+    let req = post(&mut b, &[], BODY);
+    assert!(req.local_response.is_none());
+    assert_eq!(
+        calls_to(&b, before, "/v1/reserve").len(),
+        1,
+        "the lease is frozen during its report"
+    );
+    a.reply_http_call(*token, lease_answer(5000)).unwrap();
+    // Answered: the lease admits again.
+    let before = b.http_calls().len();
+    let req2 = post(&mut b, &[], BODY);
+    assert!(req2.local_response.is_none());
+    assert_eq!(
+        b.http_calls().len(),
+        before,
+        "admitted on the renewed lease"
+    );
+    let _ = req;
+}

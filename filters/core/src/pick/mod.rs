@@ -166,6 +166,18 @@ impl Default for Config {
     }
 }
 
+/// Whether other gateways (replicas sharing nothing with this one) send to the same pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Company {
+    /// No basis to tell: no fresh counters from the engines, too little work yet, or the
+    /// prefill work is predicted (`recent_from_usage` off).
+    Unknown,
+    /// The engines computed about what this gateway sent them.
+    Alone,
+    /// The engines computed clearly more than this gateway sent: others send too.
+    Others,
+}
+
 /// What the picker needs to know about one request.
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
@@ -220,6 +232,12 @@ pub struct Picker {
     cursor: u64,
     /// The pods the pick in progress may use (empty: all); see `subset.rs`.
     only: Vec<bool>,
+    /// Prompt bytes and the engine's prompt tokens of every request that ended with `usage`:
+    /// this gateway's bytes per token, to compare its prefill (bytes) with the engines'
+    /// counters (tokens) in one unit ([`Picker::company`]). Sums, so every worker's copy
+    /// agrees whatever order the releases arrive in.
+    usage_bytes: u64,
+    usage_tokens: u64,
 }
 
 impl Picker {
@@ -247,6 +265,8 @@ impl Picker {
             fails: vec![0; n],
             cursor: 0,
             only: Vec::new(),
+            usage_bytes: 0,
+            usage_tokens: 0,
             pods,
             cfg,
         }
@@ -513,14 +533,23 @@ impl Picker {
         self.charge(i, bytes - cached, matched[i], req.prompt, now)
     }
 
-    /// Whether other gateways send to these pods too: the engines report computing clearly more
-    /// prompt than this gateway's own recent prefill (usage-corrected, so for a lone gateway
-    /// the two agree up to bytes-per-token), summed over the pods whose counters are fresh.
-    /// Both sides come from picks, releases and scrapes, so every worker's copy agrees.
+    /// Whether other gateways send to these pods too (see [`Picker::company`]).
     pub fn others_send(&self, now: u64) -> bool {
+        self.company(now) == Company::Others
+    }
+
+    /// Who else sends to these pods, as the engines' counters tell: the engines report
+    /// computing clearly more prompt than this gateway's own recent prefill (usage-corrected,
+    /// so for a lone gateway the two agree), summed over the pods whose counters are fresh.
+    /// Both sides are compared in tokens: the engines count tokens, and this gateway's prefill
+    /// (prompt bytes) is divided by its own prompts' bytes per token as the engines reported
+    /// them, not by a fixed 4 (a lone gateway at 3 bytes per token would read a share of 0.75,
+    /// at 2.5 one of 0.63: "others"). Both sides come from picks, releases and scrapes, so
+    /// every worker's copy agrees.
+    pub fn company(&self, now: u64) -> Company {
         if !self.cfg.recent_from_usage {
             // Predicted work undercounts wherever the cache thrashes: no basis to compare.
-            return false;
+            return Company::Unknown;
         }
         let h = self.cfg.recent_half_life_ns;
         let max_age = self.cfg.metrics_max_age_ns;
@@ -532,7 +561,27 @@ impl Picker {
             }
         }
         // A minimum of engine work so that a few requests' rounding decide nothing.
-        engines >= MIN_SHARED_EVIDENCE_BYTES && own < OWN_SHARE_ALONE * engines
+        if engines < MIN_SHARED_EVIDENCE_BYTES {
+            return Company::Unknown;
+        }
+        // `engines` is the engines' tokens at BYTES_PER_TOKEN each; `own` this gateway's bytes.
+        let own_tokens = own / self.bytes_per_token();
+        let engine_tokens = engines / load::BYTES_PER_TOKEN;
+        if own_tokens < OWN_SHARE_ALONE * engine_tokens {
+            Company::Others
+        } else {
+            Company::Alone
+        }
+    }
+
+    /// This gateway's prompt bytes per engine token, from the `usage` its requests reported
+    /// ([`load::BYTES_PER_TOKEN`] until some did).
+    pub fn bytes_per_token(&self) -> f64 {
+        // A few requests' worth before the measured ratio replaces the assumed one.
+        if self.usage_tokens < 1024 {
+            return load::BYTES_PER_TOKEN;
+        }
+        self.usage_bytes as f64 / self.usage_tokens as f64
     }
 
     /// Which eligible pods were recently sent more prefill than `percent` of the mean (plus
@@ -617,6 +666,10 @@ impl Picker {
             } => {
                 *fails = 0;
                 if let (Some(p), Some(c)) = (prompt_tokens, cached_tokens) {
+                    if p > 0 {
+                        self.usage_bytes = self.usage_bytes.saturating_add(t.prompt_bytes as u64);
+                        self.usage_tokens = self.usage_tokens.saturating_add(p);
+                    }
                     if self.cfg.recent_from_usage && p > 0 {
                         // The bytes the engine computed, in the prompt's bytes per token.
                         let computed = (p.saturating_sub(c) as u128 * t.prompt_bytes as u128

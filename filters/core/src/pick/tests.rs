@@ -740,3 +740,39 @@ fn among_other_replicas_a_new_prompt_stays_on_its_home_up_to_the_shared_bound() 
     assert!(run(3.0, 130), "among three: kept up to 130 %");
     assert!(!run(3.0, 0), "0: the lone bound among others too");
 }
+
+/// The share of the engines' work this gateway sent is compared in tokens on both sides: a
+/// lone gateway whose prompts run at 2.5 JSON bytes per token (the engines' `usage` says so)
+/// is alone, and one whose pods also compute another gateway's equal traffic is not. Counting
+/// its own prefill in bytes against the engines' tokens at 4 bytes each read the lone
+/// gateway's share as 0.63, below the 0.7 line: "others".
+#[test]
+fn a_lone_gateway_is_alone_whatever_its_prompts_bytes_per_token() {
+    let run = |other_gateways: f64| {
+        let mut p = Picker::new(cfg(), &pods(2));
+        let mut counters = [0.0; 2];
+        computed_since(&mut p, &mut counters, &[0.0, 0.0], S);
+        let mut tokens = [0.0; 2];
+        for k in 0..20 {
+            let pr = prompt(&text(&format!("chat {k}"), 4000), 256);
+            let t = pod(p.pick(&req(&pr), S + S / 2));
+            let prompt_tokens = pr.bytes as u64 * 2 / 5;
+            tokens[t.pod()] += prompt_tokens as f64 * (1.0 + other_gateways);
+            let outcome = Outcome::Done {
+                prompt_tokens: Some(prompt_tokens),
+                cached_tokens: Some(0),
+            };
+            p.release(t, outcome, S + S / 2);
+        }
+        assert!(
+            (p.bytes_per_token() - 2.5).abs() < 0.01,
+            "{}",
+            p.bytes_per_token()
+        );
+        let engine_bytes = tokens.map(|t| t * load::BYTES_PER_TOKEN);
+        computed_since(&mut p, &mut counters, &engine_bytes, 2 * S);
+        p.company(2 * S)
+    };
+    assert_eq!(run(0.0), Company::Alone);
+    assert_eq!(run(1.0), Company::Others, "one of two");
+}

@@ -139,8 +139,9 @@ pub struct Config {
     /// shed it, will not look, so among replicas it sheds only well past the bound.
     pub shared_known_balance_percent: u64,
     /// A lone gateway (the engines' counters show no other: [`Company::Alone`]) places a
-    /// conversation it starts (a prompt no pod holds a block of, or a new session) on the pod
-    /// with the least recent prefill work among those within the load bound, instead of by
+    /// conversation it starts (a prompt no pod holds a block of, a new or moving session) on
+    /// the pod with the least work to come (recent prefill plus `start_cost_bytes` per
+    /// conversation recently started there) among those within the load bound, instead of by
     /// rendezvous among those under `balance_percent`: the turns to come are the work that
     /// piles up where chats were placed, and a lone gateway has no replica to agree with.
     /// Needs `balance_percent` on; while others send, or with no counters, rendezvous as before.

@@ -1,6 +1,6 @@
 //! The picking benchmark in virtual time:
 //! `cargo run --release -p picksim --bin picksim [-- --like-envoy] [--pods N] [--only WORKLOAD]
-//! [--set name=value]... [--seeds K] [--sweep] [--try "name=value,..."]...`.
+//! [--set name=value]... [--seeds K] [--sweep] [--try "name=value,..."]... [--addr-draws K]`.
 //!
 //! Prints, per workload, hit rate, TTFT mean/p99 and imbalance for round-robin, least-loaded,
 //! the picker (1 and 3 replicas) and the oracle, and the targets checked against them.
@@ -9,7 +9,8 @@
 //! Markdown table.
 use picksim::workload::Shape;
 use picksim::{
-    judge, like_envoy, seeds, simulate, standard_workload, Judged, Policy, Report, Setup, SEED,
+    judge, like_envoy, seeds, simulate, standard_workload, Judged, Policy, Report, Setup, Spread,
+    SEED,
 };
 
 fn row(name: &str, r: &Report) {
@@ -99,6 +100,31 @@ fn main() {
             tries
         };
         sweep_table(&base, &shapes, le, &seeds(k.unwrap_or(8)), &list);
+        return;
+    }
+    if let Some(k) = flag(&args, "--addr-draws") {
+        // `pick_envoy`'s own workload (seed SEED) with `k` draws of pod addresses: how far one
+        // run through Envoy (random ports) can land from another on the same requests.
+        for &shape in &shapes {
+            let reqs = standard_workload(shape, le, SEED);
+            let (mut hit, mut imbalance) = (Vec::new(), Vec::new());
+            for d in 1..=k {
+                let s = Setup {
+                    addr_salt: d * 7919,
+                    ..base.clone()
+                };
+                let r = simulate(Policy::Picker, &s, &reqs);
+                hit.push(r.hit_rate);
+                imbalance.push(r.imbalance);
+            }
+            println!(
+                "{} (seed {SEED}, {k} address draws, {} pods)",
+                shape.name(),
+                base.pods
+            );
+            println!("  picker hit          {:.3}", Spread::of(&hit));
+            println!("  imbalance           {:.2}", Spread::of(&imbalance));
+        }
         return;
     }
     if let Some(k) = k {

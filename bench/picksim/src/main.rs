@@ -1,6 +1,6 @@
 //! The picking benchmark in virtual time:
 //! `cargo run --release -p picksim --bin picksim [-- --like-envoy] [--pods N] [--only WORKLOAD]
-//! [--set name=value]... [--seeds K] [--sweep] [--try "name=value,..."]...`.
+//! [--set name=value]... [--seeds K] [--sweep] [--try "name=value,..."]... [--addr-draws K]`.
 //!
 //! Prints, per workload, hit rate, TTFT mean/p99 and imbalance for round-robin, least-loaded,
 //! the picker (1 and 3 replicas) and the oracle, and the targets checked against them.
@@ -9,7 +9,8 @@
 //! Markdown table.
 use picksim::workload::Shape;
 use picksim::{
-    judge, like_envoy, seeds, simulate, standard_workload, Judged, Policy, Report, Setup, SEED,
+    judge, like_envoy, seeds, simulate, standard_workload, Judged, Policy, Report, Setup, Spread,
+    SEED,
 };
 
 fn row(name: &str, r: &Report) {
@@ -25,6 +26,11 @@ fn row(name: &str, r: &Report) {
 /// The settings `--sweep` compares, each a list of `--set` assignments on top of the base.
 const SWEEP: &[(&str, &str)] = &[
     ("defaults", ""),
+    ("lone gateway by rendezvous (before)", "lone_least_work=0"),
+    ("lone: recent prefill only", "start_cost_bytes=0"),
+    ("lone: 16 KiB per start", "start_cost_bytes=16384"),
+    ("lone: starts' half-life 60 s", "start_half_life_s=60"),
+    ("lone: sessions move at 120 %", "session_move_percent=120"),
     ("known shed at 130 %", "known_balance_percent=130"),
     (
         "known at 130 %, lone bounds among replicas",
@@ -94,6 +100,31 @@ fn main() {
             tries
         };
         sweep_table(&base, &shapes, le, &seeds(k.unwrap_or(8)), &list);
+        return;
+    }
+    if let Some(k) = flag(&args, "--addr-draws") {
+        // `pick_envoy`'s own workload (seed SEED) with `k` draws of pod addresses: how far one
+        // run through Envoy (random ports) can land from another on the same requests.
+        for &shape in &shapes {
+            let reqs = standard_workload(shape, le, SEED);
+            let (mut hit, mut imbalance) = (Vec::new(), Vec::new());
+            for d in 1..=k {
+                let s = Setup {
+                    addr_salt: d * 7919,
+                    ..base.clone()
+                };
+                let r = simulate(Policy::Picker, &s, &reqs);
+                hit.push(r.hit_rate);
+                imbalance.push(r.imbalance);
+            }
+            println!(
+                "{} (seed {SEED}, {k} address draws, {} pods)",
+                shape.name(),
+                base.pods
+            );
+            println!("  picker hit          {:.3}", Spread::of(&hit));
+            println!("  imbalance           {:.2}", Spread::of(&imbalance));
+        }
         return;
     }
     if let Some(k) = k {
@@ -187,8 +218,8 @@ fn sweep_table(base: &Setup, shapes: &[Shape], le: bool, seeds: &[u64], list: &[
         base.pods,
         if le { ", --like-envoy" } else { "" }
     );
-    println!("| setting | workload | hit | 3 replicas / 1 | imbalance | imbalance, 3 replicas | p99 / oracle | TTFT / least-loaded |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| setting | workload | hit | hit / round-robin | hit / oracle | 3 replicas / 1 | imbalance | imbalance, 3 replicas | p99 / oracle | TTFT / least-loaded |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (name, assignments) in list {
         let mut s = base.clone();
         for kv in assignments.split(',').filter(|kv| !kv.is_empty()) {
@@ -197,9 +228,11 @@ fn sweep_table(base: &Setup, shapes: &[Shape], le: bool, seeds: &[u64], list: &[
         for &shape in shapes {
             let j = judge(&s, shape, le, seeds);
             println!(
-                "| {name} | {} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} |",
+                "| {name} | {} | {:.3} | {:.2} | {:.2} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} |",
                 shape.name(),
                 j.hit,
+                j.vs_round_robin,
+                j.vs_oracle,
                 j.ratio,
                 j.imbalance,
                 j.imbalance3,
@@ -231,6 +264,10 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "shared_balance_percent" => c.shared_balance_percent = n,
         "shared_unseen_load_percent" => c.shared_unseen_load_percent = n,
         "request_cost_bytes" => c.request_cost_bytes = n,
+        "lone_least_work" => c.lone_least_work = n != 0,
+        "session_move_percent" => c.session_move_percent = n,
+        "start_cost_bytes" => c.start_cost_bytes = n,
+        "start_half_life_s" => c.start_half_life_ns = n * 1_000_000_000,
         "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,
         _ => {
             eprintln!("--set: unknown parameter {k}");

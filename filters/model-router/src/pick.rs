@@ -28,8 +28,8 @@ use router_core::pick::load::MAX_METRICS_BYTES;
 use router_core::pick::usage::{Seen, UsageWatch};
 use router_core::pick::wire::DEFAULT_SCRAPE_MS;
 use router_core::pick::{
-    hash_prompt, parse_vllm_metrics, prompt_parts, session_key, Choice, Outcome, Picker, Prompt,
-    Request as PickRequest, Ticket,
+    hash_prompt, parse_vllm_metrics, prompt_parts, session_key, Choice, Company, Outcome, Picker,
+    Prompt, Request as PickRequest, Ticket,
 };
 use router_core::quarantine::went_silent;
 use router_core::router::{Decision, Router};
@@ -57,6 +57,10 @@ struct Backend {
     lease_key: String,
     last_period: Cell<u64>,
     in_flight: Option<u32>,
+    /// Counter of picks made while the engines' counters showed this gateway alone (so new
+    /// conversations went by the work to come, not rendezvous): how early and how often a
+    /// deployment reads "alone" is otherwise invisible.
+    alone: Option<u32>,
 }
 
 /// The pick step's state on one worker.
@@ -134,6 +138,11 @@ impl Pick {
                     in_flight: edge::define_metric(
                         MetricKind::Gauge,
                         &format!("llmkube.pick.in_flight.backend.{}", b.name),
+                    )
+                    .ok(),
+                    alone: edge::define_metric(
+                        MetricKind::Counter,
+                        &format!("llmkube.pick.alone.backend.{}", b.name),
                     )
                     .ok(),
                     name: b.name.clone(),
@@ -283,6 +292,9 @@ impl Pick {
             }
             None => picker.pick(&req, now),
         };
+        if let Some(id) = be.alone.filter(|_| picker.company(now) == Company::Alone) {
+            edge::increment_metric(id, 1);
+        }
         let (addr, event) = match &choice {
             Choice::Pod(t) => (
                 picker.address(t.pod()).map(str::to_string),

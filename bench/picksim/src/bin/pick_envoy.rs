@@ -327,7 +327,14 @@ fn round_of<'a>(
         {
             let route = |_: usize, _: &SimRequest| (url.clone(), model.to_string(), None);
             let (lat, errors) = replay(reqs, &route, &|_| {});
-            report(label, p, &lat, errors)
+            let row = report(label, p, &lat, errors);
+            if *model == "pk" {
+                // Picks made while the filter read itself alone (new conversations placed by
+                // the work to come; see docs/endpoint-picking.md).
+                let alone = gw.envoy.stat("wasmcustom.llmkube.pick.alone.backend.pk");
+                println!("  {:<20} picks while alone: {}", "", alone.unwrap_or(0));
+            }
+            row
         } else if arm == "oracle" {
             let oracle = Oracle {
                 pods: &oracle_pods,

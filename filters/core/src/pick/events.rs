@@ -14,12 +14,13 @@ use super::{blocks, Outcome, Picker, Prompt};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// A request was charged to `pod`: its uncached work, its blocks recorded in the pod's
-    /// table, its session bound there.
+    /// table, its session bound there, and whether it started a conversation there.
     Charged {
         pod: u16,
         epoch: u64,
         work: u64,
         session: Option<u64>,
+        start: bool,
         at_ns: u64,
         blocks: Vec<u64>,
     },
@@ -52,6 +53,7 @@ impl Picker {
             epoch: ticket.epoch,
             work: ticket.work,
             session: session.filter(|_| self.cfg.session.is_some()),
+            start: ticket.start,
             at_ns: now,
             blocks: if records {
                 prompt.blocks.clone()
@@ -82,6 +84,7 @@ impl Picker {
                 epoch,
                 work,
                 session,
+                start,
                 at_ns,
                 ref blocks,
             } => {
@@ -91,6 +94,9 @@ impl Picker {
                 };
                 l.acquire(epoch, work);
                 l.sent(at_ns, work, self.cfg.recent_half_life_ns);
+                if start {
+                    l.started(at_ns, self.cfg.start_half_life_ns);
+                }
                 if self.prefix().is_some() {
                     self.tables[i].record(blocks);
                 }
@@ -113,6 +119,7 @@ impl Picker {
                     work,
                     prompt_bytes: prompt_bytes.min(usize::MAX as u64) as usize,
                     predicted: predicted.min(usize::MAX as u64) as usize,
+                    start: false,
                 };
                 self.release(t, outcome, at_ns);
             }
@@ -122,8 +129,9 @@ impl Picker {
 }
 
 const MAGIC: [u8; 2] = *b"LE";
-/// 2: `Metrics` carries the engine's computed-token counter.
-const VERSION: u8 = 2;
+/// 2: `Metrics` carries the engine's computed-token counter. 3: `Charged` says whether the
+/// request started a conversation (bit 1 of its flags byte).
+const VERSION: u8 = 3;
 
 /// `backend` (an index into the router's backends) and the event, as bytes.
 pub fn encode(backend: u16, e: &Event) -> Vec<u8> {
@@ -142,12 +150,13 @@ pub fn encode(backend: u16, e: &Event) -> Vec<u8> {
             epoch,
             work,
             session,
+            start,
             at_ns,
             blocks,
         } => {
             w.push(b'C');
             w.extend_from_slice(&pod.to_le_bytes());
-            w.push(session.is_some() as u8);
+            w.push(session.is_some() as u8 | (*start as u8) << 1);
             u64s(&mut w, &[*epoch, *work, session.unwrap_or(0), *at_ns]);
             w.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
             u64s(&mut w, blocks);
@@ -213,7 +222,11 @@ pub fn decode(raw: &[u8]) -> Option<(u16, Event)> {
     let pod = r.u16()?;
     let e = match kind {
         b'C' => {
-            let has_session = r.u8()? != 0;
+            let flags = r.u8()?;
+            if flags > 3 {
+                return None;
+            }
+            let (has_session, start) = (flags & 1 != 0, flags & 2 != 0);
             let (epoch, work, session, at_ns) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
             let n = r.u32()? as usize;
             if n > blocks::MAX_BLOCKS || r.0.len() != n * 8 {
@@ -225,6 +238,7 @@ pub fn decode(raw: &[u8]) -> Option<(u16, Event)> {
                 epoch,
                 work,
                 session: has_session.then_some(session),
+                start,
                 at_ns,
                 blocks,
             }
@@ -405,6 +419,7 @@ mod tests {
                 epoch: 0,
                 work: 0,
                 session: None,
+                start: true,
                 at_ns: 0,
                 blocks: vec![1, 2],
             },
@@ -413,7 +428,13 @@ mod tests {
         let mut lie = charged.clone();
         lie[41] = 3;
         assert_eq!(decode(&lie), None);
-        assert!(decode(&charged).is_some());
+        assert!(matches!(
+            decode(&charged),
+            Some((0, Event::Charged { start: true, .. }))
+        ));
+        let mut unknown_flag = charged.clone();
+        unknown_flag[8] = 4;
+        assert_eq!(decode(&unknown_flag), None);
         let done = Event::Released {
             pod: 2,
             epoch: 1,
@@ -437,6 +458,7 @@ mod tests {
             epoch: 0,
             work: 1,
             session: None,
+            start: true,
             at_ns: 0,
             blocks: vec![],
         });

@@ -46,6 +46,9 @@ pub struct PodLoad {
     /// Uncached prompt bytes sent here recently, decaying by half every half-life: the prefill
     /// share this pod has been given, which in-flight counts forget as soon as requests end.
     pub recent: Recent,
+    /// Conversations started here recently (a prompt no pod held, a new or moved session),
+    /// decaying: the work still to come from chats placed here, which grow turn by turn.
+    pub starts: Recent,
     /// This gateway's view since the engine's gauges were last read.
     pub scrape: SinceScrape,
 }
@@ -103,6 +106,8 @@ pub struct Ticket {
     pub(crate) prompt_bytes: usize,
     /// Blocks the table predicted cached on this pod.
     pub(crate) predicted: usize,
+    /// The request started a conversation on this pod (for the event that repeats it).
+    pub(crate) start: bool,
 }
 
 impl Ticket {
@@ -150,6 +155,11 @@ impl PodLoad {
     /// Counts `work` uncached bytes just sent here towards the recent prefill work.
     pub(crate) fn sent(&mut self, now: u64, work: u64, half_life_ns: u64) {
         self.recent.add(now, work, half_life_ns);
+    }
+
+    /// Counts a conversation started here.
+    pub(crate) fn started(&mut self, now: u64, half_life_ns: u64) {
+        self.starts.add(now, 1, half_life_ns);
     }
 
     /// Takes the engine's gauges read at `m.at_ns` (`requests`: in flight from here now).

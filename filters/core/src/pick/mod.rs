@@ -41,8 +41,17 @@ const MIN_LIMIT: usize = 64;
 /// rendered 4); two replicas' are about 0.5 each.
 const OWN_SHARE_ALONE: f64 = 0.7;
 
-/// Engine-computed prompt bytes (decaying) needed before the share is trusted.
+/// Engine-computed prompt bytes (decaying) needed before a share below the line is trusted
+/// (others send: the bounds loosen).
 const MIN_SHARED_EVIDENCE_BYTES: f64 = 32.0 * 1024.0;
+
+/// The same before a share at or above the line is (alone: conversations are placed by the
+/// least work). Lower, because a lone gateway places most chats of a burst in its first
+/// seconds; a replica among others reads below the line from its first requests on (its share
+/// is about 1/replicas), so reading "alone" early costs them little. At 32 KiB a lone gateway
+/// at 25 req/s of ~1.2 KB first turns knew it only after ~6 s, when 60 % of the chats of
+/// `pick_envoy`'s multi-turn burst were placed.
+const MIN_ALONE_EVIDENCE_BYTES: f64 = 8.0 * 1024.0;
 
 fn nonzero_or(v: u64, otherwise: u64) -> u64 {
     if v == 0 {
@@ -129,6 +138,24 @@ pub struct Config {
     /// a replica that sheds a prefix it holds copies it where the other replicas, which did not
     /// shed it, will not look, so among replicas it sheds only well past the bound.
     pub shared_known_balance_percent: u64,
+    /// A lone gateway (the engines' counters show no other: [`Company::Alone`]) places a
+    /// conversation it starts (a prompt no pod holds a block of, a new or moving session) on
+    /// the pod with the least work to come (recent prefill plus `start_cost_bytes` per
+    /// conversation recently started there) among those within the load bound, instead of by
+    /// rendezvous among those under `balance_percent`: the turns to come are the work that
+    /// piles up where chats were placed, and a lone gateway has no replica to agree with.
+    /// Needs `balance_percent` on; while others send, or with no counters, rendezvous as before.
+    pub lone_least_work: bool,
+    /// A lone gateway also moves a session whose pod was recently sent more than this
+    /// percentage of the mean prefill work (plus this prompt) to the pod with the least, and
+    /// it stays there. 0: a session moves only when its pod queues and is clearly busier.
+    pub session_move_percent: u64,
+    /// Half-life of the conversations started per pod (what a lone gateway places new ones by):
+    /// about a chat's life, so an ended chat stops counting and a live one still does.
+    pub start_half_life_ns: u64,
+    /// Prefill bytes still to come that a lone gateway counts for each conversation recently
+    /// started on a pod (`lone_least_work`). 0: recent prefill alone.
+    pub start_cost_bytes: u64,
     /// Count load and prefill work as the engines report them (scraped, so every gateway
     /// replica reads the same numbers) plus this gateway's own changes since the scrape,
     /// instead of this gateway's own traffic, so independent replicas bound alike. Off: in the
@@ -159,11 +186,27 @@ impl Default for Config {
             shared_balance_percent: 130,
             shared_unseen_load_percent: 110,
             shared_known_balance_percent: 200,
+            lone_least_work: true,
+            session_move_percent: 0,
+            start_half_life_ns: 30_000_000_000,
+            start_cost_bytes: 4096,
             engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
         }
     }
+}
+
+/// Whether other gateways (replicas sharing nothing with this one) send to the same pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Company {
+    /// No basis to tell: no fresh counters from the engines, too little work yet, or the
+    /// prefill work is predicted (`recent_from_usage` off).
+    Unknown,
+    /// The engines computed about what this gateway sent them.
+    Alone,
+    /// The engines computed clearly more than this gateway sent: others send too.
+    Others,
 }
 
 /// What the picker needs to know about one request.
@@ -220,6 +263,12 @@ pub struct Picker {
     cursor: u64,
     /// The pods the pick in progress may use (empty: all); see `subset.rs`.
     only: Vec<bool>,
+    /// Prompt bytes and the engine's prompt tokens of every request that ended with `usage`:
+    /// this gateway's bytes per token, to compare its prefill (bytes) with the engines'
+    /// counters (tokens) in one unit ([`Picker::company`]). Sums, so every worker's copy
+    /// agrees whatever order the releases arrive in.
+    usage_bytes: u64,
+    usage_tokens: u64,
 }
 
 impl Picker {
@@ -247,6 +296,8 @@ impl Picker {
             fails: vec![0; n],
             cursor: 0,
             only: Vec::new(),
+            usage_bytes: 0,
+            usage_tokens: 0,
             pods,
             cfg,
         }
@@ -351,7 +402,7 @@ impl Picker {
                 let i = (self.cursor % n as u64) as usize;
                 self.cursor = self.cursor.wrapping_add(1);
                 if self.eligible(i, now, req.avoid) {
-                    return Choice::Pod(self.charge(i, prompt_bytes, 0, req.prompt, now));
+                    return Choice::Pod(self.charge(i, prompt_bytes, 0, req.prompt, false, now));
                 }
             }
             return Choice::NoEligiblePod;
@@ -366,9 +417,17 @@ impl Picker {
             p.load_bytes(i, now).saturating_add(prompt_bytes - cached)
         };
 
-        // A live session stays on its pod unless that pod is queuing and clearly busier.
+        let company = self.company(now);
+        let lone = self.cfg.lone_least_work
+            && self.cfg.balance_percent > 0
+            && block > 0
+            && company == Company::Alone;
+
+        // A live session stays on its pod unless that pod is queuing and clearly busier (or,
+        // for a lone gateway, was sent clearly more prefill work than the mean).
         let idle = self.cfg.session.as_ref().map(|s| s.idle_ns);
         let key = req.session.filter(|_| idle.is_some());
+        let mut leaving = None;
         if let (Some(k), Some(idle)) = (key, idle) {
             if let Some(b) = self.sessions.get(k, now, idle).map(usize::from) {
                 if b < n && self.eligible(b, now, req.avoid) {
@@ -381,14 +440,20 @@ impl Picker {
                             > m.saturating_mul(2)
                                 .saturating_add(self.cfg.request_cost_bytes)
                     });
-                    if !(busier && self.queuing(b, now)) {
-                        return Choice::Pod(self.charge_at(b, &matched, block, req, k, now));
+                    let move_at = self.cfg.session_move_percent;
+                    let heavy = lone
+                        && move_at > 0
+                        && self.over_balance(move_at, prompt_bytes, now, req.avoid)[b];
+                    if heavy {
+                        leaving = Some(b);
+                    } else if !(busier && self.queuing(b, now)) {
+                        return Choice::Pod(self.charge_at(b, &matched, req, k, false, now));
                     }
                 }
             }
         }
 
-        let shared = self.others_send(now);
+        let shared = company == Company::Others;
         let (balance, unseen_percent) = match shared {
             true => (
                 nonzero_or(self.cfg.shared_balance_percent, self.cfg.balance_percent),
@@ -453,16 +518,7 @@ impl Picker {
         // not loaded past `unseen_load_percent` of the mean a candidate. The bound is loose on
         // purpose: replicas see different loads, and only a loose bound lets them agree.
         let unseen = block > 0 && known == 0 && !blocks.is_empty();
-        let bound = if unseen {
-            let live: Vec<u64> = (0..n)
-                .filter(|&i| costs[i] != u64::MAX)
-                .map(|i| self.load_bytes(i, now))
-                .collect();
-            let mean = live.iter().sum::<u64>() / live.len().max(1) as u64;
-            Some((mean as u128 * unseen_percent as u128 / 100) as u64 + self.cfg.request_cost_bytes)
-        } else {
-            None
-        };
+        let bound = unseen.then(|| self.load_bound(&costs, None, unseen_percent, now));
         // The candidate with the highest rendezvous weight.
         let rank = |candidate: &dyn Fn(usize, u64) -> bool| {
             let mut chosen: Option<(u64, usize)> = None;
@@ -477,7 +533,14 @@ impl Picker {
             }
             chosen.map(|(_, i)| i)
         };
+        // A lone gateway starting a conversation (or moving a session off a pod with too
+        // much prefill work): the least work to come within the load bound.
+        let lone_pick = match lone && (known == 0 || leaving.is_some()) {
+            true => self.least_work(&costs, leaving, unseen_percent, rank_key, now),
+            false => None,
+        };
         let chosen = match bound {
+            _ if lone_pick.is_some() => lone_pick,
             // Within the load bound and the prefill-work bound; if the two leave no pod in
             // common, the load bound alone.
             Some(b) => rank(&|i, _| self.load_bytes(i, now) <= b && !over[i])
@@ -490,37 +553,92 @@ impl Picker {
             return Choice::NoEligiblePod;
         };
         match key {
-            Some(k) => Choice::Pod(self.charge_at(i, &matched, block, req, k, now)),
+            // A new session, or one that moves, starts its conversation here.
+            Some(k) => Choice::Pod(self.charge_at(i, &matched, req, k, true, now)),
             None => {
                 let cached = (matched[i] as u64 * block).min(prompt_bytes);
-                Choice::Pod(self.charge(i, prompt_bytes - cached, matched[i], req.prompt, now))
+                let work = prompt_bytes - cached;
+                let start = known == 0 && block > 0;
+                Choice::Pod(self.charge(i, work, matched[i], req.prompt, start, now))
             }
         }
+    }
+
+    /// The eligible pod (not `leaving`, not already excluded in `costs`) with the least work to
+    /// come among those loaded at most `percent` of the mean load plus one request: its recent
+    /// prefill plus `start_cost_bytes` for each conversation recently started there (a chat
+    /// grows turn by turn where it was placed; its first turn alone says little of that).
+    /// Ties by rendezvous on `rank_key`.
+    fn least_work(
+        &self,
+        costs: &[u64],
+        leaving: Option<usize>,
+        percent: u64,
+        rank_key: u64,
+        now: u64,
+    ) -> Option<usize> {
+        let h = self.cfg.recent_half_life_ns;
+        let hs = self.cfg.start_half_life_ns;
+        let per_start = self.cfg.start_cost_bytes as f64;
+        let live = |i: &usize| costs[*i] != u64::MAX && Some(*i) != leaving;
+        let bound = self.load_bound(costs, leaving, percent, now);
+        (0..self.pods.len())
+            .filter(live)
+            .filter(|&i| self.load_bytes(i, now) <= bound)
+            .min_by(|&a, &b| {
+                let (la, lb) = (&self.loads[a], &self.loads[b]);
+                let k = |l: &PodLoad| l.recent.at(now, h) + per_start * l.starts.at(now, hs);
+                k(la).total_cmp(&k(lb)).then_with(|| {
+                    // Higher rendezvous weight first.
+                    mix(rank_key ^ self.pods[b].id).cmp(&mix(rank_key ^ self.pods[a].id))
+                })
+            })
+    }
+
+    /// `percent` of the mean load of the pods still in `costs` (but `leaving`), plus one
+    /// request: the bounded load of consistent hashing, and of a lone gateway's placement.
+    fn load_bound(&self, costs: &[u64], leaving: Option<usize>, percent: u64, now: u64) -> u64 {
+        let live: Vec<u64> = (0..self.pods.len())
+            .filter(|&i| costs[i] != u64::MAX && Some(i) != leaving)
+            .map(|i| self.load_bytes(i, now))
+            .collect();
+        let mean = live.iter().sum::<u64>() / live.len().max(1) as u64;
+        (mean as u128 * percent as u128 / 100) as u64 + self.cfg.request_cost_bytes
     }
 
     fn charge_at(
         &mut self,
         i: usize,
         matched: &[usize],
-        block: u64,
         req: &Request<'_>,
         key: u64,
+        start: bool,
         now: u64,
     ) -> Ticket {
+        let block = self.block_bytes().unwrap_or(0) as u64;
         self.sessions.bind(key, i as u16, now);
         let bytes = req.prompt.bytes as u64;
         let cached = (matched[i] as u64 * block).min(bytes);
-        self.charge(i, bytes - cached, matched[i], req.prompt, now)
+        self.charge(i, bytes - cached, matched[i], req.prompt, start, now)
     }
 
-    /// Whether other gateways send to these pods too: the engines report computing clearly more
-    /// prompt than this gateway's own recent prefill (usage-corrected, so for a lone gateway
-    /// the two agree up to bytes-per-token), summed over the pods whose counters are fresh.
-    /// Both sides come from picks, releases and scrapes, so every worker's copy agrees.
+    /// Whether other gateways send to these pods too (see [`Picker::company`]).
     pub fn others_send(&self, now: u64) -> bool {
+        self.company(now) == Company::Others
+    }
+
+    /// Who else sends to these pods, as the engines' counters tell: the engines report
+    /// computing clearly more prompt than this gateway's own recent prefill (usage-corrected,
+    /// so for a lone gateway the two agree), summed over the pods whose counters are fresh.
+    /// Both sides are compared in tokens: the engines count tokens, and this gateway's prefill
+    /// (prompt bytes) is divided by its own prompts' bytes per token as the engines reported
+    /// them, not by a fixed 4 (a lone gateway at 3 bytes per token would read a share of 0.75,
+    /// at 2.5 one of 0.63: "others"). Both sides come from picks, releases and scrapes, so
+    /// every worker's copy agrees.
+    pub fn company(&self, now: u64) -> Company {
         if !self.cfg.recent_from_usage {
             // Predicted work undercounts wherever the cache thrashes: no basis to compare.
-            return false;
+            return Company::Unknown;
         }
         let h = self.cfg.recent_half_life_ns;
         let max_age = self.cfg.metrics_max_age_ns;
@@ -532,7 +650,29 @@ impl Picker {
             }
         }
         // A minimum of engine work so that a few requests' rounding decide nothing.
-        engines >= MIN_SHARED_EVIDENCE_BYTES && own < OWN_SHARE_ALONE * engines
+        if engines < MIN_ALONE_EVIDENCE_BYTES {
+            return Company::Unknown;
+        }
+        // `engines` is the engines' tokens at BYTES_PER_TOKEN each; `own` this gateway's bytes.
+        let own_tokens = own / self.bytes_per_token();
+        let engine_tokens = engines / load::BYTES_PER_TOKEN;
+        if own_tokens >= OWN_SHARE_ALONE * engine_tokens {
+            Company::Alone
+        } else if engines >= MIN_SHARED_EVIDENCE_BYTES {
+            Company::Others
+        } else {
+            Company::Unknown
+        }
+    }
+
+    /// This gateway's prompt bytes per engine token, from the `usage` its requests reported
+    /// ([`load::BYTES_PER_TOKEN`] until some did).
+    pub fn bytes_per_token(&self) -> f64 {
+        // A few requests' worth before the measured ratio replaces the assumed one.
+        if self.usage_tokens < 1024 {
+            return load::BYTES_PER_TOKEN;
+        }
+        self.usage_bytes as f64 / self.usage_tokens as f64
     }
 
     /// Which eligible pods were recently sent more prefill than `percent` of the mean (plus
@@ -583,11 +723,15 @@ impl Picker {
         work: u64,
         predicted: usize,
         prompt: &Prompt,
+        start: bool,
         now: u64,
     ) -> Ticket {
         let epoch = self.epoch(now);
         self.loads[i].acquire(epoch, work);
         self.loads[i].sent(now, work, self.cfg.recent_half_life_ns);
+        if start {
+            self.loads[i].started(now, self.cfg.start_half_life_ns);
+        }
         if self.prefix().is_some() {
             // Recorded now, not when the response ends: a burst of one new prompt then finds
             // it on the first pod instead of missing everywhere.
@@ -599,6 +743,7 @@ impl Picker {
             work,
             prompt_bytes: prompt.bytes,
             predicted,
+            start,
         }
     }
 
@@ -617,6 +762,10 @@ impl Picker {
             } => {
                 *fails = 0;
                 if let (Some(p), Some(c)) = (prompt_tokens, cached_tokens) {
+                    if p > 0 {
+                        self.usage_bytes = self.usage_bytes.saturating_add(t.prompt_bytes as u64);
+                        self.usage_tokens = self.usage_tokens.saturating_add(p);
+                    }
                     if self.cfg.recent_from_usage && p > 0 {
                         // The bytes the engine computed, in the prompt's bytes per token.
                         let computed = (p.saturating_sub(c) as u128 * t.prompt_bytes as u128

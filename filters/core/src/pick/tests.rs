@@ -740,3 +740,152 @@ fn among_other_replicas_a_new_prompt_stays_on_its_home_up_to_the_shared_bound() 
     assert!(run(3.0, 130), "among three: kept up to 130 %");
     assert!(!run(3.0, 0), "0: the lone bound among others too");
 }
+
+/// The share of the engines' work this gateway sent is compared in tokens on both sides: a
+/// lone gateway whose prompts run at 2.5 JSON bytes per token (the engines' `usage` says so)
+/// is alone, and one whose pods also compute another gateway's equal traffic is not. Counting
+/// its own prefill in bytes against the engines' tokens at 4 bytes each read the lone
+/// gateway's share as 0.63, below the 0.7 line: "others".
+#[test]
+fn a_lone_gateway_is_alone_whatever_its_prompts_bytes_per_token() {
+    let run = |other_gateways: f64| {
+        let mut p = Picker::new(cfg(), &pods(2));
+        let mut counters = [0.0; 2];
+        computed_since(&mut p, &mut counters, &[0.0, 0.0], S);
+        let mut tokens = [0.0; 2];
+        for k in 0..20 {
+            let pr = prompt(&text(&format!("chat {k}"), 4000), 256);
+            let t = pod(p.pick(&req(&pr), S + S / 2));
+            let prompt_tokens = pr.bytes as u64 * 2 / 5;
+            tokens[t.pod()] += prompt_tokens as f64 * (1.0 + other_gateways);
+            let outcome = Outcome::Done {
+                prompt_tokens: Some(prompt_tokens),
+                cached_tokens: Some(0),
+            };
+            p.release(t, outcome, S + S / 2);
+        }
+        assert!(
+            (p.bytes_per_token() - 2.5).abs() < 0.01,
+            "{}",
+            p.bytes_per_token()
+        );
+        let engine_bytes = tokens.map(|t| t * load::BYTES_PER_TOKEN);
+        computed_since(&mut p, &mut counters, &engine_bytes, 2 * S);
+        p.company(2 * S)
+    };
+    assert_eq!(run(0.0), Company::Alone);
+    assert_eq!(run(1.0), Company::Others, "one of two");
+}
+
+/// A picker over 4 pods with sessions whose engines computed, by the second scrape at 2 s,
+/// `engines_over_own` times the 10 KB of prefill this gateway sent each pod: 1 is alone, 3 is
+/// one of three replicas.
+fn with_company(c: Config, engines_over_own: f64) -> Picker {
+    let h = c.recent_half_life_ns;
+    let mut p = Picker::new(c, &pods(4));
+    let mut counters = [0.0; 4];
+    computed_since(&mut p, &mut counters, &[0.0; 4], S);
+    for i in 0..4 {
+        p.loads[i].sent(2 * S, 10_000, h);
+    }
+    computed_since(
+        &mut p,
+        &mut counters,
+        &[10_000.0 * engines_over_own; 4],
+        2 * S,
+    );
+    p
+}
+
+fn with_sessions(c: Config) -> Config {
+    Config {
+        session: Some(SessionAffinity {
+            headers: vec!["x-session-id".into()],
+            idle_ns: 600 * S,
+        }),
+        ..c
+    }
+}
+
+/// A lone gateway places the conversations it starts (new sessions here) on the pod with the
+/// least work to come, each start counting, so twelve new chats land three on each of four
+/// pods. Among other replicas, or with it off, it places them by rendezvous on the session
+/// key, as every replica does alike, and these twelve keys do not split evenly.
+#[test]
+fn a_lone_gateway_places_new_conversations_by_the_work_to_come() {
+    let run = |lone_least_work: bool, engines_over_own: f64| {
+        let c = with_sessions(Config {
+            lone_least_work,
+            ..cfg()
+        });
+        let mut p = with_company(c, engines_over_own);
+        let mut counts = [0usize; 4];
+        for k in 0..12u64 {
+            let pr = prompt(&text(&format!("chat {k}"), 1500), 256);
+            let now = 2 * S + k * 1_000_000;
+            let t = pod(p.pick(
+                &Request {
+                    session: Some(1000 + k),
+                    ..req(&pr)
+                },
+                now,
+            ));
+            counts[t.pod()] += 1;
+            p.release(t, done(), now);
+        }
+        (p.company(2 * S), counts)
+    };
+    assert_eq!(run(true, 1.0), (Company::Alone, [3, 3, 3, 3]));
+    let (company, rendezvous) = run(false, 1.0);
+    assert_eq!(company, Company::Alone);
+    assert_ne!(rendezvous, [3, 3, 3, 3]);
+    assert_eq!(
+        run(true, 3.0),
+        (Company::Others, rendezvous),
+        "among replicas"
+    );
+}
+
+/// With `session_move_percent`, a lone gateway moves a session whose pod was sent far more
+/// prefill than the mean to the pod with the least work to come, and the session stays there
+/// once the old pod is light again. Off (the default), it stays on its heavy but idle pod.
+#[test]
+fn a_lone_gateway_moves_a_session_off_a_pod_with_far_more_prefill_then_it_stays() {
+    let run = |session_move_percent: u64| {
+        // Known prefixes never shed, so only the session rule can move it.
+        let c = with_sessions(Config {
+            session_move_percent,
+            known_balance_percent: 0,
+            ..cfg()
+        });
+        let h = c.recent_half_life_ns;
+        let mut p = with_company(c, 1.0);
+        let pr = prompt(&text("a chat", 1500), 256);
+        let s = Request {
+            session: Some(7),
+            ..req(&pr)
+        };
+        let t = pod(p.pick(&s, 2 * S));
+        let first = t.pod();
+        p.release(t, done(), 2 * S);
+        p.loads[first].sent(2 * S, 60_000, h);
+        let t = pod(p.pick(&s, 2 * S + 1));
+        let second = t.pod();
+        p.release(t, done(), 2 * S + 1);
+        // The old pod's work gone (five minutes later, within the idle timeout, with fresh
+        // gauges): the session stays put.
+        let later = 300 * S;
+        let mut counters = [0.0; 4];
+        computed_since(&mut p, &mut counters, &[0.0; 4], later - S);
+        computed_since(&mut p, &mut counters, &[0.0; 4], later);
+        let t = pod(p.pick(&s, later));
+        let third = t.pod();
+        p.release(t, done(), later);
+        (first, second, third)
+    };
+    let (first, second, third) = run(150);
+    assert_ne!(first, second, "moved");
+    assert_eq!(second, third, "and stays");
+    let (first, second, third) = run(0);
+    assert!(first == second && second == third);
+}

@@ -4,7 +4,7 @@
 //! is newer, and the worker's tick sets the newest.
 
 use serde_json::json;
-use wasm_host::{Host, SharedStore, VmOptions};
+use wasm_host::{Host, SharedStore};
 
 mod support;
 use support::*;
@@ -16,20 +16,12 @@ const GAUGE: &str = "llmkube.budget.all.tokens_used";
 const LEDGER: &str = "llmkube.budget|llm/demo|all";
 
 fn worker(shared: &SharedStore) -> Host {
-    let mut c = router_config();
-    c["budgets"] = json!({
-        "budgets": [{"name": "all", "scope": "router", "max_tokens": 100000, "window_s": 60}],
-    });
-    let opts = VmOptions {
-        root_id: "model-router".into(),
-        ..Default::default()
-    }
-    .with_plugin_config(serde_json::to_vec(&c).unwrap())
-    .allow_stop_iteration(true)
-    .with_shared(shared);
-    let host = Host::from_file(wasm("llmkube_model_router"), opts).expect("module loads");
-    assert!(host.configure_ok(), "{:?}", host.logs());
-    host
+    budget_worker(
+        shared,
+        json!({
+            "budgets": [{"name": "all", "scope": "router", "max_tokens": 100000, "window_s": 60}],
+        }),
+    )
 }
 
 /// One request charged 30 tokens (its usage) on `h`.

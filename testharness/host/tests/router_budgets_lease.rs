@@ -5,7 +5,7 @@
 //! out nothing is admitted on the lease.
 
 use serde_json::{json, Value};
-use wasm_host::{Host, HttpCallReply, SharedStore, VmOptions};
+use wasm_host::{Host, HttpCallReply, SharedStore};
 
 mod support;
 use support::*;
@@ -14,22 +14,14 @@ const BODY: &str =
     r#"{"model":"qwen3-8b","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
 
 fn worker(shared: &SharedStore) -> Host {
-    let mut c = router_config();
-    c["budgets"] = json!({
-        "budgets": [{"name": "all", "scope": "router", "max_tokens": 100000, "window_s": 60}],
-        "service": {"cluster": "llmkube-budgets", "timeout_ms": 1000,
-                    "lease": {"max_tokens": 5000}},
-    });
-    let opts = VmOptions {
-        root_id: "model-router".into(),
-        ..Default::default()
-    }
-    .with_plugin_config(serde_json::to_vec(&c).unwrap())
-    .allow_stop_iteration(true)
-    .with_shared(shared);
-    let host = Host::from_file(wasm("llmkube_model_router"), opts).expect("module loads");
-    assert!(host.configure_ok(), "{:?}", host.logs());
-    host
+    budget_worker(
+        shared,
+        json!({
+            "budgets": [{"name": "all", "scope": "router", "max_tokens": 100000, "window_s": 60}],
+            "service": {"cluster": "llmkube-budgets", "timeout_ms": 1000,
+                        "lease": {"max_tokens": 5000}},
+        }),
+    )
 }
 
 /// The calls made since `from`, by path.

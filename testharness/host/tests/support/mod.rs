@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use serde_json::{json, Value};
-use wasm_host::{Host, StreamOutcome, VmOptions};
+use wasm_host::{Host, SharedStore, StreamOutcome, VmOptions};
 
 pub fn router_config() -> Value {
     json!({
@@ -49,6 +49,23 @@ pub fn host_with(lib: &str, config: &Value) -> Host {
         "on_configure refused: {:?}",
         host.logs()
     );
+    host
+}
+
+/// One Envoy worker of the router with `budgets` as its plugin config's `budgets`, its shared
+/// data `shared` (two workers on one store are Envoy's `--concurrency 2`).
+pub fn budget_worker(shared: &SharedStore, budgets: Value) -> Host {
+    let mut c = router_config();
+    c["budgets"] = budgets;
+    let opts = VmOptions {
+        root_id: "model-router".into(),
+        ..Default::default()
+    }
+    .with_plugin_config(serde_json::to_vec(&c).unwrap())
+    .allow_stop_iteration(true)
+    .with_shared(shared);
+    let host = Host::from_file(wasm("llmkube_model_router"), opts).expect("module loads");
+    assert!(host.configure_ok(), "{:?}", host.logs());
     host
 }
 

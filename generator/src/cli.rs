@@ -592,17 +592,14 @@ fn lease_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
         }
     }
     if let Some(u) = usd {
-        match router_core::budget::money::parse_usd(u) {
-            Ok(p) if p > 0 => lease.max_usd = Some(u.to_string()),
-            Ok(_) => {
-                problems.push(Problem::new(
-                    "options",
-                    "--budgets-lease-usd",
-                    format!("{u:?}: must be more than 0 (the most USD one lease takes)"),
-                ));
-                ok = false;
-            }
-            Err(why) => {
+        let why = match router_core::budget::money::parse_usd(u) {
+            Ok(p) if p > 0 => None,
+            Ok(_) => Some("must be more than 0 (the most USD one lease takes)".to_string()),
+            Err(why) => Some(why.to_string()),
+        };
+        match why {
+            None => lease.max_usd = Some(u.to_string()),
+            Some(why) => {
                 problems.push(Problem::new(
                     "options",
                     "--budgets-lease-usd",

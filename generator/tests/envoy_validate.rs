@@ -295,6 +295,18 @@ fn endpoint_picking_backend() {
     validate("endpoint-picking", full(r), opts);
 }
 
+/// The bundled example compiled for the envoy target with `opts`.
+fn compile_example(opts: &EnvoyOptions) -> String {
+    compile_envoy(
+        &[Source {
+            name: "example".into(),
+            text: example(),
+        }],
+        opts,
+    )
+    .unwrap()
+}
+
 #[test]
 fn budgets_service_cluster_by_ip_and_by_name() {
     for host in ["127.0.0.1", "llmkube-budgets.llm.svc.cluster.local"] {
@@ -304,14 +316,7 @@ fn budgets_service_cluster_by_ip_and_by_name() {
             wasm_dir: wasm_dir().to_path_buf(),
             ..Default::default()
         };
-        let out = compile_envoy(
-            &[Source {
-                name: "example".into(),
-                text: example(),
-            }],
-            &opts,
-        )
-        .unwrap();
+        let out = compile_example(&opts);
         let b: serde_json::Value = serde_json::from_str(&out).unwrap();
         let clusters = b["static_resources"]["clusters"].as_array().unwrap();
         let c = clusters
@@ -350,14 +355,7 @@ fn budgets_service_in_lease_mode() {
         wasm_dir: wasm_dir().to_path_buf(),
         ..Default::default()
     };
-    let out = compile_envoy(
-        &[Source {
-            name: "example".into(),
-            text: example(),
-        }],
-        &opts,
-    )
-    .unwrap();
+    let out = compile_example(&opts);
     let plugin = out.replace("\\\"", "\"");
     assert!(
         plugin.contains(r#""lease":{"max_tokens":20000,"max_usd":"0.5","report_ms":100}"#),

@@ -4,6 +4,11 @@
 //! when it needs the news (before a decision) and on the root tick (so a queue of an idle
 //! worker stays short).
 //!
+//! A worker that joins says so on every queue already listed (a [`HELLO`]), and a worker that
+//! drains one re-reads the list at once: the first worker to join would otherwise learn of the
+//! later ones only on its next root tick, and what it did before that (at startup, the first
+//! requests) would never reach them.
+//!
 //! Delivery is best-effort: a message to a queue that is gone is dropped, and the receiver's
 //! state must tolerate that (the pick step's loads expire by lease).
 
@@ -17,6 +22,9 @@ pub const MAX_MEMBERS: usize = 64;
 /// Most messages one drain takes, so one callback's work stays bounded.
 pub const MAX_DRAIN: usize = 4096;
 const CAS_ATTEMPTS: usize = 8;
+/// "A member joined: re-read the list." Starts with a zero byte, which no channel's messages
+/// start with (the pick events start with their magic), and never reaches the receiver's `f`.
+pub const HELLO: &[u8] = b"\0llmkube-join";
 
 pub struct Broadcast {
     key: String,
@@ -72,6 +80,7 @@ impl Broadcast {
             peers: RefCell::new(Vec::new()),
         };
         b.refresh();
+        b.send(HELLO);
         Ok(b)
     }
 
@@ -139,7 +148,11 @@ impl Broadcast {
                 return;
             }
             let msg = unsafe { take(data, size) };
-            f(&msg);
+            if msg == HELLO {
+                self.refresh();
+            } else {
+                f(&msg);
+            }
         }
     }
 }

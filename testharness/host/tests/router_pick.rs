@@ -5,7 +5,7 @@ mod support;
 
 use serde_json::json;
 use support::*;
-use wasm_host::{Host, SharedStore, VmOptions};
+use wasm_host::{Host, SharedStore};
 
 const PODS: [&str; 4] = [
     "10.0.0.1:8000",
@@ -21,17 +21,7 @@ fn pick_worker(shared: &SharedStore, seed: u64) -> Host {
         "endpoints": PODS,
         "prefix_affinity": {"block_bytes": 256}
     });
-    let opts = VmOptions {
-        root_id: "model-router".into(),
-        random_seed: Some(seed),
-        ..Default::default()
-    }
-    .with_plugin_config(serde_json::to_vec(&c).unwrap())
-    .allow_stop_iteration(true)
-    .with_shared(shared);
-    let host = Host::from_file(wasm("llmkube_model_router"), opts).expect("module loads");
-    assert!(host.configure_ok(), "{:?}", host.logs());
-    host
+    worker(shared, &c, Some(seed))
 }
 
 /// The members of the pick channel, in the order they joined.

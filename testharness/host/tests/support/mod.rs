@@ -57,11 +57,18 @@ pub fn host_with(lib: &str, config: &Value) -> Host {
 pub fn budget_worker(shared: &SharedStore, budgets: Value) -> Host {
     let mut c = router_config();
     c["budgets"] = budgets;
+    worker(shared, &c, None)
+}
+
+/// One Envoy worker of the router under `config` on the shared data `shared`; `seed` gives it
+/// randomness of its own (Envoy's workers each draw their own), else the kit's fixed seed.
+pub fn worker(shared: &SharedStore, config: &Value, seed: Option<u64>) -> Host {
     let opts = VmOptions {
         root_id: "model-router".into(),
+        random_seed: seed,
         ..Default::default()
     }
-    .with_plugin_config(serde_json::to_vec(&c).unwrap())
+    .with_plugin_config(serde_json::to_vec(config).unwrap())
     .allow_stop_iteration(true)
     .with_shared(shared);
     let host = Host::from_file(wasm("llmkube_model_router"), opts).expect("module loads");

@@ -4,7 +4,7 @@
 //! repeats each workload with fresh pods, each round starting one arm later, so arms that run
 //! at different moments of a noisy machine can be compared round by round.
 //!
-//! For the shared-prompt, multi-turn and unique workloads of the simulation
+//! For the shared-prompt, multi-turn, agent-loop and unique workloads of the simulation
 //! (`picksim::workload`), each arm gets its own fresh pods:
 //! - round-robin: Envoy's own, over a STATIC cluster;
 //! - least-loaded: the filter, LoadAware without prefix affinity;
@@ -259,7 +259,12 @@ fn loadavg() -> String {
 }
 
 fn workloads(n: usize, only: Option<&str>, rounds: usize) {
-    for shape in [Shape::SharedPrompt, Shape::MultiTurn, Shape::Unique] {
+    for shape in [
+        Shape::SharedPrompt,
+        Shape::MultiTurn,
+        Shape::Agent,
+        Shape::Unique,
+    ] {
         if only.is_some_and(|o| o != shape.name()) {
             continue;
         }
@@ -384,7 +389,11 @@ fn targets(shape: Shape, rows: &std::collections::HashMap<&str, Row>) {
         "  targets: hit >= 95% oracle [{}] ({:.2}), >= 2x round-robin [{}] ({:.2}x), p99 <= 1.2x oracle [{}] ({:.2}), imbalance <= 1.3 [{}] ({:.2}), {REPLICAS} replicas >= 90% of 1 [{}] ({:.2})",
         check(pk.hit >= 0.95 * or.hit),
         pk.hit / or.hit.max(1e-9),
-        check(pk.hit >= 2.0 * rr.hit),
+        // The issue asks 2x round-robin on the shared-prompt and multi-turn workloads only.
+        match shape {
+            Shape::Agent => "not a target for agent loops",
+            _ => check(pk.hit >= 2.0 * rr.hit),
+        },
         pk.hit / rr.hit.max(1e-9),
         check(pk.p99 <= 1.2 * or.p99),
         pk.p99 / or.p99.max(1e-9),

@@ -4,7 +4,7 @@
 //! repeats each workload with fresh pods, each round starting one arm later, so arms that run
 //! at different moments of a noisy machine can be compared round by round.
 //!
-//! For the shared-prompt, multi-turn and unique workloads of the simulation
+//! For the shared-prompt, multi-turn, agent and unique workloads of the simulation
 //! (`picksim::workload`), each arm gets its own fresh pods:
 //! - round-robin: Envoy's own, over a STATIC cluster;
 //! - least-loaded: the filter, LoadAware without prefix affinity;
@@ -259,7 +259,12 @@ fn loadavg() -> String {
 }
 
 fn workloads(n: usize, only: Option<&str>, rounds: usize) {
-    for shape in [Shape::SharedPrompt, Shape::MultiTurn, Shape::Unique] {
+    for shape in [
+        Shape::SharedPrompt,
+        Shape::MultiTurn,
+        Shape::Agent,
+        Shape::Unique,
+    ] {
         if only.is_some_and(|o| o != shape.name()) {
             continue;
         }

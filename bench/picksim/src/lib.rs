@@ -383,6 +383,11 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
             }
         }
         let computed: Vec<u64> = w.pods.iter().map(|p| p.computed).collect();
+        let mut chats = vec![0usize; w.pods.len()];
+        for v in by.values() {
+            chats[v[0].0] += 1;
+        }
+        eprintln!("chats started per pod {chats:?}");
         eprintln!(
             "replicas {}: {} picks among others; {} prefixes, {} on several pods ({} requests); computed {:?}",
             s.replicas,

@@ -267,6 +267,8 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "lone_least_work" => c.lone_least_work = n != 0,
         "session_move_percent" => c.session_move_percent = n,
         "start_cost_bytes" => c.start_cost_bytes = n,
+        "lone_total_half_life_s" => c.lone_total_half_life_ns = n * 1_000_000_000,
+        "lone_move_percent" => c.lone_move_percent = n,
         "start_half_life_s" => c.start_half_life_ns = n * 1_000_000_000,
         "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,
         _ => {

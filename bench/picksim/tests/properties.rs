@@ -156,8 +156,40 @@ fn a_lone_gateway_spreads_the_chats_it_starts_by_the_work_to_come() {
     assert!(least.imbalance.mean <= 1.3, "{least:?}");
     assert!(rendezvous.imbalance.mean > 1.35, "{rendezvous:?}");
     assert!(
-        least.hit.mean >= rendezvous.hit.mean - 0.005,
+        // Session chats: lone moves re-prefill a few conversations (0.751 -> 0.745).
+        least.hit.mean >= rendezvous.hit.mean - 0.01,
         "{least:?} vs {rendezvous:?}"
     );
     assert!(least.ratio.mean >= 0.95, "replicas unchanged: {least:?}");
+}
+
+/// Issue 12, session chats: `pick_envoy`'s own 8-pod multi-turn workload over 16 draws of pod
+/// addresses (each run through Envoy is another draw). A lone gateway that weighs each pod's
+/// long memory of prefill and moves a conversation off a pod past 120 % of the mean work to
+/// come keeps every draw within 1.3 and the mean within 1.2, at most a point of hit rate
+/// below staying put; with both off the worst draw is about 1.5.
+#[test]
+fn a_lone_gateway_moves_conversations_so_every_address_draw_stays_within_the_bound() {
+    let reqs = picksim::standard_workload(Shape::MultiTurn, true, picksim::SEED);
+    let run = |moves: bool| {
+        let (mut imb, mut hit) = (Vec::new(), Vec::new());
+        for d in 1..=16u64 {
+            let mut s = picksim::like_envoy();
+            s.pods = 8;
+            s.addr_salt = d * 7919;
+            if !moves {
+                s.picker.lone_move_percent = 0;
+                s.picker.lone_total_half_life_ns = 0;
+            }
+            let r = simulate(Policy::Picker, &s, &reqs);
+            imb.push(r.imbalance);
+            hit.push(r.hit_rate);
+        }
+        (picksim::Spread::of(&imb), picksim::Spread::of(&hit))
+    };
+    let (imb, hit) = run(true);
+    let (old_imb, old_hit) = run(false);
+    assert!(imb.max <= 1.3 && imb.mean <= 1.2, "{imb:?}");
+    assert!(hit.mean >= old_hit.mean - 0.01, "{hit:?} vs {old_hit:?}");
+    assert!(old_imb.max > 1.4, "{old_imb:?}");
 }

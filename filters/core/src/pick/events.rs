@@ -94,6 +94,7 @@ impl Picker {
                 };
                 l.acquire(epoch, work);
                 l.sent(at_ns, work, self.cfg.recent_half_life_ns);
+                l.sent_total(at_ns, work, self.cfg.lone_total_half_life_ns);
                 if start {
                     l.started(at_ns, self.cfg.start_half_life_ns);
                 }

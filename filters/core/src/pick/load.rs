@@ -49,6 +49,11 @@ pub struct PodLoad {
     /// Conversations started here recently (a prompt no pod held, a new or moved session),
     /// decaying: the work still to come from chats placed here, which grow turn by turn.
     pub starts: Recent,
+    /// Uncached prompt bytes sent here over a long memory (`Config::lone_total_half_life_ns`,
+    /// usage-corrected like `recent`): the prefill a pod has done over the conversations it
+    /// holds, which a lone gateway balances (the 10 s `recent` forgets a chat's early turns
+    /// while its later ones still come). Untouched when that half-life is 0.
+    pub total: Recent,
     /// This gateway's view since the engine's gauges were last read.
     pub scrape: SinceScrape,
 }
@@ -155,6 +160,13 @@ impl PodLoad {
     /// Counts `work` uncached bytes just sent here towards the recent prefill work.
     pub(crate) fn sent(&mut self, now: u64, work: u64, half_life_ns: u64) {
         self.recent.add(now, work, half_life_ns);
+    }
+
+    /// Counts `work` towards the long memory (`total`) too, when its half-life is on.
+    pub(crate) fn sent_total(&mut self, now: u64, work: u64, half_life_ns: u64) {
+        if half_life_ns > 0 {
+            self.total.add(now, work, half_life_ns);
+        }
     }
 
     /// Counts a conversation started here.

@@ -18,6 +18,7 @@ pub mod blocks;
 pub mod codec;
 pub mod events;
 pub mod load;
+mod lone;
 pub mod session;
 mod subset;
 pub mod table;
@@ -156,6 +157,16 @@ pub struct Config {
     /// Prefill bytes still to come that a lone gateway counts for each conversation recently
     /// started on a pod (`lone_least_work`). 0: recent prefill alone.
     pub start_cost_bytes: u64,
+    /// Half-life of the long memory of prefill work per pod (`PodLoad::total`) that a lone
+    /// gateway adds to the work to come when it places or moves a conversation: chats grow on
+    /// the pod where they started, so what a pod has computed for its chats so far says where
+    /// their later turns (and the next chat's) will pile up. 0: recent prefill only.
+    pub lone_total_half_life_ns: u64,
+    /// A lone gateway moves a conversation (a session, or a prompt whose prefix a pod holds)
+    /// off its pod when that pod's work to come exceeds this percentage of the mean and the
+    /// lightest pod would stay lighter even after re-prefilling what the move leaves behind
+    /// (see `lone.rs`). 0: conversations stay (sessions move only when their pod queues).
+    pub lone_move_percent: u64,
     /// Count load and prefill work as the engines report them (scraped, so every gateway
     /// replica reads the same numbers) plus this gateway's own changes since the scrape,
     /// instead of this gateway's own traffic, so independent replicas bound alike. Off: in the
@@ -190,6 +201,8 @@ impl Default for Config {
             session_move_percent: 0,
             start_half_life_ns: 30_000_000_000,
             start_cost_bytes: 4096,
+            lone_total_half_life_ns: 300_000_000_000,
+            lone_move_percent: 120,
             engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
@@ -444,6 +457,8 @@ impl Picker {
                     let heavy = lone
                         && move_at > 0
                         && self.over_balance(move_at, prompt_bytes, now, req.avoid)[b];
+                    let held = (matched[b] as u64 * block).min(prompt_bytes);
+                    let heavy = heavy || (lone && self.lone_moves(b, held, req.avoid, now));
                     if heavy {
                         leaving = Some(b);
                     } else if !(busier && self.queuing(b, now)) {
@@ -533,6 +548,19 @@ impl Picker {
             }
             chosen.map(|(_, i)| i)
         };
+        // A lone gateway moves a conversation whose prefix a pod holds off that pod when it
+        // has far more work to come than the others (see `lone.rs`).
+        if lone && leaving.is_none() && known > 0 {
+            let home = (0..n)
+                .filter(|&i| matched[i] == known && costs[i] != u64::MAX)
+                .min_by_key(|&i| costs[i]);
+            if let Some(h) = home {
+                let held = (known as u64 * block).min(prompt_bytes);
+                if self.lone_moves(h, held, req.avoid, now) {
+                    leaving = Some(h);
+                }
+            }
+        }
         // A lone gateway starting a conversation (or moving a session off a pod with too
         // much prefill work): the least work to come within the load bound.
         let lone_pick = match lone && (known == 0 || leaving.is_some()) {
@@ -558,7 +586,7 @@ impl Picker {
             None => {
                 let cached = (matched[i] as u64 * block).min(prompt_bytes);
                 let work = prompt_bytes - cached;
-                let start = known == 0 && block > 0;
+                let start = (known == 0 || leaving.is_some()) && block > 0;
                 Choice::Pod(self.charge(i, work, matched[i], req.prompt, start, now))
             }
         }
@@ -577,18 +605,14 @@ impl Picker {
         rank_key: u64,
         now: u64,
     ) -> Option<usize> {
-        let h = self.cfg.recent_half_life_ns;
-        let hs = self.cfg.start_half_life_ns;
-        let per_start = self.cfg.start_cost_bytes as f64;
         let live = |i: &usize| costs[*i] != u64::MAX && Some(*i) != leaving;
         let bound = self.load_bound(costs, leaving, percent, now);
         (0..self.pods.len())
             .filter(live)
             .filter(|&i| self.load_bytes(i, now) <= bound)
             .min_by(|&a, &b| {
-                let (la, lb) = (&self.loads[a], &self.loads[b]);
-                let k = |l: &PodLoad| l.recent.at(now, h) + per_start * l.starts.at(now, hs);
-                k(la).total_cmp(&k(lb)).then_with(|| {
+                let k = |i: usize| self.work_to_come(i, now);
+                k(a).total_cmp(&k(b)).then_with(|| {
                     // Higher rendezvous weight first.
                     mix(rank_key ^ self.pods[b].id).cmp(&mix(rank_key ^ self.pods[a].id))
                 })
@@ -729,6 +753,7 @@ impl Picker {
         let epoch = self.epoch(now);
         self.loads[i].acquire(epoch, work);
         self.loads[i].sent(now, work, self.cfg.recent_half_life_ns);
+        self.loads[i].sent_total(now, work, self.cfg.lone_total_half_life_ns);
         if start {
             self.loads[i].started(now, self.cfg.start_half_life_ns);
         }
@@ -772,6 +797,10 @@ impl Picker {
                             / p as u128) as f64;
                         let h = self.cfg.recent_half_life_ns;
                         l.recent.adjust(now, computed - t.work as f64, h);
+                        let ht = self.cfg.lone_total_half_life_ns;
+                        if ht > 0 {
+                            l.total.adjust(now, computed - t.work as f64, ht);
+                        }
                     }
                     if let Some(block) = self.block_bytes() {
                         self.correct(i, &t, p, c, block);

@@ -856,6 +856,8 @@ fn a_lone_gateway_moves_a_session_off_a_pod_with_far_more_prefill_then_it_stays(
         let c = with_sessions(Config {
             session_move_percent,
             known_balance_percent: 0,
+            // The lone moves (on by default) would move it too: this is the session rule's test.
+            lone_move_percent: 0,
             ..cfg()
         });
         let h = c.recent_half_life_ns;

@@ -12,7 +12,7 @@ pub mod workload;
 
 use workload::Shape;
 
-use e2e::engine::{render_prompt, EngineConfig, EngineCore};
+use e2e::engine::{render_answered, render_prompt, EngineConfig, EngineCore};
 use router_core::pick::{
     hash_prompt, prompt_parts, session_key, Choice, Config, EngineMetrics, Mode, Outcome, Picker,
     Prompt, Request, SessionAffinity, Ticket,
@@ -64,6 +64,10 @@ pub struct Setup {
     /// Varies the pods' addresses, and with them every rendezvous draw (through Envoy the pods
     /// listen on random ports, so each run is another draw).
     pub addr_salt: u64,
+    /// The engines cache each request's answer after its prompt (`SimRequest::answer`), as
+    /// vLLM does with the blocks its decode filled. Off (the engine before 2026-12-03 evening):
+    /// `PICK_NO_ANSWER_CACHE=1` for `picksim` and `pick_envoy`.
+    pub cache_answers: bool,
 }
 
 impl Default for Setup {
@@ -84,6 +88,7 @@ impl Default for Setup {
             scrape_ns: 1_000_000_000,
             scrape_offset_ns: 33_000_000,
             addr_salt: 0,
+            cache_answers: std::env::var_os("PICK_NO_ANSWER_CACHE").is_none(),
         }
     }
 }
@@ -115,6 +120,8 @@ struct Flight {
     replica: usize,
     ticket: Option<Ticket>,
     rendered: Vec<u8>,
+    /// The prompt followed by its answer, when the engine caches it.
+    answered: Option<Vec<u8>>,
     arrive: u64,
     /// The answer's `usage` (prompt, cached tokens), as the filter reads it at the end.
     usage: (u64, u64),
@@ -145,6 +152,9 @@ impl World {
             };
             let pod = &mut self.pods[p];
             let a = pod.engine.admit(&f.rendered);
+            if let Some(answered) = &f.answered {
+                pod.engine.cache_answer(answered);
+            }
             pod.computed += a.computed_blocks;
             pod.busy += 1;
             self.prompt_tokens += a.prompt_tokens;
@@ -343,6 +353,9 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         w.flights[i] = Some(Flight {
             replica,
             ticket,
+            answered: r.answer.as_ref().filter(|_| s.cache_answers).map(|a| {
+                render_answered(std::str::from_utf8(&rendered).unwrap_or_default(), a).into_bytes()
+            }),
             rendered,
             arrive: now,
             usage: (0, 0),

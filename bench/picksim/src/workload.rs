@@ -56,6 +56,10 @@ pub struct SimRequest {
     pub at_ns: u64,
     pub body: Vec<u8>,
     pub session: Option<String>,
+    /// The assistant message the conversation's next turn sends back: what the model answered.
+    /// The engine caches it after the prompt, as vLLM caches the blocks its decode filled
+    /// (`e2e::engine::ANSWER_HEADER`, `Setup::cache_answers`). None for one-shot requests.
+    pub answer: Option<Value>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,6 +126,7 @@ pub fn generate(shape: Shape, n: usize, rate: f64, seed: u64) -> Vec<SimRequest>
                     at_ns: t,
                     body: body(&msgs, None),
                     session: None,
+                    answer: None,
                 });
             }
         }
@@ -138,14 +143,15 @@ pub fn generate(shape: Shape, n: usize, rate: f64, seed: u64) -> Vec<SimRequest>
                 let mut t = start;
                 for _ in 0..turns {
                     msgs.push(json!({"role": "user", "content": prose_in(&mut rng, 200, 700)}));
+                    let answer =
+                        json!({"role": "assistant", "content": prose_in(&mut rng, 300, 900)});
                     out.push(SimRequest {
                         at_ns: t,
                         body: body(&msgs, None),
                         session: session.clone(),
+                        answer: Some(answer.clone()),
                     });
-                    msgs.push(
-                        json!({"role": "assistant", "content": prose_in(&mut rng, 300, 900)}),
-                    );
+                    msgs.push(answer);
                     t += rng.range(2_000_000_000, 6_000_000_000);
                 }
             }
@@ -171,13 +177,15 @@ pub fn generate(shape: Shape, n: usize, rate: f64, seed: u64) -> Vec<SimRequest>
                 let mut msgs = vec![json!({"role": "user", "content": prose(&mut rng, 400)})];
                 let mut t = start;
                 for s in 0..steps {
+                    let answer = json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{s}"),
+                        "type": "function", "function": {"name": "tool_1", "arguments": "{\"q\":\"x\"}"}}]});
                     out.push(SimRequest {
                         at_ns: t,
                         body: body(&msgs, Some(tools)),
                         session: None,
+                        answer: Some(answer.clone()),
                     });
-                    msgs.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{s}"),
-                        "type": "function", "function": {"name": "tool_1", "arguments": "{\"q\":\"x\"}"}}]}));
+                    msgs.push(answer);
                     msgs.push(json!({"role": "tool", "tool_call_id": format!("c{s}"), "content": prose_in(&mut rng, 500, 2000)}));
                     t += rng.range(800_000_000, 2_500_000_000);
                 }
@@ -192,6 +200,7 @@ pub fn generate(shape: Shape, n: usize, rate: f64, seed: u64) -> Vec<SimRequest>
                     at_ns: t,
                     body: body(&msgs, None),
                     session: None,
+                    answer: None,
                 });
             }
         }

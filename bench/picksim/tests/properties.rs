@@ -166,8 +166,9 @@ fn a_lone_gateway_spreads_the_chats_it_starts_by_the_work_to_come() {
 /// Issue 12, session chats: `pick_envoy`'s own 8-pod multi-turn workload over 16 draws of pod
 /// addresses (each run through Envoy is another draw). A lone gateway that weighs each pod's
 /// long memory of prefill and moves a conversation off a pod past 120 % of the mean work to
-/// come keeps every draw within 1.3 and the mean within 1.2, at most a point of hit rate
-/// below staying put; with both off the worst draw is about 1.5.
+/// come keeps every draw within 1.3 and the mean within 1.2, at most a point and a half of hit
+/// rate below staying put (1.0 point with the engines caching answers, which a move
+/// re-prefills too; 0.6 before); with both off the worst draw is about 1.5.
 #[test]
 fn a_lone_gateway_moves_conversations_so_every_address_draw_stays_within_the_bound() {
     let reqs = picksim::standard_workload(Shape::MultiTurn, true, picksim::SEED);
@@ -190,6 +191,6 @@ fn a_lone_gateway_moves_conversations_so_every_address_draw_stays_within_the_bou
     let (imb, hit) = run(true);
     let (old_imb, old_hit) = run(false);
     assert!(imb.max <= 1.3 && imb.mean <= 1.2, "{imb:?}");
-    assert!(hit.mean >= old_hit.mean - 0.01, "{hit:?} vs {old_hit:?}");
+    assert!(hit.mean >= old_hit.mean - 0.015, "{hit:?} vs {old_hit:?}");
     assert!(old_imb.max > 1.4, "{old_imb:?}");
 }

@@ -18,7 +18,7 @@
 //! Requests are replayed open-loop at their arrival times; time to response is measured at the
 //! client. Then the filter's cost on a 64 KiB prompt: the same requests to fast plain mocks,
 //! picked vs round-robin, on one keep-alive connection.
-use e2e::engine::{render_prompt, EngineConfig};
+use e2e::engine::{render_prompt, EngineConfig, ANSWER_HEADER};
 use e2e::gateway::Gateway;
 use e2e::http;
 use e2e::MockUpstream;
@@ -40,6 +40,11 @@ const ENGINE: EngineConfig = EngineConfig {
     decode_per_token: Duration::from_millis(1),
     reply_tokens: 16,
 };
+
+/// Whether the engines cache the answers the requests name (`picksim::Setup::cache_answers`).
+fn cache_answers() -> bool {
+    std::env::var_os("PICK_NO_ANSWER_CACHE").is_none()
+}
 
 /// How a backend balances its pods.
 #[derive(Clone, Copy, PartialEq)]
@@ -127,6 +132,9 @@ fn replay(
                         .timeout(Duration::from_secs(60));
                     if let Some(sid) = &r.session {
                         req = req.header("x-session-id", sid);
+                    }
+                    if let Some(answer) = r.answer.as_ref().filter(|_| cache_answers()) {
+                        req = req.header(ANSWER_HEADER, &answer.to_string());
                     }
                     let t = Instant::now();
                     let resp = req.try_send().ok();

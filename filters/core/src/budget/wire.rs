@@ -209,6 +209,10 @@ pub struct LeaseRequest {
     pub max: AmountJson,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_s: Option<u64>,
+    /// A team ledger's lease: the gateway's `max_teams`, the bound on the budget's active teams
+    /// (as in a reserve). A lease that would place a new team past it grants nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_teams: Option<u64>,
     /// UNSAFE, tests only: grant without holding (see `LeaseConfig::unsafe_lease_unheld`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unsafe_unheld: bool,

@@ -560,6 +560,7 @@ fn lease_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
         max_tokens: None,
         max_usd: None,
         report_ms: router_core::budget::lease::DEFAULT_REPORT_MS,
+        team_slots: router_core::budget::lease_slots::DEFAULT_TEAM_SLOTS,
         unsafe_lease_unheld: false,
     };
     let mut ok = true;

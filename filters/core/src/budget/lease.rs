@@ -44,7 +44,10 @@ pub struct LeaseConfig {
     #[serde(default = "default_report_ms")]
     pub report_ms: u64,
     /// Team leases kept per team budget (`super::lease_slots`); 0: team budgets are not leased.
-    #[serde(default = "default_team_slots")]
+    #[serde(
+        default = "default_team_slots",
+        skip_serializing_if = "is_default_team_slots"
+    )]
     pub team_slots: usize,
     /// UNSAFE, tests only: leases are granted without being held in Redis (and without the
     /// split over leaseholders), so other gateways do not see them: the end-to-end control that
@@ -59,6 +62,10 @@ fn default_report_ms() -> u64 {
 
 fn default_team_slots() -> usize {
     super::lease_slots::DEFAULT_TEAM_SLOTS
+}
+
+fn is_default_team_slots(n: &usize) -> bool {
+    *n == super::lease_slots::DEFAULT_TEAM_SLOTS
 }
 
 /// The lease configuration as the filter uses it.

@@ -225,6 +225,10 @@ pub struct LeaseResponse {
     /// `false` when this report had been applied already (a resend).
     #[serde(default)]
     pub applied: bool,
+    /// A new team's lease found its budget's `max_teams` places taken: nothing granted; ms
+    /// until a place frees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teams_full: Option<u64>,
     /// The ledger after the call (the gauges).
     pub ledger: LedgerState,
 }

@@ -647,6 +647,10 @@ pub fn admit_all<S: SharedData>(
     let mut taken = 0;
     let mut outcome = Admission::Admitted;
     for (i, (key, team)) in keys.iter().enumerate() {
+        // After a refusal the rest are only visited to bind a free slot and mark those
+        // without room wanted (a team's slot must ask for its lease even while the router's
+        // lease has no room), never to admit.
+        let admitting = outcome == Admission::Admitted;
         let ok = update(data, key, |s| {
             let mut changed = false;
             if s.team != *team {
@@ -656,20 +660,26 @@ pub fn admit_all<S: SharedData>(
                 s.team = team.to_string();
                 changed = true;
             }
-            if s.fits(b, now_ms, margin_ms) {
+            let fits = s.fits(b, now_ms, margin_ms);
+            if admitting && fits {
                 s.admit(b, now_ms);
                 (true, Admission::Admitted)
             } else {
-                changed |= !s.wanted;
-                s.wanted = true;
+                if !fits {
+                    changed |= !s.wanted;
+                    s.wanted = true;
+                }
                 (changed, Admission::NoRoom)
             }
         });
         match ok {
             Ok(Admission::Admitted) => taken += 1,
+            // A stale slot is what the caller can act on: it wins over no room.
+            Ok(t @ Admission::Taken(_)) if !matches!(outcome, Admission::Taken(_)) => outcome = t,
             Ok(other) => {
-                outcome = other;
-                break;
+                if outcome == Admission::Admitted {
+                    outcome = other;
+                }
             }
             Err(e) => {
                 undo(data, &keys[..taken], b);

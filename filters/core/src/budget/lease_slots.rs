@@ -254,6 +254,24 @@ mod tests {
     }
 
     #[test]
+    fn a_team_slot_asks_for_its_lease_even_when_the_router_lease_before_it_has_no_room() {
+        let m = store(1);
+        m.set("router", &LeaseState::default().encode(), None)
+            .unwrap();
+        let k = key(0);
+        // Neither has a lease (the first request): both must ask for one on the next tick.
+        let both = [("router", ""), (k.as_str(), "red")];
+        assert_eq!(admit_all(&m, &both, B, 0, 0), Ok(Admission::NoRoom));
+        let st = state(&m, 0);
+        assert_eq!((st.team.as_str(), st.wanted), ("red", true), "{st:?}");
+        assert!(
+            LeaseState::decode(&m.get("router").unwrap().0)
+                .unwrap()
+                .wanted
+        );
+    }
+
+    #[test]
     fn candidates_are_bounded_stable_and_cover_small_tables() {
         let a: Vec<usize> = candidates("red", 64).collect();
         assert_eq!(a.len(), PROBES);

@@ -79,28 +79,8 @@ pub fn find<S: SharedData>(
 mod tests {
     use super::*;
     use crate::budget::lease::{admit_all, settle_all, update, Admission, Lease};
-    use crate::budget::shared::SetError;
+    use crate::budget::test_store::Envoyish as Mem;
     use crate::budget::window::Amount;
-    use std::cell::RefCell;
-    use std::collections::HashMap;
-
-    #[derive(Default)]
-    struct Mem(RefCell<HashMap<String, (Vec<u8>, u32)>>);
-
-    impl SharedData for Mem {
-        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-            self.0.borrow().get(key).cloned()
-        }
-        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
-            let mut m = self.0.borrow_mut();
-            let cur = m.get(key).map(|(_, c)| *c);
-            if cas.is_some() && cas != cur {
-                return Err(SetError::CasMismatch);
-            }
-            m.insert(key.into(), (value.to_vec(), cur.unwrap_or(0) + 1));
-            Ok(())
-        }
-    }
 
     const CFG: Lease = Lease {
         max_tokens: Some(1000),

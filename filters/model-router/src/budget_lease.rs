@@ -72,6 +72,9 @@ pub(crate) struct Leases {
     /// counter) and `.lease_tokens` (the lease's size after its last report, gauge).
     admitted_ids: Vec<Option<u32>>,
     size_ids: Vec<Option<u32>>,
+    /// Per team budget: `.lease_no_slot` (requests of a team that found every candidate slot
+    /// another team's and reserved per request, counter): the sign `team_slots` is too small.
+    no_slot_ids: Vec<Option<u32>>,
     /// The VM is stopping (`on_done`): leases are being released, and the host is told when
     /// the last release is answered.
     stopping: Cell<bool>,
@@ -149,6 +152,18 @@ impl Leases {
         Some(Leases {
             admitted_ids: per(MetricKind::Counter, "lease_admitted"),
             size_ids: per(MetricKind::Gauge, "lease_tokens"),
+            no_slot_ids: c
+                .budgets
+                .iter()
+                .zip(&max)
+                .map(|(b, m)| match (&b.scope, m) {
+                    (Scope::Team { .. }, Some(_)) => metric(
+                        MetricKind::Counter,
+                        &format!("llmkube.budget.{}.lease_no_slot", b.name),
+                    ),
+                    _ => None,
+                })
+                .collect(),
             lease,
             max,
             units,
@@ -172,7 +187,15 @@ impl Leases {
             self.max.get(k.budget).copied().flatten()?;
             let first = *self.first.get(k.budget)?;
             let unit = match &k.team {
-                Some(team) => first + self.team_slot(k.budget, team, now)?,
+                Some(team) => match self.team_slot(k.budget, team, now) {
+                    Some(s) => first + s,
+                    None => {
+                        if let Some(Some(id)) = self.no_slot_ids.get(k.budget) {
+                            edge::increment_metric(*id, 1);
+                        }
+                        return None;
+                    }
+                },
                 None => first,
             };
             units.push(unit);

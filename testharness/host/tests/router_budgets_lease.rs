@@ -249,6 +249,8 @@ fn team_leases_admit_on_every_worker_per_team_and_a_team_past_the_slots_reserves
     );
     assert_eq!(team_request(&mut b, "green"), 1);
     assert_eq!(team_request(&mut a, "green"), 1);
+    let no_slot = |h: &Host| h.metric("llmkube.budget.t.lease_no_slot").map(|m| m.value);
+    assert_eq!((no_slot(&a), no_slot(&b)), (Some(2), Some(1)), "counted");
     // Red's report (a report period on) charges red's use on red's ledger and no other.
     let from = a.http_calls().len();
     a.advance_clock(std::time::Duration::from_millis(150))

@@ -1145,8 +1145,22 @@ fn team_leases_charge_their_team_and_a_new_team_past_max_teams_gets_none() {
         (Some(300), Some("red")),
         "{v}"
     );
+    // Red's place in the index of active teams: taken by its first lease, and pushed later by
+    // every report (as a settle does), so it is not given away while red's lease lives.
+    let place = || {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &redis.port.to_string(), "ZSCORE"])
+            .arg(format!("llmkube:{{{router}|t}}:active"))
+            .arg("red")
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().parse::<u64>()
+    };
+    let first = place().expect("red placed by its first lease");
+    std::thread::sleep(std::time::Duration::from_millis(5));
     let (_, v) = lease("red", Some("r-1"), "r-2", 40);
     assert_eq!(v["ledger"]["tokens_used"], 40, "{v}");
+    assert!(place().unwrap() > first, "a report refreshes red's place");
     let (status, v) = lease("blue", None, "b-1", 0);
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["granted"]["tokens"], 0, "{v}");

@@ -323,6 +323,9 @@ impl Service {
                 return bad_request(e);
             }
         }
+        if r.max_teams == Some(0) {
+            return bad_request("max_teams: must be at least 1".into());
+        }
         let amounts = (
             r.used.parse(),
             r.admitted.parse(),
@@ -342,12 +345,14 @@ impl Service {
             admitted,
             max,
             ttl_ms: ttl,
+            max_teams: r.max_teams,
             unheld: r.unsafe_unheld,
         };
         match self.store.lease(clock, &r.router, &r.ledger, call).await {
             Ok(l) => ok(&LeaseResponse {
                 granted: AmountJson::from_amount(l.granted),
                 applied: l.applied,
+                teams_full: l.teams_full,
                 ledger: state(&r.ledger, l.ledger),
             }),
             Err(e) => store_error(e),

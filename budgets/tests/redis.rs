@@ -37,7 +37,8 @@ fn lua_and_core_agree_on_the_shared_table_of_cases() {
             let ttl_s = case["ttl_s"].as_u64().unwrap();
             let mut l = LedgerRef {
                 budget: "b".into(),
-                team: None,
+                // A team budget's ledger (its lease names the team): keyed by the team.
+                team: case["team"].as_str().map(String::from),
                 window_s,
                 max_tokens: case["max_tokens"].as_u64(),
                 max_usd: case["max_usd"].as_str().map(String::from),
@@ -192,6 +193,7 @@ async fn lease_step(
                 admitted,
                 max,
                 ttl_ms: s.ttl_s * 1000,
+                max_teams: step["max_teams"].as_u64(),
                 unheld: false,
             },
         )
@@ -1114,4 +1116,71 @@ fn lease_reports_over_http_charge_once_and_refuse_malformed_ones() {
         Some(&json!({"router": router, "ledger": ledger, "id": "x", "bogus": 1})),
     );
     assert_eq!(status, 400, "{v}");
+}
+
+/// Team leases over HTTP: a team's lease is held and charged on that team's ledger; a new
+/// team's lease past `max_teams` live teams is granted nothing (no hold, no charge, the wait
+/// named), as a reserve of that team would be refused; the live team's reports go on.
+#[test]
+fn team_leases_charge_their_team_and_a_new_team_past_max_teams_gets_none() {
+    let Some(redis) = common::redis() else { return };
+    let svc = InProcess::start(&redis.url(), true);
+    let router = unique("team-lease");
+    let lease = |team: &str, old: Option<&str>, id: &str, used: u64| {
+        let mut req = json!({"router": router, "ledger": ledger("t", Some(team), 3600, 1000),
+            "id": id, "used": {"tokens": used}, "admitted": {"tokens": 0},
+            "max": {"tokens": 300}, "max_teams": 1});
+        if let Some(o) = old {
+            req["old"] = json!(o);
+        }
+        http(svc.addr, "POST", "/v1/lease", Some(&req))
+    };
+    let (status, v) = lease("red", None, "r-1", 0);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (
+            v["granted"]["tokens"].as_u64(),
+            v["ledger"]["team"].as_str()
+        ),
+        (Some(300), Some("red")),
+        "{v}"
+    );
+    // Red's place in the index of active teams: taken by its first lease, and pushed later by
+    // every report (as a settle does), so it is not given away while red's lease lives.
+    let place = || {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &redis.port.to_string(), "ZSCORE"])
+            .arg(format!("llmkube:{{{router}|t}}:active"))
+            .arg("red")
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().parse::<u64>()
+    };
+    let first = place().expect("red placed by its first lease");
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let (_, v) = lease("red", Some("r-1"), "r-2", 40);
+    assert_eq!(v["ledger"]["tokens_used"], 40, "{v}");
+    assert!(place().unwrap() > first, "a report refreshes red's place");
+    let (status, v) = lease("blue", None, "b-1", 0);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["granted"]["tokens"], 0, "{v}");
+    assert!(v["teams_full"].as_u64().unwrap_or(0) > 0, "{v}");
+    let (_, v) = lease("red", Some("r-2"), "r-3", 5);
+    assert_eq!(
+        (
+            v["granted"]["tokens"].as_u64(),
+            v["ledger"]["tokens_used"].as_u64()
+        ),
+        (Some(300), Some(45)),
+        "{v}"
+    );
+    let (status, v) = http(
+        svc.addr,
+        "GET",
+        &format!("/v1/status?router={router}"),
+        None,
+    );
+    assert_eq!(status, 200, "{v}");
+    let text = v.to_string();
+    assert!(text.contains("red") && !text.contains("blue"), "{text}");
 }

@@ -24,6 +24,7 @@ usage:
                      [--budgets-service HOST:PORT [--budgets-fail-open]]
                      [--budgets-hold-ttl SECONDS]
                      [--budgets-lease-tokens N] [--budgets-lease-usd AMOUNT]
+                     [--budgets-lease-team-slots N]
       envoy-gateway options: --wasm-url URL | --wasm-image REF [--wasm-sha256 HEX]
                      [--wasm-dir DIR] [--gateway-listener NAME] [--resolve ...] [--endpoints ...]
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
@@ -69,6 +70,7 @@ const VALUE_FLAGS: &[&str] = &[
     "--budgets-hold-ttl",
     "--budgets-lease-tokens",
     "--budgets-lease-usd",
+    "--budgets-lease-team-slots",
     "--body",
     "--header",
     "--path",
@@ -218,6 +220,7 @@ const TARGET_FLAGS: &[(Target, &[&str])] = &[
             "--budgets-hold-ttl",
             "--budgets-lease-tokens",
             "--budgets-lease-usd",
+            "--budgets-lease-team-slots",
         ],
     ),
     (
@@ -553,13 +556,22 @@ fn budgets_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
 fn lease_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
     let tokens = single(a, "--budgets-lease-tokens", problems);
     let usd = single(a, "--budgets-lease-usd", problems);
+    let slots = single(a, "--budgets-lease-team-slots", problems);
     if tokens.is_none() && usd.is_none() {
+        if slots.is_some() {
+            problems.push(Problem::new(
+                "options",
+                "--budgets-lease-team-slots",
+                "only with --budgets-lease-tokens or --budgets-lease-usd (lease mode)".to_string(),
+            ));
+        }
         return;
     }
     let mut lease = router_core::budget::lease::LeaseConfig {
         max_tokens: None,
         max_usd: None,
         report_ms: router_core::budget::lease::DEFAULT_REPORT_MS,
+        team_slots: router_core::budget::lease_slots::DEFAULT_TEAM_SLOTS,
         unsafe_lease_unheld: false,
     };
     let mut ok = true;
@@ -604,6 +616,20 @@ fn lease_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
                     "options",
                     "--budgets-lease-usd",
                     format!("{u:?}: {why}"),
+                ));
+                ok = false;
+            }
+        }
+    }
+    if let Some(n) = slots {
+        let max = router_core::budget::lease_slots::MAX_TEAM_SLOTS;
+        match n.parse::<usize>() {
+            Ok(n) if n <= max => lease.team_slots = n,
+            _ => {
+                problems.push(Problem::new(
+                    "options",
+                    "--budgets-lease-team-slots",
+                    format!("{n:?}: a whole number from 0 to {max} (team leases kept per team budget; 0: team budgets reserve per request)"),
                 ));
                 ok = false;
             }

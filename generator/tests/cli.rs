@@ -583,6 +583,23 @@ fn budgets_lease_flags() {
     );
     let (_, out, _) = compile(&service);
     assert!(!out.contains(r#""lease""#), "no lease mode unless asked");
+    let (code, out, err) = compile(
+        &[
+            &service[..],
+            &[
+                "--budgets-lease-tokens",
+                "20000",
+                "--budgets-lease-team-slots",
+                "16",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(r#""lease":{"max_tokens":20000,"report_ms":100,"team_slots":16}"#),
+        "{out}"
+    );
     for (args, says) in [
         (
             vec!["--budgets-lease-tokens", "100"],
@@ -603,6 +620,23 @@ fn budgets_lease_flags() {
         (
             [&service[..], &["--budgets-lease-usd", "1.2.3"]].concat(),
             "options: --budgets-lease-usd: \"1.2.3\"",
+        ),
+        (
+            [&service[..], &["--budgets-lease-team-slots", "4"]].concat(),
+            "options: --budgets-lease-team-slots: only with --budgets-lease-tokens",
+        ),
+        (
+            [
+                &service[..],
+                &[
+                    "--budgets-lease-tokens",
+                    "5",
+                    "--budgets-lease-team-slots",
+                    "4097",
+                ],
+            ]
+            .concat(),
+            "options: --budgets-lease-team-slots: \"4097\": a whole number from 0 to 4096",
         ),
     ] {
         let (code, _, err) = compile(&args);

@@ -349,6 +349,7 @@ fn budgets_service_in_lease_mode() {
             max_tokens: Some(20_000),
             max_usd: Some("0.5".into()),
             report_ms: 100,
+            team_slots: router_core::budget::lease_slots::DEFAULT_TEAM_SLOTS,
             unsafe_lease_unheld: false,
         }),
         format: Format::Json,

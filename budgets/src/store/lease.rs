@@ -13,6 +13,9 @@ pub struct Leased {
     /// `false`: this report had been applied already (sent again after a lost answer).
     pub applied: bool,
     pub ledger: LedgerUse,
+    /// A new team's lease refused a place in its budget's index of active teams (`max_teams`
+    /// live already): nothing granted, nothing run; ms until a place frees.
+    pub teams_full: Option<u64>,
 }
 
 /// One lease report: see `router_core::budget::wire::LeaseRequest`.
@@ -24,6 +27,8 @@ pub struct LeaseCall<'a> {
     pub admitted: Amount,
     pub max: Amount,
     pub ttl_ms: u64,
+    /// A team ledger's bound on its budget's active teams (`teams.lua`).
+    pub max_teams: Option<u64>,
     pub unheld: bool,
 }
 
@@ -42,6 +47,14 @@ impl RedisStore {
         c: LeaseCall<'_>,
     ) -> Result<Leased, StoreError> {
         let caps = l.caps().map_err(StoreError::Internal)?;
+        if let Some(wait) = self.place_team(clock, router, l, &c).await? {
+            return Ok(Leased {
+                granted: Amount::ZERO,
+                applied: true,
+                ledger: LedgerUse::default(),
+                teams_full: Some(wait),
+            });
+        }
         let key = Self::ledger_key(router, l);
         let g = Geometry::window(l.window_s);
         let mut inv = self.script.prepare_invoke();
@@ -87,6 +100,57 @@ impl RedisStore {
             granted: Amount::new(int(&f[7])?, int(&f[8])?),
             applied: f[0] == "1",
             ledger,
+            teams_full: None,
         })
+    }
+
+    /// A team ledger's lease keeps its team in the budget's index of active teams, as a
+    /// reserve and a settle do: a lease that starts a team's use (no old lease, nothing to
+    /// charge, room asked for) must take a place, and gets none when `max_teams` live teams
+    /// hold them all (`Some(ms until one frees)`: nothing is granted); any other report only
+    /// refreshes the team's time (its use is charged whatever the index says: nothing is
+    /// forgotten). Router and rule ledgers: nothing to do.
+    async fn place_team(
+        &self,
+        clock: Clock,
+        router: &str,
+        l: &LedgerRef,
+        c: &LeaseCall<'_>,
+    ) -> Result<Option<u64>, StoreError> {
+        if l.team.is_none() {
+            return Ok(None);
+        }
+        let starts = c.old.is_none() && c.used.is_zero() && !c.max.is_zero();
+        if starts && !self.active.is_fresh(router, l) {
+            let max = c.max_teams.unwrap_or(u64::MAX);
+            let w = self
+                .teams(
+                    "admit",
+                    clock,
+                    router,
+                    std::slice::from_ref(l),
+                    max,
+                    c.ttl_ms,
+                )
+                .await?;
+            if let Some(Some(ms)) = w.first() {
+                return Ok(Some(*ms));
+            }
+            self.active.admitted(router, l, c.ttl_ms);
+            return Ok(None);
+        }
+        // A failed touch is not the report's failure: the place bounds admissions of new
+        // teams, it keeps no spend.
+        let _ = self
+            .teams(
+                "touch",
+                clock,
+                router,
+                std::slice::from_ref(l),
+                u64::MAX,
+                c.ttl_ms,
+            )
+            .await;
+        Ok(None)
     }
 }

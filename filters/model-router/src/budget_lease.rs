@@ -5,48 +5,76 @@
 //! fit its leases reserves per request as without leases, and marks them wanted, so the next
 //! report asks for room.
 //!
-//! Only router and rule budgets are leased: a team's lease key would have to be created on the
-//! request path, which shared data cannot do safely (see `budget.rs`). A request under a team
-//! budget reserves per request.
+//! Team budgets are leased per team through a fixed table of slots per team budget
+//! (`router_core::budget::lease_slots`): a slot's key is created at configuration (shared
+//! data cannot safely create one on the request path), a team binds a free slot in the
+//! admission's compare-and-swap, and the slot frees once its lease is released idle. A team
+//! that finds no free slot reserves per request.
 //!
-//! Shared-data keys: `llmkube.budget|<router>|lease|<budget>`, created at configuration.
+//! Shared-data keys, created at configuration: `llmkube.budget|<router>|lease|<budget>` for a
+//! router or rule budget, `llmkube.budget|<router>|lease|<budget>|<slot>` per team-lease slot.
 
 use crate::budget_remote::Remote;
 use filter_edge::{self as edge, table::HostStore, Level, MetricKind};
 use router_core::budget::admit::{LedgerKey, Scope};
 use router_core::budget::config::CompiledBudgets;
-use router_core::budget::lease::{self, Lease, LeaseState, Pending, LEASE_PATH};
+use router_core::budget::lease::{self, Admission, Lease, LeaseState, Pending, LEASE_PATH};
+use router_core::budget::lease_slots;
 use router_core::budget::remote::MAX_REPLY_BYTES;
 use router_core::budget::shared::SharedData;
 use router_core::budget::window::Amount;
 use router_core::budget::wire::LedgerState;
 use std::cell::{Cell, RefCell};
 
-/// An admitted request's part of its leases: which, and the bound it took on each.
+/// An admitted request's part of its leases: which (units), their budgets, and the bound it
+/// took on each.
 pub(crate) struct LeaseHold {
-    keys: Vec<usize>,
+    units: Vec<usize>,
+    budgets: Vec<usize>,
     bound: Amount,
 }
+
+/// One lease in shared data: a router or rule budget's, or one slot of a team budget's.
+struct Unit {
+    budget: usize,
+    key: String,
+    /// A team-lease slot: its lease is on the team its state names.
+    team: bool,
+}
+
+/// How long a team that found no free slot reserves per request before it looks again.
+const NO_SLOT_RETRY_MS: u64 = 1000;
+
+/// Per team budget: team → (its slot, or none found, and until when that answer is trusted).
+type SlotCache = Vec<fnv::FnvHashMap<String, (Option<usize>, u64)>>;
 
 /// The leases of one router, per worker VM.
 pub(crate) struct Leases {
     lease: Lease,
     /// Per budget: the most one lease takes, `None` when the budget is not leased.
     max: Vec<Option<Amount>>,
-    /// Per budget: its lease's shared-data key.
-    keys: Vec<String>,
+    /// Every lease kept: one per router or rule budget, `team_slots` per team budget.
+    units: Vec<Unit>,
+    /// Per budget: the index of its first unit (a team budget's slot `s` is `first + s`).
+    first: Vec<usize>,
+    /// Team → slot as this worker last found it; the slot's state decides, this only saves
+    /// the look-up (a stale entry is corrected when admission finds the slot another team's).
+    slots: RefCell<SlotCache>,
     hold_ttl_ms: u64,
     /// A lease admits nothing within this of its hold's expiry: a request admitted on it has
     /// at least this long to settle before the hold goes (half the hold TTL).
     margin_ms: u64,
     /// How long a worker's report may stay out before another worker may send it again.
     report_timeout_ms: u64,
-    /// Reports sent by this worker: call token → (budget, the report).
+    /// Reports sent by this worker: call token → (unit, the report).
     sent: RefCell<Vec<(u32, usize, Pending)>>,
     /// Per budget: `llmkube.budget.<budget>.lease_admitted` (requests admitted on the lease,
     /// counter) and `.lease_tokens` (the lease's size after its last report, gauge).
     admitted_ids: Vec<Option<u32>>,
     size_ids: Vec<Option<u32>>,
+    /// Per team budget: `.lease_no_slot` (requests of a team that found every candidate slot
+    /// another team's and reserved per request, counter): the sign `team_slots` is too small.
+    no_slot_ids: Vec<Option<u32>>,
     /// The VM is stopping (`on_done`): leases are being released, and the host is told when
     /// the last release is answered.
     stopping: Cell<bool>,
@@ -69,28 +97,44 @@ impl Leases {
             .budgets
             .iter()
             .map(|b| match b.scope {
-                Scope::Team { .. } => None,
+                Scope::Team { .. } if lease.team_slots == 0 => None,
                 _ => lease.max_for(&b.caps),
             })
             .collect();
         if max.iter().all(Option::is_none) {
             edge::log(
                 Level::Warn,
-                "model-router: budgets: lease mode is on but no budget can be leased (team budgets are not; a cap needs its lease maximum); every request reserves on its own",
+                "model-router: budgets: lease mode is on but no budget can be leased (a cap needs its lease maximum; team budgets need team_slots > 0); every request reserves on its own",
             );
             return None;
         }
-        let keys: Vec<String> = c
-            .budgets
-            .iter()
-            .map(|b| format!("llmkube.budget|{router}|lease|{}", b.name))
-            .collect();
-        for (k, m) in keys.iter().zip(&max) {
-            if m.is_some() && HostStore.get(k).is_none() {
-                if let Err(e) = HostStore.set(k, &LeaseState::default().encode(), None) {
+        let mut units = Vec::new();
+        let mut first = Vec::with_capacity(c.budgets.len());
+        for (i, (b, m)) in c.budgets.iter().zip(&max).enumerate() {
+            first.push(units.len());
+            if m.is_none() {
+                continue;
+            }
+            let base = format!("llmkube.budget|{router}|lease|{}", b.name);
+            match b.scope {
+                Scope::Team { .. } => units.extend((0..lease.team_slots).map(|s| Unit {
+                    budget: i,
+                    key: format!("{base}|{s}"),
+                    team: true,
+                })),
+                _ => units.push(Unit {
+                    budget: i,
+                    key: base,
+                    team: false,
+                }),
+            }
+        }
+        for u in &units {
+            if HostStore.get(&u.key).is_none() {
+                if let Err(e) = HostStore.set(&u.key, &LeaseState::default().encode(), None) {
                     edge::log(
                         Level::Warn,
-                        &format!("model-router: budgets: creating lease key {k}: {e:?}"),
+                        &format!("model-router: budgets: creating lease key {}: {e:?}", u.key),
                     );
                 }
             }
@@ -108,9 +152,23 @@ impl Leases {
         Some(Leases {
             admitted_ids: per(MetricKind::Counter, "lease_admitted"),
             size_ids: per(MetricKind::Gauge, "lease_tokens"),
+            no_slot_ids: c
+                .budgets
+                .iter()
+                .zip(&max)
+                .map(|(b, m)| match (&b.scope, m) {
+                    (Scope::Team { .. }, Some(_)) => metric(
+                        MetricKind::Counter,
+                        &format!("llmkube.budget.{}.lease_no_slot", b.name),
+                    ),
+                    _ => None,
+                })
+                .collect(),
             lease,
             max,
-            keys,
+            units,
+            first,
+            slots: RefCell::new(SlotCache::default()),
             hold_ttl_ms,
             margin_ms: hold_ttl_ms / 2,
             report_timeout_ms: timeout_ms.saturating_add(1000),
@@ -120,30 +178,59 @@ impl Leases {
     }
 
     /// Admits a request of bound `b` on `keys`' leases, all or nothing, when every one of its
-    /// ledgers is leased. `None`: not admitted (no lease, no room, a team ledger, or shared data
-    /// failed); the request reserves per request.
+    /// ledgers is leased. `None`: not admitted (no lease, no room, a team without a slot, or
+    /// shared data failed); the request reserves per request.
     pub fn admit(&self, keys: &[LedgerKey], b: Amount) -> Option<LeaseHold> {
-        let mut budgets = Vec::with_capacity(keys.len());
+        let now = now_ms();
+        let mut units = Vec::with_capacity(keys.len());
         for k in keys {
-            if k.team.is_some() || self.max.get(k.budget).copied().flatten().is_none() {
-                return None;
-            }
-            budgets.push(k.budget);
+            self.max.get(k.budget).copied().flatten()?;
+            let first = *self.first.get(k.budget)?;
+            let unit = match &k.team {
+                Some(team) => match self.team_slot(k.budget, team, now) {
+                    Some(s) => first + s,
+                    None => {
+                        if let Some(Some(id)) = self.no_slot_ids.get(k.budget) {
+                            edge::increment_metric(*id, 1);
+                        }
+                        return None;
+                    }
+                },
+                None => first,
+            };
+            units.push(unit);
         }
-        let names: Vec<&str> = budgets.iter().map(|&i| self.keys[i].as_str()).collect();
-        match lease::admit_all(&HostStore, &names, b, now_ms(), self.margin_ms) {
-            Ok(true) => {
+        let names: Vec<(&str, &str)> = units
+            .iter()
+            .zip(keys)
+            .map(|(&u, k)| (self.units[u].key.as_str(), k.team.as_deref().unwrap_or("")))
+            .collect();
+        match lease::admit_all(&HostStore, &names, b, now, self.margin_ms) {
+            Ok(Admission::Admitted) => {
+                let budgets: Vec<usize> = keys.iter().map(|k| k.budget).collect();
                 for &i in &budgets {
                     if let Some(Some(id)) = self.admitted_ids.get(i) {
                         edge::increment_metric(*id, 1);
                     }
                 }
                 Some(LeaseHold {
-                    keys: budgets,
+                    units,
+                    budgets,
                     bound: b,
                 })
             }
-            Ok(false) => None,
+            Ok(Admission::NoRoom) => None,
+            Ok(Admission::Taken(i)) => {
+                // The slot this worker knew is another team's now: look again next time.
+                if let Some(k) = keys.get(i) {
+                    if let (Some(team), Some(m)) =
+                        (&k.team, self.slots.borrow_mut().get_mut(k.budget))
+                    {
+                        m.remove(team.as_str());
+                    }
+                }
+                None
+            }
             Err(e) => {
                 edge::log(
                     Level::Warn,
@@ -156,9 +243,51 @@ impl Leases {
         }
     }
 
+    /// The slot of `team` in team budget `budget` (relative to its first), as this worker
+    /// knows it or finds it (`lease_slots::find`, reading the team's candidate slots). `None`:
+    /// every candidate is another team's; looked up again after [`NO_SLOT_RETRY_MS`].
+    fn team_slot(&self, budget: usize, team: &str, now: u64) -> Option<usize> {
+        let known = self
+            .slots
+            .borrow()
+            .get(budget)
+            .and_then(|m| m.get(team).copied());
+        if let Some((slot, until)) = known {
+            if now < until {
+                return slot;
+            }
+        }
+        let n = self.lease.team_slots;
+        let first = *self.first.get(budget)?;
+        let found = lease_slots::find(&HostStore, team, n, |s| {
+            self.units
+                .get(first + s)
+                .map_or_else(String::new, |u| u.key.clone())
+        });
+        let until = match found {
+            Some(_) => u64::MAX,
+            None => now.saturating_add(NO_SLOT_RETRY_MS),
+        };
+        let mut slots = self.slots.borrow_mut();
+        if slots.len() <= budget {
+            slots.resize_with(budget + 1, Default::default);
+        }
+        let m = &mut slots[budget];
+        // Bounded: teams come and go; forgetting only costs a look-up.
+        if m.len() >= 4 * n.max(64) {
+            m.clear();
+        }
+        m.insert(team.to_string(), (found, until));
+        found
+    }
+
     /// The request admitted on leases ended: `charge` its usage (or estimate), `None` a release.
     pub fn end(&self, h: &LeaseHold, charge: Option<Amount>) {
-        let names: Vec<&str> = h.keys.iter().map(|&i| self.keys[i].as_str()).collect();
+        let names: Vec<&str> = h
+            .units
+            .iter()
+            .map(|&i| self.units[i].key.as_str())
+            .collect();
         if let Err(e) =
             lease::settle_all(&HostStore, &names, h.bound, charge.unwrap_or(Amount::ZERO))
         {
@@ -189,12 +318,17 @@ impl Leases {
     fn send_reports(&self, c: &CompiledBudgets, remote: &Remote, release: bool) {
         let now = now_ms();
         let router = remote.router();
-        for (budget, max) in self.max.iter().enumerate() {
-            let Some(max) = *max else { continue };
-            let key = &self.keys[budget];
+        for (unit, u) in self.units.iter().enumerate() {
+            let Some(max) = self.max.get(u.budget).copied().flatten() else {
+                continue;
+            };
             let new_id = remote.new_id();
             let until = now.saturating_add(self.report_timeout_ms);
-            let taken = lease::update(&HostStore, key, |s| {
+            let taken = lease::update(&HostStore, &u.key, |s| {
+                if u.team && s.team.is_empty() {
+                    // A free slot: nothing on it to report.
+                    return (false, None);
+                }
                 let due = if release {
                     s.release_due(now, &new_id)
                 } else {
@@ -203,13 +337,14 @@ impl Leases {
                 match due {
                     Some(r) => {
                         let old = s.id.clone();
+                        let team = s.team.clone();
                         s.start(r.clone(), until);
-                        (true, Some((r, old)))
+                        (true, Some((r, old, team)))
                     }
                     None => (false, None),
                 }
             });
-            let (report, old) = match taken {
+            let (report, old, team) = match taken {
                 Ok(Some(t)) => t,
                 Ok(None) => continue,
                 Err(e) => {
@@ -220,17 +355,19 @@ impl Leases {
                     continue;
                 }
             };
-            let sent = lease::lease_body(router, c, budget, &old, &report, self.lease.unheld)
+            let body =
+                lease::lease_body(router, c, u.budget, &team, &old, &report, self.lease.unheld);
+            let sent = body
                 .ok_or_else(|| "no such budget".to_string())
                 .and_then(|body| remote.send(LEASE_PATH, &body));
             match sent {
-                Ok(token) => self.sent.borrow_mut().push((token, budget, report)),
+                Ok(token) => self.sent.borrow_mut().push((token, unit, report)),
                 Err(why) => {
                     edge::log(
                         Level::Warn,
                         &format!("model-router: budgets: lease report not sent: {why}"),
                     );
-                    self.settle_report(budget, &report, None, false);
+                    self.settle_report(unit, &report, None, false);
                 }
             }
         }
@@ -244,12 +381,13 @@ impl Leases {
         num_headers: usize,
         body_size: usize,
     ) -> Option<Option<(usize, LedgerState)>> {
-        let (budget, report) = {
+        let (unit, report) = {
             let mut sent = self.sent.borrow_mut();
             let i = sent.iter().position(|(t, _, _)| *t == token)?;
-            let (_, b, r) = sent.swap_remove(i);
-            (b, r)
+            let (_, u, r) = sent.swap_remove(i);
+            (u, r)
         };
+        let budget = self.units.get(unit).map_or(usize::MAX, |u| u.budget);
         let (status, body) = if num_headers == 0 {
             (0, Vec::new())
         } else {
@@ -259,7 +397,7 @@ impl Leases {
         };
         let out = Some(match lease::read_lease(status, &body) {
             Ok((granted, state)) => {
-                self.settle_report(budget, &report, Some(granted), false);
+                self.settle_report(unit, &report, Some(granted), false);
                 if let Some(Some(id)) = self.size_ids.get(budget) {
                     edge::record_metric(*id, granted.tokens);
                 }
@@ -278,7 +416,7 @@ impl Leases {
                         }
                     ),
                 );
-                self.settle_report(budget, &report, None, f.in_doubt);
+                self.settle_report(unit, &report, None, f.in_doubt);
                 None
             }
         });
@@ -289,9 +427,12 @@ impl Leases {
         out
     }
 
-    fn settle_report(&self, budget: usize, r: &Pending, granted: Option<Amount>, in_doubt: bool) {
+    fn settle_report(&self, unit: usize, r: &Pending, granted: Option<Amount>, in_doubt: bool) {
         let ttl = self.hold_ttl_ms;
-        let done = lease::update(&HostStore, &self.keys[budget], |s| match granted {
+        let Some(u) = self.units.get(unit) else {
+            return;
+        };
+        let done = lease::update(&HostStore, &u.key, |s| match granted {
             Some(g) => (s.applied(r, g, ttl), ()),
             None => {
                 let before = s.clone();
@@ -311,6 +452,6 @@ impl Leases {
 impl LeaseHold {
     /// The budgets (indexes) whose leases the request was admitted on.
     pub fn budgets(&self) -> &[usize] {
-        &self.keys
+        &self.budgets
     }
 }

@@ -135,3 +135,134 @@ fn a_granted_lease_admits_on_every_worker_without_a_callout_and_reports_the_use(
     );
     let _ = req;
 }
+
+/// A router budget and a team budget, both leased; two team-lease slots per team budget.
+fn team_worker(shared: &SharedStore) -> Host {
+    budget_worker(
+        shared,
+        json!({
+            "budgets": [
+                {"name": "all", "scope": "router", "max_tokens": 100000, "window_s": 60},
+                {"name": "t", "scope": "team", "max_tokens": 100000, "window_s": 60}
+            ],
+            "service": {"cluster": "llmkube-budgets", "timeout_ms": 1000,
+                        "lease": {"max_tokens": 5000, "team_slots": 2}},
+        }),
+    )
+}
+
+fn granted(budget: &str, team: Option<&str>, tokens: u64) -> HttpCallReply {
+    let mut ledger = json!({"budget": budget, "tokens_used": 0, "usd_used": "0",
+        "tokens_reserved": tokens});
+    if let Some(t) = team {
+        ledger["team"] = json!(t);
+    }
+    let a = json!({"granted": {"tokens": tokens, "usd": "0"}, "applied": true, "ledger": ledger});
+    HttpCallReply::new(200, a.to_string())
+}
+
+/// A request of `team` on `h`; the number of reserve callouts it made (answered admitted).
+fn team_request(h: &mut Host, team: &str) -> usize {
+    let before = h.http_calls().len();
+    let req = post(h, &[("x-llmkube-team", team)], BODY);
+    assert!(req.local_response.is_none(), "{:?}", h.logs());
+    let reserves = calls_to(h, before, "/v1/reserve");
+    for (token, _) in &reserves {
+        let admitted = json!({"admitted": true, "reservation": "r", "ledgers": []});
+        h.reply_http_call(*token, HttpCallReply::new(200, admitted.to_string()))
+            .unwrap();
+    }
+    respond(h, req.stream);
+    reserves.len()
+}
+
+/// The lease reports `h`'s tick sends from call `from` on: (token, ledger's team, body).
+fn lease_reports(h: &mut Host) -> Vec<(u32, Option<String>, Value)> {
+    let from = h.http_calls().len();
+    h.tick().unwrap();
+    calls_to(h, from, "/v1/lease")
+        .into_iter()
+        .map(|(t, b)| {
+            let team = b["ledger"]["team"].as_str().map(String::from);
+            (t, team, b)
+        })
+        .collect()
+}
+
+#[test]
+fn team_leases_admit_on_every_worker_per_team_and_a_team_past_the_slots_reserves_per_request() {
+    let shared = SharedStore::new();
+    let (mut a, mut b) = (team_worker(&shared), team_worker(&shared));
+    // Red's first request finds no lease: it reserves on its own, and binds a free slot.
+    assert_eq!(team_request(&mut a, "red"), 1);
+    let reports = lease_reports(&mut a);
+    assert_eq!(reports.len(), 2, "the router lease and red's: {reports:?}");
+    for (token, team, body) in &reports {
+        if let Some(t) = team {
+            assert_eq!(t, "red");
+            assert_eq!(body["ledger"]["budget"], "t");
+            assert_eq!(body["max_teams"], 1024, "{body}");
+        }
+        a.reply_http_call(
+            *token,
+            granted(
+                body["ledger"]["budget"].as_str().unwrap(),
+                team.as_deref(),
+                5000,
+            ),
+        )
+        .unwrap();
+    }
+    // The other worker admits red on both leases, with no callout.
+    let before = b.http_calls().len();
+    assert_eq!(team_request(&mut b, "red"), 0, "{:?}", b.logs());
+    b.tick().unwrap();
+    assert_eq!(b.http_calls().len(), before, "no callout for red on b");
+    assert_eq!(
+        b.metric("llmkube.budget.t.lease_admitted").map(|m| m.value),
+        Some(1)
+    );
+    // Blue gets a lease of its own, on the other slot.
+    assert_eq!(team_request(&mut b, "blue"), 1, "blue has no lease yet");
+    let reports = lease_reports(&mut b);
+    let blue: Vec<_> = reports
+        .iter()
+        .filter(|r| r.1.as_deref() == Some("blue"))
+        .collect();
+    assert_eq!(blue.len(), 1, "{reports:?}");
+    assert!(blue[0].2.get("old").is_none());
+    b.reply_http_call(blue[0].0, granted("t", Some("blue"), 5000))
+        .unwrap();
+    assert_eq!(
+        team_request(&mut a, "blue"),
+        0,
+        "blue admitted on its lease, on a"
+    );
+    assert_eq!(team_request(&mut a, "red"), 0, "red still on its own");
+    // Green: both slots are taken, so green reserves per request, every time, and no lease
+    // is asked for it.
+    assert_eq!(team_request(&mut a, "green"), 1);
+    let reports = lease_reports(&mut a);
+    assert!(
+        reports.iter().all(|r| r.1.as_deref() != Some("green")),
+        "{reports:?}"
+    );
+    assert_eq!(team_request(&mut b, "green"), 1);
+    assert_eq!(team_request(&mut a, "green"), 1);
+    let no_slot = |h: &Host| h.metric("llmkube.budget.t.lease_no_slot").map(|m| m.value);
+    assert_eq!((no_slot(&a), no_slot(&b)), (Some(2), Some(1)), "counted");
+    // Red's report (a report period on) charges red's use on red's ledger and no other.
+    let from = a.http_calls().len();
+    a.advance_clock(std::time::Duration::from_millis(150))
+        .unwrap();
+    let reports = calls_to(&a, from, "/v1/lease");
+    let red: Vec<_> = reports
+        .iter()
+        .filter(|r| r.1["ledger"]["team"] == "red")
+        .collect();
+    assert_eq!(red.len(), 1, "{reports:?}");
+    assert_eq!(
+        red[0].1["used"]["tokens"], 60,
+        "red's two requests on a lease: 2 × 30"
+    );
+}

@@ -43,6 +43,12 @@ pub struct LeaseConfig {
     /// How often the root reports and renews a busy lease.
     #[serde(default = "default_report_ms")]
     pub report_ms: u64,
+    /// Team leases kept per team budget (`super::lease_slots`); 0: team budgets are not leased.
+    #[serde(
+        default = "default_team_slots",
+        skip_serializing_if = "is_default_team_slots"
+    )]
+    pub team_slots: usize,
     /// UNSAFE, tests only: leases are granted without being held in Redis (and without the
     /// split over leaseholders), so other gateways do not see them: the end-to-end control that
     /// shows the hold is what keeps the bound.
@@ -54,6 +60,14 @@ fn default_report_ms() -> u64 {
     DEFAULT_REPORT_MS
 }
 
+fn default_team_slots() -> usize {
+    super::lease_slots::DEFAULT_TEAM_SLOTS
+}
+
+fn is_default_team_slots(n: &usize) -> bool {
+    *n == super::lease_slots::DEFAULT_TEAM_SLOTS
+}
+
 /// The lease configuration as the filter uses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
@@ -61,6 +75,8 @@ pub struct Lease {
     pub max_tokens: Option<u64>,
     pub max_pico: Option<u64>,
     pub report_ms: u64,
+    /// Team-lease slots per team budget (0: team budgets reserve per request).
+    pub team_slots: usize,
     pub unheld: bool,
 }
 
@@ -86,10 +102,14 @@ impl LeaseConfig {
         if self.report_ms == 0 || self.report_ms > MAX_REPORT_MS {
             return Err(e("report_ms", "must be 1 to 60000"));
         }
+        if self.team_slots > super::lease_slots::MAX_TEAM_SLOTS {
+            return Err(e("team_slots", "must be 0 to 4096"));
+        }
         Ok(Lease {
             max_tokens: self.max_tokens,
             max_pico,
             report_ms: self.report_ms,
+            team_slots: self.team_slots,
             unheld: self.unsafe_lease_unheld,
         })
     }
@@ -162,6 +182,11 @@ pub struct Pending {
 /// One ledger's lease, as every worker of the gateway sees it (shared data).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LeaseState {
+    /// The team whose ledger this lease is on (a team-lease slot, `super::lease_slots`); empty
+    /// for a router or rule budget's lease, and for a free slot. Admission checks it in the
+    /// same compare-and-swap that admits, and a report names it, so a slot's lease only ever
+    /// admits and charges its own team.
+    pub team: String,
     /// The lease's reservation id in Redis; empty: no lease.
     pub id: String,
     pub granted: Amount,
@@ -186,7 +211,9 @@ pub struct LeaseState {
     pub pending: Option<Pending>,
 }
 
-const LAYOUT: u8 = 1;
+/// Layout 2 adds the team; layout 1 (written before team leases) is read as team "".
+const LAYOUT: u8 = 2;
+const LAYOUT_1: u8 = 1;
 /// Longest lease id kept (the wire's reservation id limit).
 const MAX_ID: usize = super::wire::MAX_RESERVATION_ID;
 
@@ -199,7 +226,13 @@ fn put_amount(out: &mut Vec<u8>, a: Amount) {
 }
 
 fn put_id(out: &mut Vec<u8>, id: &str) {
-    let b = &id.as_bytes()[..id.len().min(MAX_ID)];
+    put_str(out, id, MAX_ID);
+}
+
+/// A string of at most `max` (≤ 255) bytes, after its length byte. Ids and team keys are
+/// ASCII (checked where they are made), so the cut never splits a character.
+fn put_str(out: &mut Vec<u8>, v: &str, max: usize) {
+    let b = &v.as_bytes()[..v.len().min(max).min(255)];
     out.push(b.len() as u8);
     out.extend_from_slice(b);
 }
@@ -239,6 +272,7 @@ impl LeaseState {
             | (u8::from(self.active) << 1)
             | (u8::from(self.pending.is_some()) << 2);
         out.push(flags);
+        put_str(&mut out, &self.team, super::admit::MAX_TEAM_KEY);
         put_id(&mut out, &self.id);
         put_amount(&mut out, self.granted);
         put_amount(&mut out, self.admitted);
@@ -263,11 +297,18 @@ impl LeaseState {
 
     pub fn decode(bytes: &[u8]) -> Result<LeaseState, Corrupt> {
         let mut r = Reader(bytes);
-        if r.take(1)?[0] != LAYOUT {
+        let layout = r.take(1)?[0];
+        if layout != LAYOUT && layout != LAYOUT_1 {
             return Err(Corrupt);
         }
         let flags = r.take(1)?[0];
+        let team = if layout == LAYOUT {
+            r.id()?
+        } else {
+            String::new()
+        };
         let mut s = LeaseState {
+            team,
             id: r.id()?,
             granted: r.amount()?,
             admitted: r.amount()?,
@@ -293,6 +334,17 @@ impl LeaseState {
             return Err(Corrupt);
         }
         Ok(s)
+    }
+
+    /// Nothing on the lease: no hold, no report out or in doubt, nothing admitted, used or
+    /// wanted. Only such a team-lease slot may change teams: nothing of the old team's is in it.
+    pub fn is_blank(&self) -> bool {
+        self.id.is_empty()
+            && self.pending.is_none()
+            && self.reporting_until_ms == 0
+            && self.admitted.is_zero()
+            && self.used.is_zero()
+            && !self.wanted
     }
 
     /// Room left on the lease: granted − used − admitted.
@@ -436,6 +488,11 @@ impl LeaseState {
         self.reported_ms = report.sent_ms;
         self.pending = None;
         self.reporting_until_ms = 0;
+        if self.is_blank() {
+            // Released with nothing left (an idle team's lease): the slot is free for any
+            // team (`lease_slots`).
+            self.team.clear();
+        }
         true
     }
 
@@ -457,18 +514,21 @@ impl LeaseState {
 /// `POST /v1/lease`.
 pub const LEASE_PATH: &str = "/v1/lease";
 
-/// The body of `report` on the lease of budget `budget` (a router or rule budget: leases are
-/// not kept for team ledgers), replacing lease `old` (empty: none).
+/// The body of `report` on the lease of budget `budget` (for a team budget, on `team`'s ledger:
+/// the slot's team, never empty there), replacing lease `old` (empty: none).
 pub fn lease_body(
     router: &str,
     c: &super::config::CompiledBudgets,
     budget: usize,
+    team: &str,
     old: &str,
     report: &Pending,
     unheld: bool,
 ) -> Option<Vec<u8>> {
     use super::wire::{AmountJson, LeaseRequest};
-    let key = super::admit::LedgerKey { budget, team: None };
+    let team = (!team.is_empty()).then(|| team.to_string());
+    let is_team = team.is_some();
+    let key = super::admit::LedgerKey { budget, team };
     let ledger = super::remote::ledger_refs(c, std::slice::from_ref(&key)).pop()?;
     let req = LeaseRequest {
         router: router.to_string(),
@@ -479,6 +539,8 @@ pub fn lease_body(
         admitted: AmountJson::from_amount(report.admitted),
         max: AmountJson::from_amount(report.max),
         ttl_s: Some(c.hold_ttl_s),
+        // The service's bound on a team budget's teams, as a reserve sends it.
+        max_teams: is_team.then_some(c.max_teams as u64),
         unsafe_unheld: unheld,
     };
     serde_json::to_vec(&req).ok()
@@ -556,35 +618,68 @@ pub fn update<S: SharedData, T>(
     Err(SharedError::Contended(key.to_string()))
 }
 
-/// Admits a request of bound `b` on the leases under `keys` (one per ledger of the request),
+/// What [`admit_all`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Admitted on every lease.
+    Admitted,
+    /// Some lease had no room (those without are marked `wanted`): reserve per request.
+    NoRoom,
+    /// The lease of `keys[i]` is another team's (the caller's idea of the team's slot is
+    /// stale): reserve per request, and find the slot again.
+    Taken(usize),
+}
+
+/// Admits a request of bound `b` on the leases under `keys` (one per ledger of the request:
+/// the shared-data key and the team the lease must be on, "" for a router or rule budget),
 /// all or nothing: each lease with room takes `admitted += b`; when one has none, those taken
-/// are given back and every lease without room is marked `wanted`. `Ok(false)`: not admitted,
-/// the request reserves per request.
+/// are given back and every lease without room is marked `wanted`. A free team-lease slot
+/// (blank, no team) is bound to the request's team in the same compare-and-swap (the claim:
+/// `lease_slots`); it has no lease yet, so the request reserves per request and the slot asks
+/// for one.
 pub fn admit_all<S: SharedData>(
     data: &S,
-    keys: &[&str],
+    keys: &[(&str, &str)],
     b: Amount,
     now_ms: u64,
     margin_ms: u64,
-) -> Result<bool, SharedError> {
+) -> Result<Admission, SharedError> {
     let mut taken = 0;
-    let mut refused = false;
-    for key in keys {
+    let mut outcome = Admission::Admitted;
+    for (i, (key, team)) in keys.iter().enumerate() {
+        // After a refusal the rest are only visited to bind a free slot and mark those
+        // without room wanted (a team's slot must ask for its lease even while the router's
+        // lease has no room), never to admit.
+        let admitting = outcome == Admission::Admitted;
         let ok = update(data, key, |s| {
-            if s.fits(b, now_ms, margin_ms) {
+            let mut changed = false;
+            if s.team != *team {
+                if team.is_empty() || !s.team.is_empty() || !s.is_blank() {
+                    return (false, Admission::Taken(i));
+                }
+                s.team = team.to_string();
+                changed = true;
+            }
+            let fits = s.fits(b, now_ms, margin_ms);
+            if admitting && fits {
                 s.admit(b, now_ms);
-                (true, true)
+                (true, Admission::Admitted)
             } else {
-                let mark = !s.wanted;
-                s.wanted = true;
-                (mark, false)
+                if !fits {
+                    changed |= !s.wanted;
+                    s.wanted = true;
+                }
+                (changed, Admission::NoRoom)
             }
         });
         match ok {
-            Ok(true) => taken += 1,
-            Ok(false) => {
-                refused = true;
-                break;
+            Ok(Admission::Admitted) => taken += 1,
+            // A stale slot is what the caller can act on: it wins over no room.
+            Ok(t @ Admission::Taken(_)) if !matches!(outcome, Admission::Taken(_)) => outcome = t,
+            Ok(other) => {
+                if outcome == Admission::Admitted {
+                    outcome = other;
+                }
             }
             Err(e) => {
                 undo(data, &keys[..taken], b);
@@ -592,15 +687,14 @@ pub fn admit_all<S: SharedData>(
             }
         }
     }
-    if refused {
+    if outcome != Admission::Admitted {
         undo(data, &keys[..taken], b);
-        return Ok(false);
     }
-    Ok(true)
+    Ok(outcome)
 }
 
-fn undo<S: SharedData>(data: &S, keys: &[&str], b: Amount) {
-    for key in keys {
+fn undo<S: SharedData>(data: &S, keys: &[(&str, &str)], b: Amount) {
+    for (key, _) in keys {
         // A failed give-back keeps `b` counted as admitted: room lost until the lease shrinks,
         // never an admission past it.
         let _ = update(data, key, |s| {
@@ -676,6 +770,7 @@ mod tests {
         max_tokens: Some(1000),
         max_pico: None,
         report_ms: 100,
+        team_slots: 4,
         unheld: false,
     };
 
@@ -685,18 +780,24 @@ mod tests {
         put(&m, "a", &lease(100));
         put(&m, "b", &lease(30));
         let b = Amount::new(20, 200);
-        assert_eq!(admit_all(&m, &["a", "b"], b, 0, 0), Ok(true));
+        assert_eq!(
+            admit_all(&m, &[("a", ""), ("b", "")], b, 0, 0),
+            Ok(Admission::Admitted)
+        );
         assert_eq!(get(&m, "a").admitted, b);
         assert_eq!(get(&m, "b").admitted, b);
         // b has 10 left: refused there, and a gives its admission back.
-        assert_eq!(admit_all(&m, &["a", "b"], b, 0, 0), Ok(false));
+        assert_eq!(
+            admit_all(&m, &[("a", ""), ("b", "")], b, 0, 0),
+            Ok(Admission::NoRoom)
+        );
         assert_eq!(get(&m, "a").admitted, b, "nothing stays taken on a");
         assert!(get(&m, "b").wanted, "the lease without room asks for more");
         assert!(!get(&m, "a").wanted);
         // The USD dimension counts too.
         assert_eq!(
-            admit_all(&m, &["a"], Amount::new(1, 801), 0, 0),
-            Ok(false),
+            admit_all(&m, &[("a", "")], Amount::new(1, 801), 0, 0),
+            Ok(Admission::NoRoom),
             "800 pico left on a"
         );
     }
@@ -706,8 +807,14 @@ mod tests {
         let m = Mem::default();
         put(&m, "a", &lease(100));
         let b = Amount::new(40, 400);
-        assert_eq!(admit_all(&m, &["a"], b, 0, 0), Ok(true));
-        assert_eq!(admit_all(&m, &["a"], b, 0, 0), Ok(true));
+        assert_eq!(
+            admit_all(&m, &[("a", "")], b, 0, 0),
+            Ok(Admission::Admitted)
+        );
+        assert_eq!(
+            admit_all(&m, &[("a", "")], b, 0, 0),
+            Ok(Admission::Admitted)
+        );
         assert_eq!(get(&m, "a").room(), Amount::new(20, 200));
         settle_all(&m, &["a"], b, Amount::new(15, 150)).unwrap();
         let s = get(&m, "a");
@@ -962,20 +1069,20 @@ mod tests {
             max: Amount::new(300, UNLIMITED_PICO),
             sent_ms: 1,
         };
-        let body = lease_body("ns/r", &c, 0, "w-1", &r, false).unwrap();
+        let body = lease_body("ns/r", &c, 0, "", "w-1", &r, false).unwrap();
         let req: crate::budget::wire::LeaseRequest = serde_json::from_slice(&body).unwrap();
         assert_eq!((req.old.as_deref(), req.id.as_str()), (Some("w-1"), "w-2"));
         assert_eq!(req.used.parse().unwrap(), Amount::new(5, 7));
         assert_eq!(req.max.parse().unwrap(), r.max);
         assert_eq!((req.ledger.max_tokens, req.ttl_s), (Some(1000), Some(120)));
-        let none = lease_body("ns/r", &c, 0, "", &r, false).unwrap();
+        let none = lease_body("ns/r", &c, 0, "", "", &r, false).unwrap();
         assert!(
             serde_json::from_slice::<crate::budget::wire::LeaseRequest>(&none)
                 .unwrap()
                 .old
                 .is_none()
         );
-        assert!(lease_body("ns/r", &c, 9, "", &r, false).is_none());
+        assert!(lease_body("ns/r", &c, 9, "", "", &r, false).is_none());
         let ok = br#"{"granted":{"tokens":40,"usd":"0.5"},"applied":true,
             "ledger":{"budget":"all","tokens_used":1,"usd_used":"0","tokens_reserved":40}}"#;
         let (g, l) = read_lease(200, ok).unwrap();

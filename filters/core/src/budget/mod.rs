@@ -15,6 +15,7 @@
 //! - [`gauge`]: the newest state of each shared ledger across workers, for its gauges.
 //! - [`remote`]: the calls the filter sends to `llmkube-budgets` and what their answers mean.
 //! - [`lease`]: lease mode of the shared ledger: admission against a lease held in Redis.
+//! - [`lease_slots`]: team leases: a fixed table of lease slots per team budget.
 //! - [`reply`]: the 429 and 503 answers.
 //! - [`plan`]: the budget step of one request: what to reserve where, what to charge.
 
@@ -24,6 +25,7 @@ pub mod config;
 pub mod gauge;
 pub mod inject;
 pub mod lease;
+pub mod lease_slots;
 pub mod ledger;
 pub mod money;
 pub mod plan;

@@ -209,6 +209,10 @@ pub struct LeaseRequest {
     pub max: AmountJson,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_s: Option<u64>,
+    /// A team ledger's lease: the gateway's `max_teams`, the bound on the budget's active teams
+    /// (as in a reserve). A lease that would place a new team past it grants nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_teams: Option<u64>,
     /// UNSAFE, tests only: grant without holding (see `LeaseConfig::unsafe_lease_unheld`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unsafe_unheld: bool,
@@ -221,6 +225,10 @@ pub struct LeaseResponse {
     /// `false` when this report had been applied already (a resend).
     #[serde(default)]
     pub applied: bool,
+    /// A new team's lease found its budget's `max_teams` places taken: nothing granted; ms
+    /// until a place frees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teams_full: Option<u64>,
     /// The ledger after the call (the gauges).
     pub ledger: LedgerState,
 }

@@ -498,7 +498,7 @@ impl Budgets {
             charge_after_check(&mut store, &p.keys, p.amount)
         } else {
             admit_all(&mut store, &p.keys, p.amount)
-                .map(|r| r.map(|holds| holds.into_iter().map(|(k, h)| (k, Some(h))).collect()))
+                .map(|r| r.map(|holds| holds.into_iter().map(Some).collect()))
         };
         let holds = match admitted_holds.map_err(|e| unavailable(&e))? {
             Ok(holds) => holds,
@@ -515,10 +515,12 @@ impl Budgets {
         // Gauges follow settle, release and refusal, not admission: one ledger read fewer on
         // the request path.
         drop(store);
-        // The holds come back in key order, the order `names` was built in: the names move
-        // into the holds instead of being looked up and copied.
-        let held = holds
+        // The holds come back in key order, the order `names` was built in: the keys and names
+        // move into the holds instead of being looked up and copied.
+        let held = p
+            .keys
             .into_iter()
+            .zip(holds)
             .zip(names)
             .map(|((key, hold), (shared, owned_until))| Held {
                 key,
@@ -963,8 +965,8 @@ fn admitted(
     }
 }
 
-/// Per ledger, its hold (`None` in charge-after mode, which holds nothing).
-type MaybeHolds = Vec<(LedgerKey, Option<Hold>)>;
+/// Per ledger (in key order), its hold (`None` in charge-after mode, which holds nothing).
+type MaybeHolds = Vec<Option<Hold>>;
 
 /// Charge-after (test-only, unsafe): every ledger is asked whether the request fits now and
 /// nothing is held, so concurrent requests all see the same room.
@@ -981,7 +983,7 @@ fn charge_after_check<S: LedgerStore>(
             }));
         }
     }
-    Ok(Ok(keys.iter().map(|k| (k.clone(), None)).collect()))
+    Ok(Ok(vec![None; keys.len()]))
 }
 
 /// The edited head goes upstream in place of the client's first bytes, the rest of the body

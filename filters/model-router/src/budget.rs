@@ -25,7 +25,7 @@ use router_core::budget::admit::{admit_all, LedgerKey, LedgerStore, Refusal, Sco
 use router_core::budget::bound::request_facts;
 use router_core::budget::config::CompiledBudgets;
 use router_core::budget::inject::{edits, stream_needs_asking, Splice};
-use router_core::budget::ledger::{Hold, Wait};
+use router_core::budget::ledger::{Hold, Shape, Wait};
 use router_core::budget::money::format_usd;
 use router_core::budget::plan::{charged, plan, Attempt, BudgetPlan};
 use router_core::budget::remote::Admission;
@@ -72,6 +72,8 @@ pub(crate) struct Budgets {
     /// Per budget, the shared-data key of its ledger (router and rule budgets; a team budget's
     /// ledgers are per slot): built at configuration, so a request's holds share it.
     fixed: Vec<Rc<str>>,
+    /// Per budget, its ledgers' geometry.
+    shapes: Vec<Shape>,
     /// Per backend index: its price and `modelInfo.contextLength`.
     attempts: Vec<Attempt>,
     stats: BudgetStats,
@@ -182,6 +184,7 @@ impl Budgets {
         let stats = BudgetStats::new(&compiled.budgets);
         let mut budgets = Budgets {
             fixed: Vec::new(),
+            shapes: Vec::new(),
             stats: match &config.service {
                 Some(_) => stats.shared_by_workers(format!("{prefix}gauge|"), compiled.max_teams),
                 None => stats,
@@ -203,6 +206,13 @@ impl Budgets {
             compiled,
             slots: RefCell::new(SlotCache::default()),
         };
+        let ttl = budgets.compiled.hold_ttl_s;
+        budgets.shapes = budgets
+            .compiled
+            .budgets
+            .iter()
+            .map(|b| b.shape(ttl))
+            .collect();
         budgets.fixed = (0..budgets.compiled.budgets.len())
             .map(|i| Rc::from(budgets.ledger_name(i, None)))
             .collect();
@@ -245,8 +255,16 @@ impl Budgets {
         let b = &self.compiled.budgets[budget];
         SharedLedger {
             key,
-            shape: b.shape(self.compiled.hold_ttl_s),
+            shape: self.shape(budget),
             caps: b.caps,
+        }
+    }
+
+    /// Budget `budget`'s ledger geometry (computed at configuration: every update needs it).
+    fn shape(&self, budget: usize) -> Shape {
+        match self.shapes.get(budget) {
+            Some(s) => *s,
+            None => self.compiled.budgets[budget].shape(self.compiled.hold_ttl_s),
         }
     }
 
@@ -337,8 +355,7 @@ impl Budgets {
     /// request needs, so a busy team's entry is written about once per bucket per worker (a
     /// team's slot is then kept up to one bucket longer before another team may take it).
     fn team_slot(&self, budget: usize, team: &str, now_ms: u64) -> Result<Known, Answer> {
-        let b = &self.compiled.budgets[budget];
-        let shape = b.shape(self.compiled.hold_ttl_s);
+        let shape = self.shape(budget);
         let needed = TeamTable::quiet_bound(&shape, now_ms);
         let known = self
             .slots

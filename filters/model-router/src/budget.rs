@@ -515,7 +515,6 @@ impl Budgets {
             charge_after_check(&mut store, &p.keys, p.amount)
         } else {
             admit_all(&mut store, &p.keys, p.amount)
-                .map(|r| r.map(|holds| holds.into_iter().map(Some).collect()))
         };
         let holds = match admitted_holds.map_err(|e| unavailable(&e))? {
             Ok(holds) => holds,
@@ -534,6 +533,8 @@ impl Budgets {
         drop(store);
         // The holds come back in key order, the order `names` was built in: the keys and names
         // move into the holds instead of being looked up and copied.
+        // Charge-after holds nothing: no holds, `None` for every ledger.
+        let holds = holds.into_iter().map(Some).chain(std::iter::repeat(None));
         let held = p
             .keys
             .into_iter()
@@ -982,16 +983,13 @@ fn admitted(
     }
 }
 
-/// Per ledger (in key order), its hold (`None` in charge-after mode, which holds nothing).
-type MaybeHolds = Vec<Option<Hold>>;
-
 /// Charge-after (test-only, unsafe): every ledger is asked whether the request fits now and
 /// nothing is held, so concurrent requests all see the same room.
 fn charge_after_check<S: LedgerStore>(
     store: &mut S,
     keys: &[LedgerKey],
     amount: Amount,
-) -> Result<Result<MaybeHolds, Refusal>, S::Error> {
+) -> Result<Result<Vec<Hold>, Refusal>, S::Error> {
     for k in keys {
         if let Err(wait) = store.check(k, amount)? {
             return Ok(Err(Refusal {
@@ -1000,7 +998,7 @@ fn charge_after_check<S: LedgerStore>(
             }));
         }
     }
-    Ok(Ok(vec![None; keys.len()]))
+    Ok(Ok(Vec::new()))
 }
 
 /// The edited head goes upstream in place of the client's first bytes, the rest of the body

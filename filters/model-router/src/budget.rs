@@ -262,10 +262,7 @@ impl Budgets {
 
     /// Budget `budget`'s ledger geometry (computed at configuration: every update needs it).
     fn shape(&self, budget: usize) -> Shape {
-        match self.shapes.get(budget) {
-            Some(s) => *s,
-            None => self.compiled.budgets[budget].shape(self.compiled.hold_ttl_s),
-        }
+        self.shapes[budget]
     }
 
     fn create_keys(&self) -> Result<(), String> {
@@ -503,10 +500,8 @@ impl Budgets {
                     let k = self.team_slot(key.budget, team, now)?;
                     (k.name, k.until)
                 }
-                None => match self.fixed.get(key.budget) {
-                    Some(name) => (name.clone(), 0),
-                    None => return Err(unavailable(&SharedError::Missing(format!("{key:?}")))),
-                },
+                // `fixed` has every budget's (a key's budget is an index into the budgets).
+                None => (self.fixed[key.budget].clone(), 0),
             });
         }
         audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();

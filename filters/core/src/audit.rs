@@ -10,6 +10,9 @@ use std::net::IpAddr;
 /// Prefix of every audit line in the gateway's log, so collectors can pick them out.
 pub const AUDIT_PREFIX: &str = "llmkube-audit ";
 
+/// The audit line's first allocation (a typical line fits; a longer one grows as it must).
+const LINE_CAPACITY: usize = 512;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -96,9 +99,16 @@ pub struct AuditTokens {
 
 impl AuditRecord {
     pub fn line(&self) -> String {
-        let mut s = String::from(AUDIT_PREFIX);
-        s.push_str(&serde_json::to_string(self).unwrap_or_default());
-        s
+        // One buffer, sized for a routed and budgeted request's line (about 300 bytes), and
+        // the record written into it after the prefix: no second buffer to copy over, and no
+        // doubling from serde_json's 128 bytes on the way.
+        let mut out = Vec::with_capacity(LINE_CAPACITY);
+        out.extend_from_slice(AUDIT_PREFIX.as_bytes());
+        if serde_json::to_writer(&mut out, self).is_err() {
+            out.truncate(AUDIT_PREFIX.len());
+        }
+        // serde_json writes UTF-8 (it is what `to_string` assumes too); never fails here.
+        String::from_utf8(out).unwrap_or_default()
     }
 }
 

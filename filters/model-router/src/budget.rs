@@ -25,7 +25,7 @@ use router_core::budget::admit::{admit_all, LedgerKey, LedgerStore, Refusal, Sco
 use router_core::budget::bound::request_facts;
 use router_core::budget::config::CompiledBudgets;
 use router_core::budget::inject::{edits, stream_needs_asking, Splice};
-use router_core::budget::ledger::{Hold, Wait};
+use router_core::budget::ledger::{Hold, Shape, Wait};
 use router_core::budget::money::format_usd;
 use router_core::budget::plan::{charged, plan, Attempt, BudgetPlan};
 use router_core::budget::remote::Admission;
@@ -40,11 +40,21 @@ use router_core::errors::ApiError;
 use router_core::router::{RequestHeaders, Router};
 use router_core::scan::Fields;
 use std::cell::RefCell;
+use std::rc::Rc;
 
-/// Per team budget (by index), team → its slot and a time until which the team table is known
-/// to keep that slot the team's (`quiet_until` as this worker last wrote or read it). Keyed by
-/// the team alone so a lookup borrows the request's team instead of building a key.
-type SlotCache = Vec<fnv::FnvHashMap<String, (usize, u64)>>;
+/// Per team budget (by index), team → its slot, a time until which the team table is known
+/// to keep that slot the team's (`quiet_until` as this worker last wrote or read it), and the
+/// slot ledger's shared-data key (built once per team, shared by the requests that hold it).
+/// Keyed by the team alone so a lookup borrows the request's team instead of building a key.
+type SlotCache = Vec<fnv::FnvHashMap<String, Known>>;
+
+/// A team's slot as this worker knows it ([`SlotCache`]).
+#[derive(Clone)]
+struct Known {
+    slot: usize,
+    until: u64,
+    name: Rc<str>,
+}
 
 /// Where ledgers live.
 pub(crate) enum LedgerBackend {
@@ -59,6 +69,11 @@ pub(crate) struct Budgets {
     compiled: CompiledBudgets,
     ledgers: LedgerBackend,
     prefix: String,
+    /// Per budget, the shared-data key of its ledger (router and rule budgets; a team budget's
+    /// ledgers are per slot): built at configuration, so a request's holds share it.
+    fixed: Vec<Rc<str>>,
+    /// Per budget, its ledgers' geometry.
+    shapes: Vec<Shape>,
     /// Per backend index: its price and `modelInfo.contextLength`.
     attempts: Vec<Attempt>,
     stats: BudgetStats,
@@ -81,7 +96,7 @@ pub(crate) enum Answer {
 struct Held {
     key: LedgerKey,
     /// The shared-data key of its ledger (for a team: of its slot).
-    shared: String,
+    shared: Rc<str>,
     /// `None` in charge-after mode, which holds nothing.
     hold: Option<Hold>,
     /// For a team ledger: until when the team table keeps this slot the team's.
@@ -167,7 +182,9 @@ impl Budgets {
             .collect();
         let prefix = format!("llmkube.budget|{}|", router.config.router);
         let stats = BudgetStats::new(&compiled.budgets);
-        let budgets = Budgets {
+        let mut budgets = Budgets {
+            fixed: Vec::new(),
+            shapes: Vec::new(),
             stats: match &config.service {
                 Some(_) => stats.shared_by_workers(format!("{prefix}gauge|"), compiled.max_teams),
                 None => stats,
@@ -189,6 +206,16 @@ impl Budgets {
             compiled,
             slots: RefCell::new(SlotCache::default()),
         };
+        let ttl = budgets.compiled.hold_ttl_s;
+        budgets.shapes = budgets
+            .compiled
+            .budgets
+            .iter()
+            .map(|b| b.shape(ttl))
+            .collect();
+        budgets.fixed = (0..budgets.compiled.budgets.len())
+            .map(|i| Rc::from(budgets.ledger_name(i, None)))
+            .collect();
         if matches!(budgets.ledgers, LedgerBackend::Local(_)) {
             budgets.create_keys()?;
         }
@@ -228,9 +255,14 @@ impl Budgets {
         let b = &self.compiled.budgets[budget];
         SharedLedger {
             key,
-            shape: b.shape(self.compiled.hold_ttl_s),
+            shape: self.shape(budget),
             caps: b.caps,
         }
+    }
+
+    /// Budget `budget`'s ledger geometry (computed at configuration: every update needs it).
+    fn shape(&self, budget: usize) -> Shape {
+        self.shapes[budget]
     }
 
     fn create_keys(&self) -> Result<(), String> {
@@ -319,22 +351,25 @@ impl Budgets {
     /// updated (compare-and-swap), with `quiet_until` pushed a window bucket past what this
     /// request needs, so a busy team's entry is written about once per bucket per worker (a
     /// team's slot is then kept up to one bucket longer before another team may take it).
-    fn team_slot(&self, budget: usize, team: &str, now_ms: u64) -> Result<(usize, u64), Answer> {
-        let b = &self.compiled.budgets[budget];
-        let shape = b.shape(self.compiled.hold_ttl_s);
+    fn team_slot(&self, budget: usize, team: &str, now_ms: u64) -> Result<Known, Answer> {
+        let shape = self.shape(budget);
         let needed = TeamTable::quiet_bound(&shape, now_ms);
         let known = self
             .slots
             .borrow()
             .get(budget)
-            .and_then(|m| m.get(team).copied());
-        if let Some((slot, until)) = known {
-            if until >= needed {
-                return Ok((slot, until));
-            }
+            .and_then(|m| m.get(team).cloned());
+        if let Some(k) = known.as_ref().filter(|k| k.until >= needed) {
+            return Ok(k.clone());
         }
         let until = needed.saturating_add(shape.window.width_ms);
         let slot = self.claim_slot(budget, team, until, now_ms)?;
+        let name = match known {
+            // The same slot as before: its name is already built.
+            Some(k) if k.slot == slot => k.name,
+            _ => Rc::from(self.ledger_name(budget, Some(slot))),
+        };
+        let known = Known { slot, until, name };
         let mut slots = self.slots.borrow_mut();
         if slots.len() <= budget {
             slots.resize_with(budget + 1, Default::default);
@@ -344,8 +379,8 @@ impl Budgets {
         if teams.len() >= self.compiled.max_teams {
             teams.clear();
         }
-        teams.insert(team.to_string(), (slot, until));
-        Ok((slot, until))
+        teams.insert(team.to_string(), known.clone());
+        Ok(known)
     }
 
     /// Gives `team` its slot in the table of team budget `budget`, busy until at least
@@ -413,17 +448,16 @@ impl Budgets {
         audit: &mut AuditRecord,
     ) -> Result<Option<Admitted>, Answer> {
         let facts = request_facts(r.body_len, r.fields);
-        let attempts: Vec<Attempt> = r
+        let attempts = r
             .order
             .iter()
-            .filter_map(|&b| self.attempts.get(b).copied())
-            .collect();
+            .filter_map(|&b| self.attempts.get(b).copied());
         let Some(p) = plan(
             &self.compiled,
             r.rule,
             |h| r.headers.first(h),
             &facts,
-            &attempts,
+            attempts,
         ) else {
             return Ok(None);
         };
@@ -459,16 +493,16 @@ impl Budgets {
         let now = now_ms();
         // Per key of `p.keys`, in its order: the ledger's shared-data name and until when the
         // team table keeps its slot (no copy of the key itself).
-        let mut names: Vec<(String, u64)> = Vec::with_capacity(p.keys.len());
+        let mut names: Vec<(Rc<str>, u64)> = Vec::with_capacity(p.keys.len());
         for key in &p.keys {
-            let (slot, until) = match &key.team {
+            names.push(match &key.team {
                 Some(team) => {
-                    let (s, u) = self.team_slot(key.budget, team, now)?;
-                    (Some(s), u)
+                    let k = self.team_slot(key.budget, team, now)?;
+                    (k.name, k.until)
                 }
-                None => (None, 0),
-            };
-            names.push((self.ledger_name(key.budget, slot), until));
+                // `fixed` has every budget's (a key's budget is an index into the budgets).
+                None => (self.fixed[key.budget].clone(), 0),
+            });
         }
         audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
         let mut store = self.store(|k| named(&p.keys, &names, k), now);
@@ -476,7 +510,6 @@ impl Budgets {
             charge_after_check(&mut store, &p.keys, p.amount)
         } else {
             admit_all(&mut store, &p.keys, p.amount)
-                .map(|r| r.map(|holds| holds.into_iter().map(|(k, h)| (k, Some(h))).collect()))
         };
         let holds = match admitted_holds.map_err(|e| unavailable(&e))? {
             Ok(holds) => holds,
@@ -493,10 +526,14 @@ impl Budgets {
         // Gauges follow settle, release and refusal, not admission: one ledger read fewer on
         // the request path.
         drop(store);
-        // The holds come back in key order, the order `names` was built in: the names move
-        // into the holds instead of being looked up and copied.
-        let held = holds
+        // The holds come back in key order, the order `names` was built in: the keys and names
+        // move into the holds instead of being looked up and copied.
+        // Charge-after holds nothing: no holds, `None` for every ledger.
+        let holds = holds.into_iter().map(Some).chain(std::iter::repeat(None));
+        let held = p
+            .keys
             .into_iter()
+            .zip(holds)
             .zip(names)
             .map(|((key, hold), (shared, owned_until))| Held {
                 key,
@@ -887,19 +924,19 @@ impl Budgets {
             .get(&self.table_name(h.key.budget))
             .and_then(|(raw, _)| TeamTable::decode(&raw, self.compiled.max_teams).ok());
         let slot = table.and_then(|t| t.slot_of(team));
-        slot.is_some_and(|s| h.shared == self.ledger_name(h.key.budget, Some(s)))
+        slot.is_some_and(|s| *h.shared == *self.ledger_name(h.key.budget, Some(s)))
     }
 }
 
 /// The shared-data key `names` gives ledger `k` (`names[i]` is that of `keys[i]`).
-fn named<'n>(keys: &[LedgerKey], names: &'n [(String, u64)], k: &LedgerKey) -> Option<&'n str> {
+fn named<'n>(keys: &[LedgerKey], names: &'n [(Rc<str>, u64)], k: &LedgerKey) -> Option<&'n str> {
     let i = keys.iter().position(|h| h == k)?;
-    names.get(i).map(|(n, _)| n.as_str())
+    names.get(i).map(|(n, _)| &**n)
 }
 
 /// The shared-data key of the held ledger `k`.
 fn held_name<'h>(held: &'h [Held], k: &LedgerKey) -> Option<&'h str> {
-    held.iter().find(|h| h.key == *k).map(|h| h.shared.as_str())
+    held.iter().find(|h| h.key == *k).map(|h| &*h.shared)
 }
 
 /// Appends `v` in decimal (ledger keys are built per request; `format!` costs more).
@@ -941,16 +978,13 @@ fn admitted(
     }
 }
 
-/// Per ledger, its hold (`None` in charge-after mode, which holds nothing).
-type MaybeHolds = Vec<(LedgerKey, Option<Hold>)>;
-
 /// Charge-after (test-only, unsafe): every ledger is asked whether the request fits now and
 /// nothing is held, so concurrent requests all see the same room.
 fn charge_after_check<S: LedgerStore>(
     store: &mut S,
     keys: &[LedgerKey],
     amount: Amount,
-) -> Result<Result<MaybeHolds, Refusal>, S::Error> {
+) -> Result<Result<Vec<Hold>, Refusal>, S::Error> {
     for k in keys {
         if let Err(wait) = store.check(k, amount)? {
             return Ok(Err(Refusal {
@@ -959,7 +993,7 @@ fn charge_after_check<S: LedgerStore>(
             }));
         }
     }
-    Ok(Ok(keys.iter().map(|k| (k.clone(), None)).collect()))
+    Ok(Ok(Vec::new()))
 }
 
 /// The edited head goes upstream in place of the client's first bytes, the rest of the body

@@ -315,3 +315,46 @@ fn a_remembered_slot_given_to_another_team_is_asked_again_not_charged() {
     usage_json(&mut b, &r);
     assert_eq!(gauge(&b, "t.team.blue.tokens_used"), 60);
 }
+
+/// A worker keeps the ledger key of each team's slot with the slot it remembers: when the
+/// team's slot went to another team and the table gives it another one, its requests are
+/// charged on the new slot's ledger, never on the old one's (which is the other team's now).
+#[test]
+fn a_team_given_another_slot_is_charged_on_that_slots_ledger() {
+    let mut c = two_ledgers(json!({"max_teams": 2, "hold_ttl_s": 2}));
+    c["budgets"]["budgets"][1]["window_s"] = json!(1);
+    let opts = wasm_host::VmOptions {
+        root_id: "model-router".into(),
+        ..Default::default()
+    }
+    .with_plugin_config(serde_json::to_vec(&c).unwrap())
+    .allow_stop_iteration(true);
+    let shared = opts.shared.clone();
+    let mut a = Host::from_file(wasm("llmkube_model_router"), opts.clone()).unwrap();
+    let mut b = Host::from_file(wasm("llmkube_model_router"), opts.with_shared(&shared)).unwrap();
+    assert!(a.configure_ok() && b.configure_ok());
+    let team = |t: &'static str| [("x-llmkube-team", t)];
+    // Red takes slot 0 on worker a, green slot 1 on worker b.
+    for (h, t) in [(&mut a, "red"), (&mut b, "green")] {
+        let r = post(h, &team(t), BODY);
+        assert!(r.local_response.is_none());
+        usage_json(h, &r);
+    }
+    // Both roll off; blue takes the first quiet slot, red's.
+    for h in [&mut a, &mut b] {
+        h.advance_clock(Duration::from_secs(10)).unwrap();
+    }
+    let r = post(&mut b, &team("blue"), BODY);
+    assert!(r.local_response.is_none());
+    usage_json(&mut b, &r);
+    // Red (remembered on a at slot 0) asks the table again and gets green's quiet slot 1.
+    let r = post(&mut a, &team("red"), BODY);
+    assert!(r.local_response.is_none(), "red gets the other quiet slot");
+    usage_json(&mut a, &r);
+    assert_eq!(gauge(&a, "t.team.red.tokens_used"), 30);
+    // Blue's ledger holds blue's charges only.
+    let r = post(&mut b, &team("blue"), BODY);
+    assert!(r.local_response.is_none());
+    usage_json(&mut b, &r);
+    assert_eq!(gauge(&b, "t.team.blue.tokens_used"), 60);
+}

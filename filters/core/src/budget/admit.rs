@@ -120,8 +120,9 @@ impl Refusal {
     }
 }
 
-/// What an admitted request holds, per ledger; settle or release each exactly once.
-pub type Holds = Vec<(LedgerKey, Hold)>;
+/// What an admitted request holds, per ledger (`holds[i]` on `keys[i]`, the keys admission was
+/// given: no copy of them); settle or release each exactly once.
+pub type Holds = Vec<Hold>;
 
 /// Reserves `amount` on every ledger in `keys`, or on none: when one refuses, the holds taken so
 /// far are released before returning. Between the two another request may see those holds and be
@@ -134,9 +135,9 @@ pub fn admit_all<S: LedgerStore>(
     let mut holds: Holds = Vec::with_capacity(keys.len());
     for (i, key) in keys.iter().enumerate() {
         match store.reserve(key, amount) {
-            Ok(Ok(h)) => holds.push((key.clone(), h)),
+            Ok(Ok(h)) => holds.push(h),
             Ok(Err(first)) => {
-                let undone = undo(store, &holds);
+                let undone = undo(store, keys, &holds);
                 let mut refusal = Refusal {
                     refused: vec![key.clone()],
                     wait: first,
@@ -153,7 +154,7 @@ pub fn admit_all<S: LedgerStore>(
                 return Ok(Err(refusal));
             }
             Err(e) => {
-                undo(store, &holds)?;
+                undo(store, keys, &holds)?;
                 return Err(e);
             }
         }
@@ -161,9 +162,9 @@ pub fn admit_all<S: LedgerStore>(
     Ok(Ok(holds))
 }
 
-fn undo<S: LedgerStore>(store: &mut S, holds: &[(LedgerKey, Hold)]) -> Result<(), S::Error> {
+fn undo<S: LedgerStore>(store: &mut S, keys: &[LedgerKey], holds: &[Hold]) -> Result<(), S::Error> {
     let mut result = Ok(());
-    for (k, h) in holds {
+    for (k, h) in keys.iter().zip(holds) {
         if let Err(e) = store.release(k, h) {
             result = Err(e);
         }
@@ -381,7 +382,7 @@ mod tests {
             .collect();
         assert_eq!(holds.len(), 10);
         for h in &holds {
-            store.settle(&keys[0], Some(&h[0].1), Amount::new(10, 0));
+            store.settle(&keys[0], Some(&h[0]), Amount::new(10, 0));
         }
         assert_eq!(store.usage(&keys[0]).0.tokens, 100);
         // Checking without holding (what charge-after peers do) admits all 64.

@@ -24,23 +24,24 @@ pub struct Attempt {
 
 /// `None` when no budget applies (nothing to reserve). With fallbacks the bound must hold for
 /// whichever backend serves: the dearest price, and the largest context (none if any backend
-/// declares none).
-pub fn plan<'h>(
+/// declares none). `attempts` is walked twice (an iterator, so the caller needs no list).
+pub fn plan<'h, A: IntoIterator<Item = Attempt> + Clone>(
     c: &CompiledBudgets,
     rule: Option<&str>,
     header: impl Fn(&str) -> Option<&'h str>,
     facts: &RequestFacts,
-    attempts: &[Attempt],
+    attempts: A,
 ) -> Option<BudgetPlan> {
     let keys = applicable(&c.budgets, rule, header);
     if keys.is_empty() {
         return None;
     }
     let price = attempts
-        .iter()
+        .clone()
+        .into_iter()
         .fold(Price::default(), |p, a| p.max(a.price));
     let context = attempts
-        .iter()
+        .into_iter()
         .map(|a| a.context_length)
         .try_fold(0u64, |m, c| c.map(|c| m.max(c)))
         .filter(|&m| m > 0);
@@ -97,7 +98,7 @@ mod tests {
             },
             context_length: Some(8000),
         };
-        let p = plan(&c, None, |_| Some("alpha"), &facts, &[cheap, dear]).unwrap();
+        let p = plan(&c, None, |_| Some("alpha"), &facts, [cheap, dear]).unwrap();
         assert_eq!(p.keys[0].team.as_deref(), Some("alpha"));
         assert_eq!(p.bound.total, Some(8000));
         // Completion is dearer: all 8000 tokens as completion.
@@ -107,11 +108,11 @@ mod tests {
             context_length: None,
             ..cheap
         };
-        let p = plan(&c, None, |_| Some("alpha"), &facts, &[dear, open]).unwrap();
+        let p = plan(&c, None, |_| Some("alpha"), &facts, [dear, open]).unwrap();
         assert_eq!(p.bound.set_max_tokens, Some(4096));
         assert_eq!(p.amount.tokens, 1000 + 4096);
         // No team header: no budget, nothing to reserve.
-        assert_eq!(plan(&c, None, |_| None, &facts, &[cheap]), None);
+        assert_eq!(plan(&c, None, |_| None, &facts, [cheap]), None);
     }
 
     #[test]

@@ -243,7 +243,7 @@ mod tests {
             .unwrap()
             .unwrap();
         let after = store
-            .settle(&KEY, Some(&holds[0].1), Amount::new(20, 0))
+            .settle(&KEY, Some(&holds[0]), Amount::new(20, 0))
             .unwrap();
         assert_eq!((after.spent, after.held_tokens), (Amount::new(20, 0), 0));
         assert_eq!(store.usage(&KEY).unwrap(), after);

@@ -171,8 +171,9 @@ impl Probe {
         }
     }
 
-    /// A value starting at the current depth with byte `c`.
-    fn value_start(&mut self, c: u8) {
+    /// A value starting at the current depth with byte `c`: `true` when it starts the capture
+    /// of a usage object (the caller copies the bytes in, [`Probe::capture_bytes`]).
+    fn value_start(&mut self, c: u8) -> bool {
         let usage_here = match self.depth {
             1 => self.key_at(1) == Key::Usage,
             2 => {
@@ -181,53 +182,83 @@ impl Probe {
             }
             _ => false,
         };
+        if self.depth == 1 && self.key_at(1) == Key::Choices && c == b'[' {
+            self.choices_opening = true;
+        }
         if usage_here && c == b'{' && self.capture.is_none() {
             self.capture = Some(self.depth);
             self.captured.clear();
             // Once, not by doubling from empty as the object's bytes arrive: real `usage`
             // objects are a few dozen to a few hundred bytes.
             self.captured.reserve(256);
-            self.captured.push(c);
             self.capture_overflow = false;
+            return true;
         }
-        if self.depth == 1 && self.key_at(1) == Key::Choices && c == b'[' {
-            self.choices_opening = true;
+        false
+    }
+
+    /// Appends bytes of the object being captured, up to [`MAX_USAGE_BYTES`] in all (one byte
+    /// more marks it overflowed: it is then ignored).
+    fn capture_bytes(&mut self, b: &[u8]) {
+        if self.capture_overflow {
+            return;
+        }
+        let room = MAX_USAGE_BYTES - self.captured.len();
+        if b.len() <= room {
+            self.captured.extend_from_slice(b);
+        } else {
+            self.captured.extend_from_slice(&b[..room]);
+            self.capture_overflow = true;
+        }
+    }
+
+    /// The captured object closed (its last byte captured): read its counts.
+    fn capture_ended(&mut self) {
+        if !self.capture_overflow {
+            let parsed = super::usage_object::parse_usage(&self.captured);
+            self.usage.merge(parsed);
         }
     }
 
     /// The same as [`Probe::byte`] for each byte, but the inside of a string goes by in runs up
     /// to its next quote, backslash or control byte (a search 16 bytes at a time): nearly all
-    /// of a response is string content, and none of it but those bytes changes the state.
+    /// of a response is string content, and none of it but those bytes changes the state. A
+    /// captured object's bytes are copied as one run per piece (from where it starts, or the
+    /// piece's start, to where it ends, or the piece's end), not byte by byte.
     fn feed(&mut self, bytes: &[u8]) {
+        // Where the bytes not yet copied into the capture start, while capturing.
+        let mut seg = self.capture.is_some().then_some(0);
         let mut i = 0;
         while i < bytes.len() {
             if self.in_string && !self.escape {
                 let j = crate::fast::find_string_special(bytes, i);
                 if j > i {
-                    self.string_run(&bytes[i..j]);
+                    self.key_run(&bytes[i..j]);
                     i = j;
                     if i == bytes.len() {
-                        return;
+                        break;
                     }
                 }
             }
-            self.byte(bytes[i]);
+            match self.step(bytes[i]) {
+                Captured::Started => seg = Some(i),
+                Captured::Ended => {
+                    let from = seg.take().unwrap_or(i);
+                    self.capture_bytes(&bytes[from..=i]);
+                    self.capture_ended();
+                }
+                Captured::Same => {}
+            }
             i += 1;
+        }
+        if let Some(from) = seg {
+            self.capture_bytes(&bytes[from..]);
         }
     }
 
-    /// Ordinary string bytes (no quote, backslash or control byte), as [`Probe::byte`] would
-    /// take them one by one.
-    fn string_run(&mut self, run: &[u8]) {
-        if self.capture.is_some() && !self.capture_overflow {
-            let room = MAX_USAGE_BYTES - self.captured.len();
-            if run.len() <= room {
-                self.captured.extend_from_slice(run);
-            } else {
-                self.captured.extend_from_slice(&run[..room]);
-                self.capture_overflow = true;
-            }
-        }
+    /// Ordinary string bytes (no quote, backslash or control byte), as [`Probe::step`] would
+    /// take them one by one, for the key being read.
+    fn key_run(&mut self, run: &[u8]) {
         if self.string_is_key {
             let end = self.key_len + run.len();
             if end <= KEY_BUF {
@@ -239,14 +270,21 @@ impl Probe {
         }
     }
 
+    /// One byte, captured if a usage object is being captured.
     fn byte(&mut self, c: u8) {
-        if self.capture.is_some() && !self.capture_overflow {
-            if self.captured.len() < MAX_USAGE_BYTES {
-                self.captured.push(c);
-            } else {
-                self.capture_overflow = true;
-            }
+        if self.capture.is_some() {
+            self.capture_bytes(&[c]);
         }
+        match self.step(c) {
+            Captured::Started => self.capture_bytes(&[c]),
+            Captured::Ended => self.capture_ended(),
+            Captured::Same => {}
+        }
+    }
+
+    /// One byte's change to the state; copying bytes into the capture is the caller's.
+    #[inline]
+    fn step(&mut self, c: u8) -> Captured {
         if self.in_string {
             if self.escape {
                 self.escape = false;
@@ -279,10 +317,10 @@ impl Probe {
             } else if self.string_is_key {
                 self.key_len = KEY_BUF + 1;
             }
-            return;
+            return Captured::Same;
         }
         if matches!(c, b' ' | b'\t' | b'\n' | b'\r') {
-            return;
+            return Captured::Same;
         }
         if self.choices_opening {
             self.choices_opening = false;
@@ -298,7 +336,7 @@ impl Probe {
                 }
             }
             b'{' | b'[' => {
-                self.value_start(c);
+                let started = self.value_start(c);
                 self.depth += 1;
                 if self.depth <= 64 {
                     let bit = 1u64 << (self.depth - 1);
@@ -312,16 +350,16 @@ impl Probe {
                     self.keys[self.depth - 1] = Key::Other;
                 }
                 self.expect_key = c == b'{';
+                if started {
+                    return Captured::Started;
+                }
             }
             b'}' | b']' => {
                 self.depth = self.depth.saturating_sub(1);
                 self.expect_key = false;
                 if self.capture == Some(self.depth) {
                     self.capture = None;
-                    if !self.capture_overflow {
-                        let parsed = super::usage_object::parse_usage(&self.captured);
-                        self.usage.merge(parsed);
-                    }
+                    return Captured::Ended;
                 }
             }
             b',' => self.expect_key = self.in_object(),
@@ -329,7 +367,18 @@ impl Probe {
             // opening `{` or `[` can start what `value_start` looks for.
             _ => {}
         }
+        Captured::Same
     }
+}
+
+/// What a byte did to the capture of a usage object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Captured {
+    Same,
+    /// This byte opened the object to capture.
+    Started,
+    /// This byte closed it.
+    Ended,
 }
 
 /// Where the server-sent-events line parser stands.

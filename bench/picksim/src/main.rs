@@ -107,15 +107,17 @@ fn main() {
         // run through Envoy (random ports) can land from another on the same requests.
         for &shape in &shapes {
             let reqs = standard_workload(shape, le, SEED);
-            let (mut hit, mut imbalance) = (Vec::new(), Vec::new());
+            let (mut hit, mut imbalance, mut p99) = (Vec::new(), Vec::new(), Vec::new());
             for d in 1..=k {
                 let s = Setup {
                     addr_salt: d * 7919,
                     ..base.clone()
                 };
                 let r = simulate(Policy::Picker, &s, &reqs);
+                let o = simulate(Policy::Oracle, &s, &reqs);
                 hit.push(r.hit_rate);
                 imbalance.push(r.imbalance);
+                p99.push(r.ttft_p99_ms / o.ttft_p99_ms.max(1e-9));
             }
             println!(
                 "{} (seed {SEED}, {k} address draws, {} pods)",
@@ -124,6 +126,7 @@ fn main() {
             );
             println!("  picker hit          {:.3}", Spread::of(&hit));
             println!("  imbalance           {:.2}", Spread::of(&imbalance));
+            println!("  p99 / oracle        {:.2}", Spread::of(&p99));
         }
         return;
     }
@@ -269,6 +272,9 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "start_cost_bytes" => c.start_cost_bytes = n,
         "lone_total_half_life_s" => c.lone_total_half_life_ns = n * 1_000_000_000,
         "lone_move_percent" => c.lone_move_percent = n,
+        "lone_known_move_percent" => c.lone_known_move_percent = n,
+        "lone_move_max_bytes" => c.lone_move_max_bytes = n,
+        "lone_move_reuse" => c.lone_move_reuse = n != 0,
         "start_half_life_s" => c.start_half_life_ns = n * 1_000_000_000,
         "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,
         _ => {

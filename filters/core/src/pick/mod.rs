@@ -32,6 +32,7 @@ pub use table::BlockTable;
 
 use crate::quarantine::Quarantine;
 use blocks::{fnv64, mix};
+use lone::Move;
 
 /// The table bound never shrinks below this many blocks, so predictions (and with them the
 /// confirmations that grow it back) keep happening.
@@ -167,6 +168,18 @@ pub struct Config {
     /// lightest pod would stay lighter even after re-prefilling what the move leaves behind
     /// (see `lone.rs`). 0: conversations stay (sessions move only when their pod queues).
     pub lone_move_percent: u64,
+    /// The same for a conversation without a session (a prompt whose prefix a pod holds, such
+    /// as an agent loop) when not 0. Such a move re-prefills the whole held prefix (an agent's
+    /// tool set and history) and is paid in that request's time to first token.
+    pub lone_known_move_percent: u64,
+    /// At most this many bytes of re-prefill per move (what the old pod holds of the request
+    /// beyond what the new one holds). 0: no bound.
+    pub lone_move_max_bytes: u64,
+    /// A move goes to the pod where it adds the least work after the re-prefill (so a pod that
+    /// already holds part of the prefix, an agent's tool set, is preferred), and the re-prefill
+    /// charged is what that pod lacks. Off: the pod with the least work to come, charged all
+    /// that the old pod held.
+    pub lone_move_reuse: bool,
     /// Count load and prefill work as the engines report them (scraped, so every gateway
     /// replica reads the same numbers) plus this gateway's own changes since the scrape,
     /// instead of this gateway's own traffic, so independent replicas bound alike. Off: in the
@@ -203,6 +216,9 @@ impl Default for Config {
             start_cost_bytes: 4096,
             lone_total_half_life_ns: 300_000_000_000,
             lone_move_percent: 120,
+            lone_known_move_percent: 0,
+            lone_move_max_bytes: 18_432,
+            lone_move_reuse: true,
             engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
@@ -425,9 +441,14 @@ impl Picker {
         let matched: Vec<usize> = (0..n)
             .map(|i| self.tables[i].matched_prefix(blocks))
             .collect();
+        // The bytes of this prompt each pod holds.
+        let cached: Vec<u64> = matched
+            .iter()
+            .map(|&m| (m as u64 * block).min(prompt_bytes))
+            .collect();
         let cost = |p: &Picker, i: usize| {
-            let cached = (matched[i] as u64 * block).min(prompt_bytes);
-            p.load_bytes(i, now).saturating_add(prompt_bytes - cached)
+            p.load_bytes(i, now)
+                .saturating_add(prompt_bytes - cached[i])
         };
 
         let company = self.company(now);
@@ -441,6 +462,8 @@ impl Picker {
         let idle = self.cfg.session.as_ref().map(|s| s.idle_ns);
         let key = req.session.filter(|_| idle.is_some());
         let mut leaving = None;
+        // Where a lone gateway's move goes, when it names the pod (see `lone.rs`).
+        let mut moved_to = None;
         if let (Some(k), Some(idle)) = (key, idle) {
             if let Some(b) = self.sessions.get(k, now, idle).map(usize::from) {
                 if b < n && self.eligible(b, now, req.avoid) {
@@ -457,9 +480,14 @@ impl Picker {
                     let heavy = lone
                         && move_at > 0
                         && self.over_balance(move_at, prompt_bytes, now, req.avoid)[b];
-                    let held = (matched[b] as u64 * block).min(prompt_bytes);
-                    let heavy = heavy || (lone && self.lone_moves(b, held, req.avoid, now));
-                    if heavy {
+                    let verdict = match lone && !heavy {
+                        true => self.lone_move(b, &cached, true, req.avoid, now),
+                        false => Move::Stay,
+                    };
+                    if let Move::To(t) = verdict {
+                        moved_to = Some(t);
+                    }
+                    if heavy || verdict != Move::Stay {
                         leaving = Some(b);
                     } else if !(busier && self.queuing(b, now)) {
                         return Choice::Pod(self.charge_at(b, &matched, req, k, false, now));
@@ -555,15 +583,17 @@ impl Picker {
                 .filter(|&i| matched[i] == known && costs[i] != u64::MAX)
                 .min_by_key(|&i| costs[i]);
             if let Some(h) = home {
-                let held = (known as u64 * block).min(prompt_bytes);
-                if self.lone_moves(h, held, req.avoid, now) {
-                    leaving = Some(h);
+                match self.lone_move(h, &cached, false, req.avoid, now) {
+                    Move::Stay => {}
+                    Move::To(t) => (leaving, moved_to) = (Some(h), Some(t)),
+                    Move::Away => leaving = Some(h),
                 }
             }
         }
         // A lone gateway starting a conversation (or moving a session off a pod with too
         // much prefill work): the least work to come within the load bound.
         let lone_pick = match lone && (known == 0 || leaving.is_some()) {
+            true if moved_to.is_some() => moved_to,
             true => self.least_work(&costs, leaving, unseen_percent, rank_key, now),
             false => None,
         };
@@ -584,8 +614,7 @@ impl Picker {
             // A new session, or one that moves, starts its conversation here.
             Some(k) => Choice::Pod(self.charge_at(i, &matched, req, k, true, now)),
             None => {
-                let cached = (matched[i] as u64 * block).min(prompt_bytes);
-                let work = prompt_bytes - cached;
+                let work = prompt_bytes - cached[i];
                 let start = (known == 0 || leaving.is_some()) && block > 0;
                 Choice::Pod(self.charge(i, work, matched[i], req.prompt, start, now))
             }

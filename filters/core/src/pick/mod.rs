@@ -180,6 +180,8 @@ pub struct Config {
     /// charged is what that pod lacks. Off: the pod with the least work to come, charged all
     /// that the old pod held.
     pub lone_move_reuse: bool,
+    /// Until the engines' counters show this gateway alone, balance as among replicas.
+    pub shared_unless_alone: bool,
     /// Count load and prefill work as the engines report them (scraped, so every gateway
     /// replica reads the same numbers) plus this gateway's own changes since the scrape,
     /// instead of this gateway's own traffic, so independent replicas bound alike. Off: in the
@@ -219,6 +221,7 @@ impl Default for Config {
             lone_known_move_percent: 0,
             lone_move_max_bytes: 18_432,
             lone_move_reuse: true,
+            shared_unless_alone: false,
             engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
@@ -496,7 +499,8 @@ impl Picker {
             }
         }
 
-        let shared = company == Company::Others;
+        let shared = company == Company::Others
+            || (self.cfg.shared_unless_alone && company == Company::Unknown && block > 0);
         let (balance, unseen_percent) = match shared {
             true => (
                 nonzero_or(self.cfg.shared_balance_percent, self.cfg.balance_percent),

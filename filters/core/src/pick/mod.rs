@@ -180,8 +180,16 @@ pub struct Config {
     /// charged is what that pod lacks. Off: the pod with the least work to come, charged all
     /// that the old pod held.
     pub lone_move_reuse: bool,
-    /// Until the engines' counters show this gateway alone, balance as among replicas.
+    /// Until the engines' counters show this gateway alone (`Company::Unknown`, the first
+    /// second or so before two scrapes), balance with the `shared_*` bounds. Off: measured
+    /// +0.014 of the 4-pod shared-prompt 3-replica ratio for -0.006 of one replica's hit rate
+    /// (docs/endpoint-picking.md, "Replica settings tried").
     pub shared_unless_alone: bool,
+    /// While others send, the load bound for a prompt no pod holds gets this prompt's bytes of
+    /// slack (one prefill in flight on the home at light load no longer turns a new prefix
+    /// away). Off: +0.02 of the 4-pod shared-prompt 3-replica ratio, but heavy unique traffic
+    /// among replicas waits 1.17x longer (same page).
+    pub shared_unseen_slack_prompt: bool,
     /// Count load and prefill work as the engines report them (scraped, so every gateway
     /// replica reads the same numbers) plus this gateway's own changes since the scrape,
     /// instead of this gateway's own traffic, so independent replicas bound alike. Off: in the
@@ -222,6 +230,7 @@ impl Default for Config {
             lone_move_max_bytes: 18_432,
             lone_move_reuse: true,
             shared_unless_alone: false,
+            shared_unseen_slack_prompt: false,
             engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
@@ -565,7 +574,12 @@ impl Picker {
         // not loaded past `unseen_load_percent` of the mean a candidate. The bound is loose on
         // purpose: replicas see different loads, and only a loose bound lets them agree.
         let unseen = block > 0 && known == 0 && !blocks.is_empty();
+        let slack = match shared && self.cfg.shared_unseen_slack_prompt {
+            true => prompt_bytes,
+            false => 0,
+        };
         let bound = unseen.then(|| self.load_bound(&costs, None, unseen_percent, now));
+        let fits = |i: usize, b: u64| self.load_bytes(i, now) <= b.saturating_add(slack);
         // The candidate with the highest rendezvous weight.
         let rank = |candidate: &dyn Fn(usize, u64) -> bool| {
             let mut chosen: Option<(u64, usize)> = None;
@@ -605,8 +619,7 @@ impl Picker {
             _ if lone_pick.is_some() => lone_pick,
             // Within the load bound and the prefill-work bound; if the two leave no pod in
             // common, the load bound alone.
-            Some(b) => rank(&|i, _| self.load_bytes(i, now) <= b && !over[i])
-                .or_else(|| rank(&|i, _| self.load_bytes(i, now) <= b)),
+            Some(b) => rank(&|i, _| fits(i, b) && !over[i]).or_else(|| rank(&|i, _| fits(i, b))),
             // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding less
             // is never picked over it for the sake of consistency.
             None => rank(&|i, c| c <= best.saturating_add(spread) && matched[i] >= best_match),

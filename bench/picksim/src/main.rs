@@ -107,15 +107,25 @@ fn main() {
         // run through Envoy (random ports) can land from another on the same requests.
         for &shape in &shapes {
             let reqs = standard_workload(shape, le, SEED);
-            let (mut hit, mut imbalance) = (Vec::new(), Vec::new());
+            let (mut hit, mut imbalance, mut p99) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut ratio, mut imbalance3) = (Vec::new(), Vec::new());
             for d in 1..=k {
                 let s = Setup {
                     addr_salt: d * 7919,
                     ..base.clone()
                 };
                 let r = simulate(Policy::Picker, &s, &reqs);
+                let o = simulate(Policy::Oracle, &s, &reqs);
                 hit.push(r.hit_rate);
                 imbalance.push(r.imbalance);
+                p99.push(r.ttft_p99_ms / o.ttft_p99_ms.max(1e-9));
+                let three = Setup {
+                    replicas: 3,
+                    ..s.clone()
+                };
+                let r3 = simulate(Policy::Picker, &three, &reqs);
+                ratio.push(r3.hit_rate / r.hit_rate.max(1e-9));
+                imbalance3.push(r3.imbalance);
             }
             println!(
                 "{} (seed {SEED}, {k} address draws, {} pods)",
@@ -124,6 +134,9 @@ fn main() {
             );
             println!("  picker hit          {:.3}", Spread::of(&hit));
             println!("  imbalance           {:.2}", Spread::of(&imbalance));
+            println!("  p99 / oracle        {:.2}", Spread::of(&p99));
+            println!("  3 replicas / 1      {:.3}", Spread::of(&ratio));
+            println!("  imbalance, 3 repl.  {:.2}", Spread::of(&imbalance3));
         }
         return;
     }
@@ -269,6 +282,11 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "start_cost_bytes" => c.start_cost_bytes = n,
         "lone_total_half_life_s" => c.lone_total_half_life_ns = n * 1_000_000_000,
         "lone_move_percent" => c.lone_move_percent = n,
+        "lone_known_move_percent" => c.lone_known_move_percent = n,
+        "lone_move_max_bytes" => c.lone_move_max_bytes = n,
+        "lone_move_reuse" => c.lone_move_reuse = n != 0,
+        "shared_unless_alone" => c.shared_unless_alone = n != 0,
+        "shared_unseen_slack_prompt" => c.shared_unseen_slack_prompt = n != 0,
         "start_half_life_s" => c.start_half_life_ns = n * 1_000_000_000,
         "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,
         _ => {

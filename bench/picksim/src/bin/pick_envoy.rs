@@ -367,7 +367,19 @@ fn round_of<'a>(
             let route =
                 |i: usize, _: &SimRequest| (urls[i % urls.len()].clone(), "pk".into(), None);
             let (lat, errors) = replay(reqs, &route, &|_| {});
-            report(arm, &rep_pods, &lat, errors)
+            let row = report(arm, &rep_pods, &lat, errors);
+            // Picks the replicas made while each read itself alone (0 when they notice each
+            // other; lone placement and moves apply only then).
+            let alone: Vec<u64> = gws
+                .iter()
+                .map(|g| {
+                    g.envoy
+                        .stat("wasmcustom.llmkube.pick.alone.backend.pk")
+                        .unwrap_or(0)
+                })
+                .collect();
+            println!("  {:<20} picks while alone: {alone:?}", "");
+            row
         };
         rows.insert(arm, row);
     }

@@ -32,6 +32,7 @@ pub use table::BlockTable;
 
 use crate::quarantine::Quarantine;
 use blocks::{fnv64, mix};
+use lone::Move;
 
 /// The table bound never shrinks below this many blocks, so predictions (and with them the
 /// confirmations that grow it back) keep happening.
@@ -167,6 +168,28 @@ pub struct Config {
     /// lightest pod would stay lighter even after re-prefilling what the move leaves behind
     /// (see `lone.rs`). 0: conversations stay (sessions move only when their pod queues).
     pub lone_move_percent: u64,
+    /// The same for a conversation without a session (a prompt whose prefix a pod holds, such
+    /// as an agent loop) when not 0. Such a move re-prefills the whole held prefix (an agent's
+    /// tool set and history) and is paid in that request's time to first token.
+    pub lone_known_move_percent: u64,
+    /// At most this many bytes of re-prefill per move (what the old pod holds of the request
+    /// beyond what the new one holds). 0: no bound.
+    pub lone_move_max_bytes: u64,
+    /// A move goes to the pod where it adds the least work after the re-prefill (so a pod that
+    /// already holds part of the prefix, an agent's tool set, is preferred), and the re-prefill
+    /// charged is what that pod lacks. Off: the pod with the least work to come, charged all
+    /// that the old pod held.
+    pub lone_move_reuse: bool,
+    /// Until the engines' counters show this gateway alone (`Company::Unknown`, the first
+    /// second or so before two scrapes), balance with the `shared_*` bounds. Off: measured
+    /// +0.014 of the 4-pod shared-prompt 3-replica ratio for -0.006 of one replica's hit rate
+    /// (docs/endpoint-picking.md, "Replica settings tried").
+    pub shared_unless_alone: bool,
+    /// While others send, the load bound for a prompt no pod holds gets this prompt's bytes of
+    /// slack (one prefill in flight on the home at light load no longer turns a new prefix
+    /// away). Off: +0.02 of the 4-pod shared-prompt 3-replica ratio, but heavy unique traffic
+    /// among replicas waits 1.17x longer (same page).
+    pub shared_unseen_slack_prompt: bool,
     /// Count load and prefill work as the engines report them (scraped, so every gateway
     /// replica reads the same numbers) plus this gateway's own changes since the scrape,
     /// instead of this gateway's own traffic, so independent replicas bound alike. Off: in the
@@ -203,6 +226,11 @@ impl Default for Config {
             start_cost_bytes: 4096,
             lone_total_half_life_ns: 300_000_000_000,
             lone_move_percent: 120,
+            lone_known_move_percent: 0,
+            lone_move_max_bytes: 18_432,
+            lone_move_reuse: true,
+            shared_unless_alone: false,
+            shared_unseen_slack_prompt: false,
             engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
@@ -425,9 +453,14 @@ impl Picker {
         let matched: Vec<usize> = (0..n)
             .map(|i| self.tables[i].matched_prefix(blocks))
             .collect();
+        // The bytes of this prompt each pod holds.
+        let cached: Vec<u64> = matched
+            .iter()
+            .map(|&m| (m as u64 * block).min(prompt_bytes))
+            .collect();
         let cost = |p: &Picker, i: usize| {
-            let cached = (matched[i] as u64 * block).min(prompt_bytes);
-            p.load_bytes(i, now).saturating_add(prompt_bytes - cached)
+            p.load_bytes(i, now)
+                .saturating_add(prompt_bytes - cached[i])
         };
 
         let company = self.company(now);
@@ -441,6 +474,8 @@ impl Picker {
         let idle = self.cfg.session.as_ref().map(|s| s.idle_ns);
         let key = req.session.filter(|_| idle.is_some());
         let mut leaving = None;
+        // Where a lone gateway's move goes, when it names the pod (see `lone.rs`).
+        let mut moved_to = None;
         if let (Some(k), Some(idle)) = (key, idle) {
             if let Some(b) = self.sessions.get(k, now, idle).map(usize::from) {
                 if b < n && self.eligible(b, now, req.avoid) {
@@ -457,9 +492,14 @@ impl Picker {
                     let heavy = lone
                         && move_at > 0
                         && self.over_balance(move_at, prompt_bytes, now, req.avoid)[b];
-                    let held = (matched[b] as u64 * block).min(prompt_bytes);
-                    let heavy = heavy || (lone && self.lone_moves(b, held, req.avoid, now));
-                    if heavy {
+                    let verdict = match lone && !heavy {
+                        true => self.lone_move(b, &cached, true, req.avoid, now),
+                        false => Move::Stay,
+                    };
+                    if let Move::To(t) = verdict {
+                        moved_to = Some(t);
+                    }
+                    if heavy || verdict != Move::Stay {
                         leaving = Some(b);
                     } else if !(busier && self.queuing(b, now)) {
                         return Choice::Pod(self.charge_at(b, &matched, req, k, false, now));
@@ -468,7 +508,8 @@ impl Picker {
             }
         }
 
-        let shared = company == Company::Others;
+        let shared = company == Company::Others
+            || (self.cfg.shared_unless_alone && company == Company::Unknown && block > 0);
         let (balance, unseen_percent) = match shared {
             true => (
                 nonzero_or(self.cfg.shared_balance_percent, self.cfg.balance_percent),
@@ -533,7 +574,12 @@ impl Picker {
         // not loaded past `unseen_load_percent` of the mean a candidate. The bound is loose on
         // purpose: replicas see different loads, and only a loose bound lets them agree.
         let unseen = block > 0 && known == 0 && !blocks.is_empty();
+        let slack = match shared && self.cfg.shared_unseen_slack_prompt {
+            true => prompt_bytes,
+            false => 0,
+        };
         let bound = unseen.then(|| self.load_bound(&costs, None, unseen_percent, now));
+        let fits = |i: usize, b: u64| self.load_bytes(i, now) <= b.saturating_add(slack);
         // The candidate with the highest rendezvous weight.
         let rank = |candidate: &dyn Fn(usize, u64) -> bool| {
             let mut chosen: Option<(u64, usize)> = None;
@@ -555,15 +601,17 @@ impl Picker {
                 .filter(|&i| matched[i] == known && costs[i] != u64::MAX)
                 .min_by_key(|&i| costs[i]);
             if let Some(h) = home {
-                let held = (known as u64 * block).min(prompt_bytes);
-                if self.lone_moves(h, held, req.avoid, now) {
-                    leaving = Some(h);
+                match self.lone_move(h, &cached, false, req.avoid, now) {
+                    Move::Stay => {}
+                    Move::To(t) => (leaving, moved_to) = (Some(h), Some(t)),
+                    Move::Away => leaving = Some(h),
                 }
             }
         }
         // A lone gateway starting a conversation (or moving a session off a pod with too
         // much prefill work): the least work to come within the load bound.
         let lone_pick = match lone && (known == 0 || leaving.is_some()) {
+            true if moved_to.is_some() => moved_to,
             true => self.least_work(&costs, leaving, unseen_percent, rank_key, now),
             false => None,
         };
@@ -571,8 +619,7 @@ impl Picker {
             _ if lone_pick.is_some() => lone_pick,
             // Within the load bound and the prefill-work bound; if the two leave no pod in
             // common, the load bound alone.
-            Some(b) => rank(&|i, _| self.load_bytes(i, now) <= b && !over[i])
-                .or_else(|| rank(&|i, _| self.load_bytes(i, now) <= b)),
+            Some(b) => rank(&|i, _| fits(i, b) && !over[i]).or_else(|| rank(&|i, _| fits(i, b))),
             // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding less
             // is never picked over it for the sake of consistency.
             None => rank(&|i, c| c <= best.saturating_add(spread) && matched[i] >= best_match),
@@ -584,8 +631,7 @@ impl Picker {
             // A new session, or one that moves, starts its conversation here.
             Some(k) => Choice::Pod(self.charge_at(i, &matched, req, k, true, now)),
             None => {
-                let cached = (matched[i] as u64 * block).min(prompt_bytes);
-                let work = prompt_bytes - cached;
+                let work = prompt_bytes - cached[i];
                 let start = (known == 0 || leaving.is_some()) && block > 0;
                 Choice::Pod(self.charge(i, work, matched[i], req.prompt, start, now))
             }

@@ -891,3 +891,52 @@ fn a_lone_gateway_moves_a_session_off_a_pod_with_far_more_prefill_then_it_stays(
     let (first, second, third) = run(0);
     assert!(first == second && second == third);
 }
+
+/// A lone gateway's move of a conversation whose prefix a heavy pod holds (an agent loop: a
+/// tool set and its history) goes to the pod where it adds the least work after the
+/// re-prefill: here the one that holds the tool set, though it has a little more work to come
+/// than two empty ones (the previous rule, `lone_move_reuse` off, took an empty one). And a
+/// move that would re-prefill more than `lone_move_max_bytes` does not happen: the request
+/// that moves pays the re-prefill in its time to first token.
+#[test]
+fn a_lone_gateway_moves_a_loop_where_its_tool_set_is_and_not_past_the_re_prefill_bound() {
+    let run = |lone_move_reuse: bool, lone_move_max_bytes: u64| {
+        let c = Config {
+            lone_move_reuse,
+            lone_move_max_bytes,
+            // Known prefixes never shed, so only the lone move can take it off pod 0.
+            known_balance_percent: 0,
+            ..cfg()
+        };
+        let h = c.recent_half_life_ns;
+        let mut p = with_company(c, 1.0);
+        let tools = text("tools", 4096);
+        let history = text("history", 1900);
+        let pr = prompt(&format!("{}{history}", &tools[..4096]), 256);
+        p.tables[0].record(&pr.blocks);
+        p.tables[1].record(&pr.blocks[..16]);
+        p.loads[0].sent(2 * S, 60_000, h);
+        p.loads[1].sent(2 * S, 2_000, h);
+        let t = pod(p.pick(&req(&pr), 2 * S + 1));
+        let to = t.pod();
+        p.release(t, done(), 2 * S + 1);
+        (p.company(2 * S + 1), to)
+    };
+    assert_eq!(
+        run(true, 18_432),
+        (Company::Alone, 1),
+        "where the tool set is"
+    );
+    assert_eq!(Config::default().lone_move_max_bytes, 18_432);
+    assert!(Config::default().lone_move_reuse);
+    let (_, old) = run(false, 0);
+    assert!(
+        old == 2 || old == 3,
+        "the previous rule: the least work to come ({old})"
+    );
+    assert_eq!(
+        run(true, 1024).1,
+        0,
+        "a move past the re-prefill bound stays"
+    );
+}

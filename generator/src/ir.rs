@@ -43,6 +43,8 @@ pub struct CompileOptions {
     pub budgets_fail_open: bool,
     /// `--budgets-hold-ttl SECONDS`: how long a reservation lives if its request never ends.
     pub budgets_hold_ttl_s: Option<u64>,
+    /// `--budgets-worker-leases`: embedded ledgers admit on per-worker leases.
+    pub budgets_worker_leases: bool,
     /// Lease mode of the shared ledger (`--budgets-lease-tokens`/`--budgets-lease-usd`); only
     /// with `budgets_cluster`.
     pub budgets_lease: Option<router_core::budget::lease::LeaseConfig>,
@@ -338,6 +340,7 @@ pub fn build(
     );
     if let Some(b) = plugin.budgets.as_mut() {
         b.unsafe_charge_after = opts.unsafe_budgets_charge_after;
+        b.worker_leases = opts.budgets_worker_leases && opts.budgets_cluster.is_none();
         b.service = opts.budgets_cluster.clone().map(|cluster| {
             router_core::budget::config::ServiceConfig {
                 cluster,

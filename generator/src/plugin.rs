@@ -198,6 +198,7 @@ fn budgets_config(spec: &ModelRouterSpec) -> Option<BudgetsConfig> {
         max_teams: DEFAULT_MAX_TEAMS,
         service: None,
         unsafe_charge_after: false,
+        worker_leases: false,
     })
 }
 

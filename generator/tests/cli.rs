@@ -558,6 +558,29 @@ fn budgets_fail_open_and_hold_ttl_flags() {
     );
 }
 
+/// `--budgets-worker-leases` (a switch, embedded ledgers only) puts `worker_leases` in the
+/// plugin configuration; absent, budgets reserve per request.
+#[test]
+fn budgets_worker_leases_flag() {
+    let compile = compile_example_envoy;
+    let (code, out, err) = compile(&["--budgets-worker-leases"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains(r#""worker_leases":true"#), "{out}");
+    let (code, out, _) = compile(&[]);
+    assert_eq!(code, Some(0));
+    assert!(!out.contains("worker_leases"));
+    let (code, _, err) = compile(&[
+        "--budgets-service",
+        "127.0.0.1:8090",
+        "--budgets-worker-leases",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.starts_with("options: --budgets-worker-leases: only for embedded ledgers"),
+        "{err}"
+    );
+}
+
 /// `--budgets-lease-tokens N` / `--budgets-lease-usd AMOUNT` put lease mode in the plugin
 /// configuration, only with `--budgets-service`; errors name the flag and the reason.
 #[test]

@@ -364,3 +364,22 @@ fn budgets_service_in_lease_mode() {
     );
     validate("budgets-lease", example(), opts);
 }
+
+/// Worker leases (`--budgets-worker-leases`) put `budgets.worker_leases` in the plugin
+/// configuration, which the filter accepts in a real Envoy.
+#[test]
+fn budgets_on_worker_leases() {
+    let opts = EnvoyOptions {
+        budgets_worker_leases: true,
+        format: Format::Json,
+        wasm_dir: wasm_dir().to_path_buf(),
+        ..Default::default()
+    };
+    let out = compile_example(&opts);
+    assert!(
+        out.replace("\\\"", "\"")
+            .contains(r#""worker_leases":true"#),
+        "no budgets.worker_leases in the plugin configuration"
+    );
+    validate("budgets-worker-leases", example(), opts);
+}

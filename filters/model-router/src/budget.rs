@@ -36,6 +36,7 @@ use router_core::budget::shared::{
 use router_core::budget::table::{TableError, TeamTable};
 use router_core::budget::usage::{charge, BodyKind, Charge, Usage, UsageReader};
 use router_core::budget::window::Amount;
+use router_core::budget::worker_lease::{LeasedLedgers, Leases as WorkerLeases};
 use router_core::errors::ApiError;
 use router_core::router::{RequestHeaders, Router};
 use router_core::scan::Fields;
@@ -82,6 +83,8 @@ pub(crate) struct Budgets {
     slots: RefCell<SlotCache>,
     /// Lease mode of the shared ledger (`budgets.service.lease`).
     leases: Option<Leases>,
+    /// This worker's leases on the embedded ledgers (`budgets.worker_leases`).
+    worker: Option<RefCell<WorkerLeases>>,
 }
 
 /// What the client gets instead of an upstream answer.
@@ -117,6 +120,8 @@ pub(crate) struct Metered {
     remote: Option<RemoteHold>,
     /// Admitted on this gateway's leases instead (lease mode).
     lease: Option<LeaseHold>,
+    /// The holds are on this worker's leases of the embedded ledgers: they end in its memory.
+    on_worker_lease: bool,
 }
 
 impl Metered {
@@ -203,6 +208,8 @@ impl Budgets {
                 .service
                 .as_ref()
                 .and_then(|s| Leases::configure(&compiled, &router.config.router, s.timeout_ms)),
+            worker: (config.worker_leases && config.service.is_none() && !compiled.charge_after)
+                .then(|| RefCell::new(WorkerLeases::default())),
             compiled,
             slots: RefCell::new(SlotCache::default()),
         };
@@ -506,10 +513,26 @@ impl Budgets {
         }
         audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
         let mut store = self.store(|k| named(&p.keys, &names, k), now);
-        let admitted_holds = if self.compiled.charge_after {
-            charge_after_check(&mut store, &p.keys, p.amount)
-        } else {
-            admit_all(&mut store, &p.keys, p.amount)
+        let admitted_holds = match &self.worker {
+            Some(worker) => {
+                let mut leases = worker.borrow_mut();
+                let mut leased = LeasedLedgers {
+                    shared: store,
+                    leases: &mut leases,
+                    readings: Vec::new(),
+                };
+                let r = admit_all(&mut leased, &p.keys, p.amount);
+                // Only a renewal read the ledger: its gauges follow that state.
+                for (key, reading) in &leased.readings {
+                    if let Some(shared) = named(&p.keys, &names, key) {
+                        self.stats.record_ledger(key, shared, *reading);
+                    }
+                }
+                store = leased.shared;
+                r
+            }
+            None if self.compiled.charge_after => charge_after_check(&mut store, &p.keys, p.amount),
+            None => admit_all(&mut store, &p.keys, p.amount),
         };
         let holds = match admitted_holds.map_err(|e| unavailable(&e))? {
             Ok(holds) => holds,
@@ -542,7 +565,9 @@ impl Budgets {
                 owned_until,
             })
             .collect();
-        Ok(Some(admitted(&facts, splice, held, None)))
+        let mut a = admitted(&facts, splice, held, None);
+        a.metered.on_worker_lease = self.worker.is_some();
+        Ok(Some(a))
     }
 
     /// The body edits admission makes (ask the stream for usage; cap the completion when
@@ -668,9 +693,10 @@ impl Budgets {
                     .republish(|_, key| router_core::budget::gauge::newest(&HostStore, key));
             }
             LedgerBackend::Local(data) => {
+                let now = now_ms();
+                self.report_worker_leases(now, false);
                 // The embedded ledgers this worker set gauges for, as they are now (their `seq`
                 // says whether another worker changed them since).
-                let now = now_ms();
                 self.stats.republish(|k, key| {
                     let shape = self
                         .compiled
@@ -690,8 +716,55 @@ impl Budgets {
     pub fn release_leases(&self) -> bool {
         match (&self.ledgers, &self.leases) {
             (LedgerBackend::Remote(remote), Some(l)) => l.release_all(&self.compiled, remote),
-            _ => false,
+            _ => {
+                // Embedded: synchronous, nothing to wait for.
+                self.report_worker_leases(now_ms(), true);
+                false
+            }
         }
+    }
+
+    /// Renews this worker's leases on the embedded ledgers (one compare-and-swap each: their
+    /// use is charged, their holds resized; `close`: only what is in flight stays held), and
+    /// sets the gauges of each from the state its renewal left. A team's lease is renewed only
+    /// while its slot is still the team's (the table is pushed on as for a request).
+    fn report_worker_leases(&self, now: u64, close: bool) {
+        let Some(worker) = &self.worker else {
+            return;
+        };
+        let report = worker
+            .borrow_mut()
+            .report(self.data(), now, close, |key, ledger| {
+                key.team.as_ref().is_none_or(|team| {
+                    self.team_slot(key.budget, team, now)
+                        .is_ok_and(|k| *k.name == *ledger)
+                })
+            });
+        for (key, shared, reading) in &report.readings {
+            self.stats.record_ledger(key, shared, *reading);
+        }
+        for e in &report.failed {
+            edge::log(
+                Level::Warn,
+                &format!("model-router: budgets: renewing a worker lease: {e:?}; next tick"),
+            );
+        }
+    }
+
+    /// Ends the request's holds on this worker's leases, charging `amount` (zero: a release).
+    /// `false`: its holds are in the ledgers themselves.
+    fn end_on_worker_lease(&self, m: &mut Metered, amount: Amount) -> bool {
+        let Some(worker) = self.worker.as_ref().filter(|_| m.on_worker_lease) else {
+            return false;
+        };
+        let now = now_ms();
+        let mut leases = worker.borrow_mut();
+        for h in std::mem::take(&mut m.held) {
+            if let Some(hold) = &h.hold {
+                leases.end(&h.shared, hold.amount, amount, now);
+            }
+        }
+        true
     }
 
     /// A settle or release answered (the root's `on_http_call_response`): the gauges follow
@@ -846,6 +919,9 @@ impl Budgets {
             return;
         }
         self.end_remote(m, None);
+        if self.end_on_worker_lease(m, Amount::ZERO) {
+            return;
+        }
         let now = now_ms();
         let held = std::mem::take(&mut m.held);
         let store = self.store(|k| held_name(&held, k), now);
@@ -880,8 +956,17 @@ impl Budgets {
             }
         }
         self.end_remote(m, Some(amount));
+        if c.estimated && m.on_worker_lease {
+            for h in &m.held {
+                self.stats.estimated(h.key.budget);
+            }
+        }
+        let held = if self.end_on_worker_lease(m, amount) {
+            Vec::new()
+        } else {
+            std::mem::take(&mut m.held)
+        };
         let now = now_ms();
-        let held = std::mem::take(&mut m.held);
         let store = self.store(|k| held_name(&held, k), now);
         for h in &held {
             if !self.slot_still_owned(h, now) {
@@ -973,6 +1058,7 @@ fn admitted(
             out: Vec::new(),
             remote,
             lease: None,
+            on_worker_lease: false,
         },
         splice,
     }

@@ -34,6 +34,11 @@ pub struct BudgetsConfig {
     /// writes it only under a hidden flag.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unsafe_charge_after: bool,
+    /// Embedded ledgers only: each worker admits on a lease it holds in the ledger instead of
+    /// one reserve and one settle per request (`budget::worker_lease`, docs/budgets.md "Worker
+    /// leases"). The bound is the same; gauges follow the worker's tick.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub worker_leases: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,6 +131,8 @@ pub struct CompiledBudgets {
     pub max_teams: usize,
     /// See [`BudgetsConfig::unsafe_charge_after`].
     pub charge_after: bool,
+    /// See [`BudgetsConfig::worker_leases`].
+    pub worker_leases: bool,
     /// Lease mode (`service.lease`), compiled.
     pub lease: Option<super::lease::Lease>,
 }
@@ -232,6 +239,7 @@ impl BudgetsConfig {
             default_max_tokens: self.default_max_tokens.max(1),
             max_teams: self.max_teams,
             charge_after: self.unsafe_charge_after,
+            worker_leases: self.worker_leases,
         })
     }
 }

@@ -179,9 +179,26 @@ impl Ledger {
         now_ms: u64,
     ) -> Result<Hold, Wait> {
         self.check(shape, caps, amount, now_ms)?;
+        Ok(self.hold(shape, amount, now_ms))
+    }
+
+    /// Holds `amount` whatever the caps say: for what was already admitted under an earlier
+    /// hold of the same holder (a worker lease renewed), which must stay covered.
+    pub fn hold(&mut self, shape: &Shape, amount: Amount, now_ms: u64) -> Hold {
         let bucket = self.held_mut(shape).add(&shape.hold, now_ms, amount);
         self.changed();
-        Ok(Hold { bucket, amount })
+        Hold { bucket, amount }
+    }
+
+    /// Charges `actual`, settled at a time in window bucket `bucket` (before `now`), to that
+    /// bucket: a worker lease reports its settles up to a tick late, and their charges must
+    /// roll off when they would have had each been written at once.
+    pub fn charge_at(&mut self, shape: &Shape, bucket: u64, actual: Amount, now_ms: u64) {
+        if !actual.is_zero() {
+            self.spent_mut(shape)
+                .add_to(&shape.window, now_ms, bucket, actual);
+            self.changed();
+        }
     }
 
     /// `Ok` if `amount` fits now, else how long until it would.

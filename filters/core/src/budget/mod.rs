@@ -16,6 +16,7 @@
 //! - [`remote`]: the calls the filter sends to `llmkube-budgets` and what their answers mean.
 //! - [`lease`]: lease mode of the shared ledger: admission against a lease held in Redis.
 //! - [`lease_slots`]: team leases: a fixed table of lease slots per team budget.
+//! - [`worker_lease`]: worker leases over the embedded ledgers: admission in a worker's memory.
 //! - [`reply`]: the 429 and 503 answers.
 //! - [`plan`]: the budget step of one request: what to reserve where, what to charge.
 
@@ -43,6 +44,7 @@ pub mod usage_oracle;
 mod varint;
 pub mod window;
 pub mod wire;
+pub mod worker_lease;
 
 pub use admit::{admit_all, applicable, Budget, LedgerKey, LedgerStore, Refusal, Scope};
 pub use ledger::{Caps, Hold, Ledger, Shape, Wait};

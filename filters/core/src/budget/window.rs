@@ -303,6 +303,20 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Ring<B> {
         k
     }
 
+    /// Adds `a` to bucket `k` (an earlier bucket than `now`'s: a charge made then and written
+    /// now, by a worker lease's report), so it rolls off when it would have had it been written
+    /// at once. A bucket that already died adds nothing (it would have rolled off by now); one
+    /// past `now`'s bucket (another worker's clock) lands in `now`'s: later, never earlier.
+    pub fn add_to(&mut self, g: &Geometry, now_ms: u64, k: u64, a: Amount) {
+        self.advance(g, now_ms);
+        let head = self.head();
+        let k = k.min(head);
+        if k + self.slots() > head && g.live(k, now_ms) {
+            let c = self.cell(k).plus(a);
+            self.replace(k, c);
+        }
+    }
+
     /// Adds in what `old`, a ring written under another geometry (the budget's window or the
     /// hold TTL changed), still counts, as if this geometry had applied when it was charged:
     /// each cell goes to the bucket of the latest instant its charges can have been made (its

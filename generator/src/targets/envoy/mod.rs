@@ -88,6 +88,8 @@ pub struct EnvoyOptions {
     pub budgets_fail_open: bool,
     /// `--budgets-hold-ttl SECONDS`.
     pub budgets_hold_ttl_s: Option<u64>,
+    /// `--budgets-worker-leases` (embedded ledgers only).
+    pub budgets_worker_leases: bool,
     /// `--budgets-lease-tokens` / `--budgets-lease-usd` (only with `--budgets-service`).
     pub budgets_lease: Option<router_core::budget::lease::LeaseConfig>,
 }
@@ -110,6 +112,7 @@ impl Default for EnvoyOptions {
             budgets_service: None,
             budgets_fail_open: false,
             budgets_hold_ttl_s: None,
+            budgets_worker_leases: false,
             budgets_lease: None,
         }
     }
@@ -172,6 +175,7 @@ impl EnvoyOptions {
                 .map(|_| names::BUDGETS_CLUSTER.to_string()),
             budgets_fail_open: self.budgets_fail_open,
             budgets_hold_ttl_s: self.budgets_hold_ttl_s,
+            budgets_worker_leases: self.budgets_worker_leases,
             budgets_lease: self.budgets_lease.clone(),
         }
     }

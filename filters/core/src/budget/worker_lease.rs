@@ -1,0 +1,381 @@
+//! Worker leases over the embedded ledgers (`budgets.worker_leases`, docs/budgets.md "Worker
+//! leases"). Per-request admission costs each ledger a shared-data read and a compare-and-swap
+//! to reserve and the same to settle, and in Envoy those calls, not the ledger arithmetic, are
+//! most of the budget step's time. So each worker holds, per ledger it uses, one hold in the
+//! shared ledger (a *lease*) and admits, settles and releases the requests that fit it in its own
+//! memory, with no shared-data call. On the worker's tick (or when a request does not fit) one
+//! compare-and-swap renews the lease: it charges what the lease's requests used (each charge in
+//! the window bucket it was settled in, so it rolls off to the second as if written at once),
+//! drops the old hold and takes a new one covering what is still in flight plus room sized from
+//! the worker's recent demand.
+//!
+//! The bound is per-request mode's: every admitted request is covered by a hold in the ledger
+//! (the lease's hold covers admitted + used, and a renewal never holds less than what is in
+//! flight), so `spent + held ≤ cap + settle errors` at every instant. A request the lease cannot
+//! cover renews the lease with that request in it, checked against the ledger exactly as a
+//! per-request reserve is, after this worker's own use was charged, so a refusal's `Retry-After`
+//! comes from the ledger's own schedule. What a worker loses if it stops without reporting is its
+//! unreported use, at most one lease.
+
+use super::admit::{LedgerKey, LedgerStore};
+use super::gauge::Reading;
+use super::ledger::{Caps, Hold, Ledger, Shape, Wait};
+use super::shared::{reading, SharedData, SharedError, SharedLedger, SharedLedgers};
+use super::window::Amount;
+use std::rc::Rc;
+
+/// A renewal leases at most this share of the room left free after it, so the other workers
+/// (and requests that do not fit a lease) keep the rest, and leases shrink near the cap.
+pub const FREE_SHARE: u64 = 4;
+/// A renewal leases room for this many times the bounds the worker admitted since the last one:
+/// enough for the next tick's traffic, growing threefold per renewal in a burst.
+pub const DEMAND_FACTOR: u64 = 2;
+
+/// One worker's lease on one ledger.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerLease {
+    /// The lease's hold in the shared ledger (`None`: no lease).
+    hold: Option<Hold>,
+    /// When the hold was taken: a hold expires at the hold TTL, so the lease stops admitting
+    /// half a TTL after its last renewal (renewals come every tick, long before).
+    renewed_ms: u64,
+    /// Σ bounds of the requests admitted on the lease that have not ended.
+    admitted: Amount,
+    /// Charges settled on the lease and not yet reported, by window bucket of their settle.
+    used: Vec<(u64, Amount)>,
+    used_total: Amount,
+    /// Σ bounds admitted since the last renewal: the next lease's size.
+    demand: Amount,
+}
+
+/// What a renewal is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// A request of this bound did not fit the lease: admit it in the renewed one, or refuse.
+    Admit(Amount),
+    /// The tick: report, and lease again for what the last period admitted.
+    Renew,
+    /// The worker stops: report, and hold only what is still in flight.
+    Close,
+}
+
+/// What one renewal did to the ledger, computed inside its compare-and-swap (which may run it
+/// more than once) and applied to the lease once the write landed ([`WorkerLease::renewed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renewal {
+    hold: Option<Hold>,
+    admitted: Option<Amount>,
+    now_ms: u64,
+    /// `Ask::Admit` refused: how long until the request would fit.
+    pub refused: Option<Wait>,
+    /// The ledger as the renewal left it (its gauges).
+    pub reading: Reading,
+}
+
+/// Leased room per capped dimension: a share of what is free, at most `factor × demand`.
+fn extra(cap: Option<u64>, used: u64, demand: u64) -> u64 {
+    cap.map_or(0, |c| {
+        (c.saturating_sub(used) / FREE_SHARE).min(demand.saturating_mul(DEMAND_FACTOR))
+    })
+}
+
+impl WorkerLease {
+    /// The lease's hold in the ledger, if any.
+    pub fn hold(&self) -> Option<Hold> {
+        self.hold
+    }
+
+    /// Σ bounds of the requests in flight on the lease.
+    pub fn admitted(&self) -> Amount {
+        self.admitted
+    }
+
+    /// Charges settled on the lease that the ledger does not have yet.
+    pub fn unreported(&self) -> Amount {
+        self.used_total
+    }
+
+    /// Nothing held, in flight or unreported: the lease can be forgotten.
+    pub fn is_idle(&self) -> bool {
+        self.hold.is_none() && self.admitted.is_zero() && self.used.is_empty()
+    }
+
+    /// Admits a request of bound `b` on the lease if its hold has room for it beside what is in
+    /// flight and used (in every capped dimension; an uncapped one does not limit admission).
+    pub fn try_admit(&mut self, caps: &Caps, b: Amount, now_ms: u64, hold_ttl_ms: u64) -> bool {
+        let Some(h) = &self.hold else {
+            return false;
+        };
+        if now_ms >= self.renewed_ms.saturating_add(hold_ttl_ms / 2) {
+            return false;
+        }
+        let after = self.admitted.plus(self.used_total).plus(b);
+        let fits = caps.tokens.is_none_or(|_| after.tokens <= h.amount.tokens)
+            && caps.pico.is_none_or(|_| after.pico <= h.amount.pico);
+        if fits {
+            self.admitted = self.admitted.plus(b);
+            self.demand = self.demand.plus(b);
+        }
+        fits
+    }
+
+    /// Takes back an admission of bound `b` (another of the request's ledgers refused it).
+    pub fn unadmit(&mut self, b: Amount) {
+        self.admitted = self.admitted.minus(b);
+        self.demand = self.demand.minus(b);
+    }
+
+    /// A request of bound `b` admitted on the lease ended, charged `actual` (zero: released) at
+    /// a time in window bucket `bucket`.
+    pub fn end(&mut self, b: Amount, actual: Amount, bucket: u64) {
+        self.admitted = self.admitted.minus(b);
+        if actual.is_zero() {
+            return;
+        }
+        self.used_total = self.used_total.plus(actual);
+        match self.used.last_mut() {
+            Some((k, a)) if *k == bucket => *a = a.plus(actual),
+            _ => self.used.push((bucket, actual)),
+        }
+    }
+
+    /// The renewal, on the ledger `l` (inside its compare-and-swap): the old hold goes, the
+    /// unreported use is charged to the buckets it was settled in, what is in flight is held
+    /// again whatever the caps say (the old hold covered it), then `ask`'s request is checked as
+    /// a per-request reserve would be, and room for the next period is leased.
+    pub fn renew(
+        &self,
+        l: &mut Ledger,
+        shape: &Shape,
+        caps: &Caps,
+        now_ms: u64,
+        ask: Ask,
+    ) -> Renewal {
+        if let Some(h) = &self.hold {
+            l.release(shape, h, now_ms);
+        }
+        for &(k, a) in &self.used {
+            l.charge_at(shape, k, a, now_ms);
+        }
+        // Both holds land in the held ring's newest bucket (same `now`): one hold of their sum.
+        let mut held = self.admitted;
+        let mut bucket = (!held.is_zero()).then(|| l.hold(shape, held, now_ms).bucket);
+        let (admitted, refused) = match ask {
+            Ask::Admit(b) => match l.check(shape, caps, b, now_ms) {
+                Ok(()) => (Some(b), None),
+                Err(w) => (None, Some(w)),
+            },
+            Ask::Renew | Ask::Close => (None, None),
+        };
+        let take = admitted.unwrap_or(Amount::ZERO);
+        let room = if ask == Ask::Close || refused.is_some() {
+            Amount::ZERO
+        } else {
+            let used = l
+                .spent(shape, now_ms)
+                .plus(l.held(shape, now_ms))
+                .plus(take);
+            let demand = self.demand.plus(take);
+            Amount::new(
+                extra(caps.tokens, used.tokens, demand.tokens),
+                extra(caps.pico, used.pico, demand.pico),
+            )
+        };
+        let more = take.plus(room);
+        if !more.is_zero() {
+            bucket = Some(l.hold(shape, more, now_ms).bucket);
+            held = held.plus(more);
+        }
+        Renewal {
+            hold: bucket.map(|bucket| Hold {
+                bucket,
+                amount: held,
+            }),
+            admitted,
+            now_ms,
+            refused,
+            reading: reading(l, shape, now_ms),
+        }
+    }
+
+    /// The renewal's write landed: the lease is what it says.
+    pub fn renewed(&mut self, r: &Renewal) {
+        self.hold = r.hold;
+        self.renewed_ms = r.now_ms;
+        self.used.clear();
+        self.used_total = Amount::ZERO;
+        self.demand = Amount::ZERO;
+        if let Some(b) = r.admitted {
+            self.admitted = self.admitted.plus(b);
+        }
+    }
+}
+
+/// A lease and the ledger it is on.
+#[derive(Debug, Clone)]
+struct Leased {
+    key: LedgerKey,
+    shape: Shape,
+    caps: Caps,
+    lease: WorkerLease,
+}
+
+/// One worker's leases, by the shared-data key of their ledger.
+#[derive(Debug, Default)]
+pub struct Leases {
+    by_ledger: fnv::FnvHashMap<Rc<str>, Leased>,
+}
+
+/// What a tick's renewals did.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Per ledger renewed: its key, shared-data key and state after the renewal (its gauges).
+    pub readings: Vec<(LedgerKey, Rc<str>, Reading)>,
+    /// Renewals that could not be written: the lease stays as it was and the next tick tries
+    /// again (its hold is valid for half a TTL after its last renewal).
+    pub failed: Vec<SharedError>,
+}
+
+impl Leases {
+    /// The lease on the ledger under shared-data key `ledger`.
+    pub fn get(&self, ledger: &str) -> Option<&WorkerLease> {
+        self.by_ledger.get(ledger).map(|l| &l.lease)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_ledger.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_ledger.is_empty()
+    }
+
+    /// A request of bound `b` admitted on the lease of `ledger` ended, charged `actual` at
+    /// `now_ms` (zero: released). In memory only: the tick reports it.
+    pub fn end(&mut self, ledger: &str, b: Amount, actual: Amount, now_ms: u64) {
+        if let Some(l) = self.by_ledger.get_mut(ledger) {
+            let bucket = l.shape.window.bucket(now_ms);
+            l.lease.end(b, actual, bucket);
+        }
+    }
+
+    /// Renews every lease in one compare-and-swap each (`close`: the worker stops, and only what
+    /// is in flight stays held); forgets the leases left idle. `keep(key, ledger)` false: the
+    /// ledger is no longer this lease's (a team's slot went to another team), and the lease is
+    /// dropped without touching it (its hold expires at the TTL; its unreported use is lost, as a
+    /// request outliving its hold is).
+    pub fn report<S: SharedData>(
+        &mut self,
+        data: &S,
+        now_ms: u64,
+        close: bool,
+        mut keep: impl FnMut(&LedgerKey, &str) -> bool,
+    ) -> Report {
+        let ask = if close { Ask::Close } else { Ask::Renew };
+        let mut out = Report::default();
+        self.by_ledger.retain(|name, e| {
+            if e.lease.is_idle() || !keep(&e.key, name) {
+                return false;
+            }
+            let (shape, caps) = (e.shape, e.caps);
+            let store = SharedLedgers {
+                data,
+                ledger: |_: &LedgerKey| {
+                    Some(SharedLedger {
+                        key: name,
+                        shape,
+                        caps,
+                    })
+                },
+                now_ms,
+            };
+            let lease = &e.lease;
+            match store.update(&e.key, |l, shape, caps, now| {
+                lease.renew(l, shape, caps, now, ask)
+            }) {
+                Ok(r) => {
+                    e.lease.renewed(&r);
+                    out.readings.push((e.key.clone(), name.clone(), r.reading));
+                    !e.lease.is_idle()
+                }
+                Err(err) => {
+                    out.failed.push(err);
+                    true
+                }
+            }
+        });
+        out
+    }
+}
+
+/// A [`LedgerStore`] that admits on this worker's leases: a request that fits a lease costs no
+/// shared-data call; one that does not renews that lease with the request in it (one
+/// compare-and-swap, checked as a per-request reserve). The [`Hold`] an admission returns names
+/// no bucket of the ledger: the request is settled on the lease ([`Leases::end`]), and a
+/// `release` here gives its room back to the lease (all or nothing across a request's ledgers).
+pub struct LeasedLedgers<'a, 'l, S: SharedData, F> {
+    pub shared: SharedLedgers<'a, S, F>,
+    pub leases: &'l mut Leases,
+    /// The ledgers renewed on the way, as each renewal left them (their gauges).
+    pub readings: Vec<(LedgerKey, Reading)>,
+}
+
+impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> LedgerStore
+    for LeasedLedgers<'_, '_, S, F>
+{
+    type Error = SharedError;
+
+    fn reserve(
+        &mut self,
+        key: &LedgerKey,
+        amount: Amount,
+    ) -> Result<Result<Hold, Wait>, SharedError> {
+        let l =
+            (self.shared.ledger)(key).ok_or_else(|| SharedError::Missing(format!("{key:?}")))?;
+        let now = self.shared.now_ms;
+        let on_lease = Hold { bucket: 0, amount };
+        if let Some(e) = self.leases.by_ledger.get_mut(l.key) {
+            if e.lease
+                .try_admit(&l.caps, amount, now, l.shape.hold.lifetime_ms)
+            {
+                return Ok(Ok(on_lease));
+            }
+        }
+        let e = self
+            .leases
+            .by_ledger
+            .entry(Rc::from(l.key))
+            .or_insert_with(|| Leased {
+                key: key.clone(),
+                shape: l.shape,
+                caps: l.caps,
+                lease: WorkerLease::default(),
+            });
+        let lease = &e.lease;
+        let r = self.shared.update(key, |ledger, shape, caps, now| {
+            lease.renew(ledger, shape, caps, now, Ask::Admit(amount))
+        })?;
+        e.lease.renewed(&r);
+        self.readings.push((key.clone(), r.reading));
+        Ok(match r.refused {
+            None => Ok(on_lease),
+            Some(w) => Err(w),
+        })
+    }
+
+    fn release(&mut self, key: &LedgerKey, hold: &Hold) -> Result<(), SharedError> {
+        let l =
+            (self.shared.ledger)(key).ok_or_else(|| SharedError::Missing(format!("{key:?}")))?;
+        if let Some(e) = self.leases.by_ledger.get_mut(l.key) {
+            e.lease.unadmit(hold.amount);
+        }
+        Ok(())
+    }
+
+    fn check(&mut self, key: &LedgerKey, amount: Amount) -> Result<Result<(), Wait>, SharedError> {
+        self.shared.check(key, amount)
+    }
+}
+
+#[cfg(test)]
+mod tests;

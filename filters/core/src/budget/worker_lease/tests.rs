@@ -1,0 +1,317 @@
+use super::*;
+use crate::budget::admit::admit_all;
+use crate::budget::shared::{create_missing, SetError};
+use crate::budget::test_store::Envoyish;
+use std::cell::Cell;
+
+/// Envoy's shared data, counting the calls the filter would make.
+#[derive(Default)]
+struct Counted {
+    data: Envoyish,
+    gets: Cell<usize>,
+    sets: Cell<usize>,
+}
+
+impl SharedData for Counted {
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        self.gets.set(self.gets.get() + 1);
+        self.data.get(key)
+    }
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        self.sets.set(self.sets.get() + 1);
+        self.data.set(key, value, cas)
+    }
+}
+
+impl Counted {
+    fn calls(&self) -> (usize, usize) {
+        (self.gets.get(), self.sets.get())
+    }
+}
+
+const NAMES: [&str; 2] = ["ledger-0", "ledger-1"];
+
+fn key(budget: usize) -> LedgerKey {
+    LedgerKey { budget, team: None }
+}
+
+fn t(n: u64) -> Amount {
+    Amount::new(n, 0)
+}
+
+/// Ledger `i` has a token cap of `caps[i]`, a 60 s window and a 900 s hold TTL.
+fn ledgers(caps: &[u64]) -> impl Fn(&LedgerKey) -> Option<SharedLedger<'static>> + '_ {
+    move |k| {
+        Some(SharedLedger {
+            key: NAMES.get(k.budget)?,
+            shape: Shape::new(60, 900),
+            caps: Caps {
+                tokens: Some(*caps.get(k.budget)?),
+                pico: None,
+            },
+        })
+    }
+}
+
+fn create<S: SharedData>(data: &S, caps: &[u64]) {
+    let all: Vec<_> = (0..caps.len())
+        .filter_map(|i| ledgers(caps)(&key(i)))
+        .collect();
+    create_missing(data, &all).unwrap();
+}
+
+/// Admits a request of bound `b` on `leases` at `now`: `Some(Err)` refused.
+fn admit<S: SharedData>(
+    data: &S,
+    caps: &[u64],
+    leases: &mut Leases,
+    keys: &[LedgerKey],
+    b: u64,
+    now_ms: u64,
+) -> Result<(), Wait> {
+    let mut store = LeasedLedgers {
+        shared: SharedLedgers {
+            data,
+            ledger: ledgers(caps),
+            now_ms,
+        },
+        leases,
+        readings: Vec::new(),
+    };
+    match admit_all(&mut store, keys, t(b)).unwrap() {
+        Ok(_) => Ok(()),
+        Err(refusal) => Err(refusal.wait),
+    }
+}
+
+/// Spent and held tokens of ledger `i` at `now`.
+fn ledger<S: SharedData>(data: &S, caps: &[u64], i: usize, now_ms: u64) -> (u64, u64) {
+    let store = SharedLedgers {
+        data,
+        ledger: ledgers(caps),
+        now_ms,
+    };
+    let r = store.usage(&key(i)).unwrap();
+    (r.spent.tokens, r.held_tokens)
+}
+
+fn tick<S: SharedData>(data: &S, leases: &mut Leases, now_ms: u64) -> Report {
+    let r = leases.report(data, now_ms, false, |_, _| true);
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    r
+}
+
+#[test]
+fn requests_that_fit_the_lease_cost_no_shared_data_call_and_the_tick_charges_them() {
+    let caps = [1_000_000];
+    let data = Counted::default();
+    create(&data, &caps);
+    let mut leases = Leases::default();
+    let before = data.calls();
+    // The first request has no lease: one read and one compare-and-swap take it, with room
+    // for twice the demand (100) beside it.
+    admit(&data, &caps, &mut leases, &[key(0)], 100, 1_000).unwrap();
+    assert_eq!(data.calls(), (before.0 + 1, before.1 + 1));
+    assert_eq!(ledger(&data, &caps, 0, 1_000), (0, 300));
+    let after_lease = data.calls();
+    // Two more fit the lease, and all three settle on it: no shared-data call at all.
+    admit(&data, &caps, &mut leases, &[key(0)], 100, 1_010).unwrap();
+    admit(&data, &caps, &mut leases, &[key(0)], 100, 1_020).unwrap();
+    for at in [1_030, 1_040, 1_050] {
+        leases.end(NAMES[0], t(100), t(30), at);
+    }
+    assert_eq!(data.calls(), after_lease);
+    assert_eq!(leases.get(NAMES[0]).unwrap().unreported(), t(90));
+    // The tick: one read and one compare-and-swap charge the 90 and lease room for twice
+    // the 200 admitted since the last renewal.
+    let reported = tick(&data, &mut leases, 1_100);
+    assert_eq!(data.calls(), (after_lease.0 + 1, after_lease.1 + 1));
+    assert_eq!(reported.readings.len(), 1);
+    assert_eq!(reported.readings[0].2.spent, t(90));
+    assert_eq!(ledger(&data, &caps, 0, 1_100), (90, 400));
+    // A quiet period: the lease is released and forgotten.
+    tick(&data, &mut leases, 1_200);
+    assert_eq!(ledger(&data, &caps, 0, 1_200), (90, 0));
+    assert!(leases.is_empty());
+}
+
+/// Two workers leasing one ledger, requests settling at their bound (no settle error), leases
+/// renewed every other step. With the leases held the total charged stays within the cap; the
+/// control takes each lease's hold out of the ledger as soon as it is written (leases sized
+/// from the free room but not held), and the same traffic overshoots.
+fn two_workers(unheld: bool) -> u64 {
+    let caps = [1_000];
+    let data = Envoyish::default();
+    create(&data, &caps);
+    let mut workers = [Leases::default(), Leases::default()];
+    // Per worker: the steps at which its requests in flight end.
+    let mut in_flight: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    let unhold = |hold: Option<Hold>, now_ms: u64| {
+        if let (true, Some(h)) = (unheld, hold) {
+            let store = SharedLedgers {
+                data: &data,
+                ledger: ledgers(&caps),
+                now_ms,
+            };
+            store
+                .update(&key(0), |l, shape, _, now| l.release(shape, &h, now))
+                .unwrap();
+        }
+    };
+    for step in 0..60u64 {
+        let now = 1_000 + step * 10;
+        for w in 0..2 {
+            let ends = in_flight[w].iter().filter(|&&e| e == step).count() as u64;
+            for _ in 0..ends {
+                workers[w].end(NAMES[0], t(100), t(100), now);
+            }
+            in_flight[w].retain(|&e| e != step);
+            let before = workers[w].get(NAMES[0]).and_then(|l| l.hold());
+            for _ in 0..2 {
+                if admit(&data, &caps, &mut workers[w], &[key(0)], 100, now).is_ok() {
+                    in_flight[w].push(step + 3);
+                }
+            }
+            if step % 2 == w as u64 {
+                tick(&data, &mut workers[w], now);
+            }
+            let after = workers[w].get(NAMES[0]).and_then(|l| l.hold());
+            if after != before {
+                unhold(after, now);
+            }
+        }
+    }
+    for (w, leases) in workers.iter_mut().enumerate() {
+        let now = 2_000;
+        for _ in 0..in_flight[w].len() {
+            leases.end(NAMES[0], t(100), t(100), now);
+        }
+        leases.report(&data, now, true, |_, _| true);
+    }
+    ledger(&data, &caps, 0, 2_000).0
+}
+
+#[test]
+fn leases_of_two_workers_stay_within_the_cap_and_unheld_leases_overshoot() {
+    let held = two_workers(false);
+    assert!(held <= 1_000, "charged {held} > cap 1000");
+    assert!(
+        held >= 800,
+        "the leases kept most of the cap unused: {held}"
+    );
+    let unheld = two_workers(true);
+    assert!(unheld > 1_000, "unheld leases should overshoot: {unheld}");
+}
+
+/// A charge reported a tick after its settle lands in its settle's bucket: it rolls off, and a
+/// refusal's Retry-After counts, from that second, as per-request settles would. Before the
+/// report, a request that does not fit renews the lease with this worker's own use charged
+/// first, so the refusal waits for that use to roll off instead of answering 1 ("held").
+#[test]
+fn late_reported_charges_keep_the_second_they_were_settled_in() {
+    let caps = [100];
+    let data = Envoyish::default();
+    create(&data, &caps);
+    let mut leases = Leases::default();
+    admit(&data, &caps, &mut leases, &[key(0)], 80, 500).unwrap();
+    // Settled in bucket 1 (1.5 s), not yet reported.
+    leases.end(NAMES[0], t(80), t(80), 1_500);
+    // Bucket 1 rolls off at 62 s: from 1.6 s that is 60.4 s, so 61.
+    assert_eq!(
+        admit(&data, &caps, &mut leases, &[key(0)], 80, 1_600),
+        Err(Wait::Seconds(61))
+    );
+    // Reported on a tick in bucket 2: still counted from bucket 1.
+    tick(&data, &mut leases, 2_050);
+    assert_eq!(
+        admit(&data, &caps, &mut leases, &[key(0)], 80, 2_100),
+        Err(Wait::Seconds(60))
+    );
+    assert_eq!(ledger(&data, &caps, 0, 61_999).0, 80);
+    assert_eq!(ledger(&data, &caps, 0, 62_000).0, 0);
+    assert_eq!(
+        admit(&data, &caps, &mut leases, &[key(0)], 80, 62_000),
+        Ok(())
+    );
+}
+
+#[test]
+fn requests_in_flight_stay_held_through_renewals_and_a_quiet_lease_goes() {
+    let caps = [1_000_000];
+    let data = Envoyish::default();
+    create(&data, &caps);
+    let mut leases = Leases::default();
+    admit(&data, &caps, &mut leases, &[key(0)], 100, 0).unwrap();
+    tick(&data, &mut leases, 100);
+    // Nothing admitted in the last period: the lease shrinks to what is in flight.
+    tick(&data, &mut leases, 200);
+    assert_eq!(ledger(&data, &caps, 0, 200), (0, 100));
+    tick(&data, &mut leases, 300);
+    assert_eq!(ledger(&data, &caps, 0, 300), (0, 100));
+    leases.end(NAMES[0], t(100), t(40), 350);
+    tick(&data, &mut leases, 400);
+    assert_eq!(ledger(&data, &caps, 0, 400), (40, 0));
+    assert!(leases.is_empty());
+}
+
+#[test]
+fn a_lease_stops_admitting_half_a_hold_ttl_after_its_last_renewal() {
+    let caps = [1_000_000];
+    let data = Counted::default();
+    create(&data, &caps);
+    let mut leases = Leases::default();
+    admit(&data, &caps, &mut leases, &[key(0)], 100, 0).unwrap();
+    let calls = data.calls();
+    admit(&data, &caps, &mut leases, &[key(0)], 100, 449_999).unwrap();
+    assert_eq!(data.calls(), calls, "within half the TTL: on the lease");
+    // Past it (ticks failed to renew all that time): the request renews the lease itself.
+    admit(&data, &caps, &mut leases, &[key(0)], 100, 450_000).unwrap();
+    assert_eq!(data.calls(), (calls.0 + 1, calls.1 + 1));
+}
+
+#[test]
+fn admission_on_leases_is_all_or_nothing_across_a_requests_ledgers() {
+    let caps = [1_000_000, 100];
+    let data = Envoyish::default();
+    create(&data, &caps);
+    let mut leases = Leases::default();
+    let both = [key(0), key(1)];
+    admit(&data, &caps, &mut leases, &both, 50, 0).unwrap();
+    // 60 fits ledger 0's lease but not ledger 1 (50 of 100 in flight): refused, and ledger 0's
+    // lease gives its room back.
+    assert_eq!(
+        admit(&data, &caps, &mut leases, &both, 60, 10),
+        Err(Wait::Seconds(1))
+    );
+    assert_eq!(leases.get(NAMES[0]).unwrap().admitted(), t(50));
+    assert_eq!(leases.get(NAMES[1]).unwrap().admitted(), t(50));
+}
+
+#[test]
+fn closing_charges_the_use_and_holds_only_what_is_in_flight() {
+    let caps = [1_000_000];
+    let data = Envoyish::default();
+    create(&data, &caps);
+    let mut leases = Leases::default();
+    for at in [0, 1, 2] {
+        admit(&data, &caps, &mut leases, &[key(0)], 100, at).unwrap();
+    }
+    leases.end(NAMES[0], t(100), t(30), 5);
+    leases.report(&data, 10, true, |_, _| true);
+    assert_eq!(ledger(&data, &caps, 0, 10), (30, 200));
+}
+
+#[test]
+fn a_lease_whose_ledger_is_no_longer_its_own_is_dropped_untouched() {
+    let caps = [1_000_000];
+    let data = Envoyish::default();
+    create(&data, &caps);
+    let mut leases = Leases::default();
+    admit(&data, &caps, &mut leases, &[key(0)], 100, 0).unwrap();
+    leases.end(NAMES[0], t(100), t(30), 5);
+    let before = ledger(&data, &caps, 0, 10);
+    let r = leases.report(&data, 10, false, |_, _| false);
+    assert!(r.readings.is_empty());
+    assert!(leases.is_empty());
+    assert_eq!(ledger(&data, &caps, 0, 10), before);
+}

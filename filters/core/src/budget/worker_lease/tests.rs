@@ -204,9 +204,7 @@ fn leases_of_two_workers_stay_within_the_cap_and_unheld_leases_overshoot() {
 }
 
 /// A charge reported a tick after its settle lands in its settle's bucket: it rolls off, and a
-/// refusal's Retry-After counts, from that second, as per-request settles would. Before the
-/// report, a request that does not fit renews the lease with this worker's own use charged
-/// first, so the refusal waits for that use to roll off instead of answering 1 ("held").
+/// refusal's Retry-After counts, from that second, as a per-request settle's would.
 #[test]
 fn late_reported_charges_keep_the_second_they_were_settled_in() {
     let caps = [100];
@@ -214,15 +212,10 @@ fn late_reported_charges_keep_the_second_they_were_settled_in() {
     create(&data, &caps);
     let mut leases = Leases::default();
     admit(&data, &caps, &mut leases, &[key(0)], 80, 500).unwrap();
-    // Settled in bucket 1 (1.5 s), not yet reported.
+    // Settled in bucket 1 (1.5 s), reported on a tick in bucket 2.
     leases.end(NAMES[0], t(80), t(80), 1_500);
-    // Bucket 1 rolls off at 62 s: from 1.6 s that is 60.4 s, so 61.
-    assert_eq!(
-        admit(&data, &caps, &mut leases, &[key(0)], 80, 1_600),
-        Err(Wait::Seconds(61))
-    );
-    // Reported on a tick in bucket 2: still counted from bucket 1.
     tick(&data, &mut leases, 2_050);
+    // Bucket 1 rolls off at 62 s: from 2.1 s that is 59.9 s, so 60.
     assert_eq!(
         admit(&data, &caps, &mut leases, &[key(0)], 80, 2_100),
         Err(Wait::Seconds(60))
@@ -233,6 +226,25 @@ fn late_reported_charges_keep_the_second_they_were_settled_in() {
         admit(&data, &caps, &mut leases, &[key(0)], 80, 62_000),
         Ok(())
     );
+}
+
+/// Before the tick reports it, a request that does not fit renews the lease with this worker's
+/// own use charged first, so the refusal waits for that use to roll off instead of answering 1
+/// ("only holds are in the way": the use would still be inside the lease's hold).
+#[test]
+fn a_refusal_before_the_report_counts_from_the_workers_own_use() {
+    let caps = [100];
+    let data = Envoyish::default();
+    create(&data, &caps);
+    let mut leases = Leases::default();
+    admit(&data, &caps, &mut leases, &[key(0)], 80, 500).unwrap();
+    leases.end(NAMES[0], t(80), t(80), 1_500);
+    // Bucket 1 rolls off at 62 s: from 1.6 s that is 60.4 s, so 61.
+    assert_eq!(
+        admit(&data, &caps, &mut leases, &[key(0)], 80, 1_600),
+        Err(Wait::Seconds(61))
+    );
+    assert_eq!(ledger(&data, &caps, 0, 1_600), (80, 0));
 }
 
 #[test]

@@ -961,11 +961,20 @@ impl Budgets {
                 self.stats.estimated(h.key.budget);
             }
         }
-        let held = if self.end_on_worker_lease(m, amount) {
-            Vec::new()
-        } else {
-            std::mem::take(&mut m.held)
-        };
+        if !self.end_on_worker_lease(m, amount) {
+            self.settle_in_ledgers(std::mem::take(&mut m.held), amount, c.estimated);
+        }
+        audit.tokens = Some(AuditTokens {
+            prompt: c.prompt,
+            completion: c.completion,
+        });
+        audit.usd = Some(format_usd(amount.pico));
+        audit.usage_estimated = c.estimated;
+    }
+
+    /// Settles the holds in the ledgers themselves (per-request mode): one compare-and-swap
+    /// each, and the gauges from the state it left.
+    fn settle_in_ledgers(&self, held: Vec<Held>, amount: Amount, estimated: bool) {
         let now = now_ms();
         let store = self.store(|k| held_name(&held, k), now);
         for h in &held {
@@ -980,17 +989,11 @@ impl Budgets {
                 ),
             }
         }
-        if c.estimated {
+        if estimated {
             for h in &held {
                 self.stats.estimated(h.key.budget);
             }
         }
-        audit.tokens = Some(AuditTokens {
-            prompt: c.prompt,
-            completion: c.completion,
-        });
-        audit.usd = Some(format_usd(amount.pico));
-        audit.usage_estimated = c.estimated;
     }
 
     /// A team slot is only reused once its team's ledger has rolled off, and a request's hold

@@ -735,11 +735,23 @@ impl Budgets {
         let report = worker
             .borrow_mut()
             .report(self.data(), now, close, |key, ledger| {
-                key.team.as_ref().is_none_or(|team| {
-                    self.team_slot(key.budget, team, now)
-                        .is_ok_and(|k| *k.name == *ledger)
-                })
+                self.still_ours(key, ledger, now)
             });
+        self.recorded(&report);
+    }
+
+    /// A worker lease's ledger is still the one its key names: always for router and rule
+    /// budgets; for a team, while the team's slot is still that ledger's (and the table is
+    /// pushed on as for a request).
+    fn still_ours(&self, key: &LedgerKey, ledger: &str, now: u64) -> bool {
+        key.team.as_ref().is_none_or(|team| {
+            self.team_slot(key.budget, team, now)
+                .is_ok_and(|k| *k.name == *ledger)
+        })
+    }
+
+    /// The gauges of the ledgers worker-lease renewals wrote, from the state each left.
+    fn recorded(&self, report: &router_core::budget::worker_lease::Report) {
         for (key, shared, reading) in &report.readings {
             self.stats.record_ledger(key, shared, *reading);
         }
@@ -760,8 +772,14 @@ impl Budgets {
         let now = now_ms();
         let mut leases = worker.borrow_mut();
         for h in std::mem::take(&mut m.held) {
-            if let Some(hold) = &h.hold {
-                leases.end(&h.shared, hold.amount, amount, now);
+            let Some(hold) = &h.hold else { continue };
+            // Near the cap a lease holds no spare room: the end is written at once, as a
+            // per-request settle would be, so other workers see the room it frees.
+            if leases.end(&h.shared, hold.amount, amount, now) {
+                let report = leases.renew_now(self.data(), &h.shared, now, |key, ledger| {
+                    self.still_ours(key, ledger, now)
+                });
+                self.recorded(&report);
             }
         }
         true

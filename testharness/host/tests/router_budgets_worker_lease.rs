@@ -1,7 +1,8 @@
 //! Worker leases over the embedded ledgers (`budgets.worker_leases`) on the compiled module,
 //! with the test kit's manual clock: a request the worker's leases cover makes no shared-data
 //! call and no gauge write (the tick charges its use and sets the gauges), in-flight holds
-//! still refuse, and Retry-After is the second the request fits again.
+//! still refuse, and Retry-After is the second the request fits again (near a cap, where a
+//! lease holds no spare room and every end is written at once).
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -137,8 +138,10 @@ fn retry_after_on_a_lease_is_the_second_the_request_fits_again() {
         h.run_response(r.stream, &json, USAGE, 7).unwrap();
         h.log_and_done(r.stream).unwrap();
     }
-    // The charges are still on the lease (no tick yet): the refusal charges them first and
-    // counts from their second, not "1, a hold is in the way".
+    // Near this cap the lease holds no spare room, so each end was written at once: the
+    // refusal counts from the charges' second, not "1, a hold is in the way". (A refusal that
+    // finds them still unreported charges them first: the core's
+    // `a_refusal_before_the_report_counts_from_the_workers_own_use`.)
     let refused = post(&mut h, &[], BODY);
     assert_eq!(error_of(&refused), (429, "budget_exceeded".into()));
     let wait = retry_after(&refused);

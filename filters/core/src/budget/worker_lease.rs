@@ -16,6 +16,12 @@
 //! per-request reserve is, after this worker's own use was charged, so a refusal's `Retry-After`
 //! comes from the ledger's own schedule. What a worker loses if it stops without reporting is its
 //! unreported use, at most one lease.
+//!
+//! Near the cap a renewal leases no room (a share of what is free would not hold one more
+//! request like the last ones): the lease is then *exact*, every request that ends on it renews
+//! it at once, and the ledger sees each charge and freed hold as per-request mode shows it, so
+//! a lease never keeps other workers from room that per-request mode would let them have for
+//! longer than a renewal's tick.
 
 use super::admit::{LedgerKey, LedgerStore};
 use super::gauge::Reading;
@@ -46,6 +52,11 @@ pub struct WorkerLease {
     used_total: Amount,
     /// Σ bounds admitted since the last renewal: the next lease's size.
     demand: Amount,
+    /// The largest bound admitted since the last renewal, per dimension: room smaller than
+    /// that is not leased (it would admit nothing).
+    largest: Amount,
+    /// The last renewal leased no room: requests that end renew at once ([`Leases::end`]).
+    exact: bool,
 }
 
 /// What a renewal is for.
@@ -65,6 +76,7 @@ pub enum Ask {
 pub struct Renewal {
     hold: Option<Hold>,
     admitted: Option<Amount>,
+    exact: bool,
     now_ms: u64,
     /// `Ask::Admit` refused: how long until the request would fit.
     pub refused: Option<Wait>,
@@ -72,11 +84,22 @@ pub struct Renewal {
     pub reading: Reading,
 }
 
-/// Leased room per capped dimension: a share of what is free, at most `factor × demand`.
-fn extra(cap: Option<u64>, used: u64, demand: u64) -> u64 {
+/// Leased room per capped dimension: a share of what is free, at most `factor × demand`, and
+/// none when that is less than the `largest` bound lately admitted (it would admit nothing, and
+/// only keep the room from other workers).
+fn extra(cap: Option<u64>, used: u64, demand: u64, largest: u64) -> u64 {
     cap.map_or(0, |c| {
-        (c.saturating_sub(used) / FREE_SHARE).min(demand.saturating_mul(DEMAND_FACTOR))
+        let x = (c.saturating_sub(used) / FREE_SHARE).min(demand.saturating_mul(DEMAND_FACTOR));
+        if x < largest {
+            0
+        } else {
+            x
+        }
     })
+}
+
+fn max(a: Amount, b: Amount) -> Amount {
+    Amount::new(a.tokens.max(b.tokens), a.pico.max(b.pico))
 }
 
 impl WorkerLease {
@@ -93,6 +116,11 @@ impl WorkerLease {
     /// Charges settled on the lease that the ledger does not have yet.
     pub fn unreported(&self) -> Amount {
         self.used_total
+    }
+
+    /// The last renewal leased no room: a request that ends should renew the lease at once.
+    pub fn is_exact(&self) -> bool {
+        self.exact
     }
 
     /// Nothing held, in flight or unreported: the lease can be forgotten.
@@ -115,6 +143,7 @@ impl WorkerLease {
         if fits {
             self.admitted = self.admitted.plus(b);
             self.demand = self.demand.plus(b);
+            self.largest = max(self.largest, b);
         }
         fits
     }
@@ -176,9 +205,10 @@ impl WorkerLease {
                 .plus(l.held(shape, now_ms))
                 .plus(take);
             let demand = self.demand.plus(take);
+            let largest = max(self.largest, take);
             Amount::new(
-                extra(caps.tokens, used.tokens, demand.tokens),
-                extra(caps.pico, used.pico, demand.pico),
+                extra(caps.tokens, used.tokens, demand.tokens, largest.tokens),
+                extra(caps.pico, used.pico, demand.pico, largest.pico),
             )
         };
         let more = take.plus(room);
@@ -192,6 +222,7 @@ impl WorkerLease {
                 amount: held,
             }),
             admitted,
+            exact: room.is_zero(),
             now_ms,
             refused,
             reading: reading(l, shape, now_ms),
@@ -205,6 +236,8 @@ impl WorkerLease {
         self.used.clear();
         self.used_total = Amount::ZERO;
         self.demand = Amount::ZERO;
+        self.largest = Amount::ZERO;
+        self.exact = r.exact;
         if let Some(b) = r.admitted {
             self.admitted = self.admitted.plus(b);
         }
@@ -251,12 +284,37 @@ impl Leases {
     }
 
     /// A request of bound `b` admitted on the lease of `ledger` ended, charged `actual` at
-    /// `now_ms` (zero: released). In memory only: the tick reports it.
-    pub fn end(&mut self, ledger: &str, b: Amount, actual: Amount, now_ms: u64) {
-        if let Some(l) = self.by_ledger.get_mut(ledger) {
-            let bucket = l.shape.window.bucket(now_ms);
-            l.lease.end(b, actual, bucket);
+    /// `now_ms` (zero: released). In memory only: the tick reports it. `true`: the lease is
+    /// exact (no room leased, near the cap) and should be renewed now ([`Leases::renew_now`]).
+    pub fn end(&mut self, ledger: &str, b: Amount, actual: Amount, now_ms: u64) -> bool {
+        let Some(l) = self.by_ledger.get_mut(ledger) else {
+            return false;
+        };
+        let bucket = l.shape.window.bucket(now_ms);
+        l.lease.end(b, actual, bucket);
+        l.lease.is_exact()
+    }
+
+    /// Renews the lease of `ledger` now (an exact lease after a request ended on it), as the
+    /// tick would; `keep` as for [`Leases::report`].
+    pub fn renew_now<S: SharedData>(
+        &mut self,
+        data: &S,
+        ledger: &str,
+        now_ms: u64,
+        keep: impl FnOnce(&LedgerKey, &str) -> bool,
+    ) -> Report {
+        let mut out = Report::default();
+        let Some((name, mut e)) = self.by_ledger.remove_entry(ledger) else {
+            return out;
+        };
+        if e.lease.is_idle() || !keep(&e.key, &name) {
+            return out;
         }
+        if renew_one(data, &name, &mut e, now_ms, Ask::Renew, &mut out) {
+            self.by_ledger.insert(name, e);
+        }
+        out
     }
 
     /// Renews every lease in one compare-and-swap each (`close`: the worker stops, and only what
@@ -274,37 +332,50 @@ impl Leases {
         let ask = if close { Ask::Close } else { Ask::Renew };
         let mut out = Report::default();
         self.by_ledger.retain(|name, e| {
-            if e.lease.is_idle() || !keep(&e.key, name) {
-                return false;
-            }
-            let (shape, caps) = (e.shape, e.caps);
-            let store = SharedLedgers {
-                data,
-                ledger: |_: &LedgerKey| {
-                    Some(SharedLedger {
-                        key: name,
-                        shape,
-                        caps,
-                    })
-                },
-                now_ms,
-            };
-            let lease = &e.lease;
-            match store.update(&e.key, |l, shape, caps, now| {
-                lease.renew(l, shape, caps, now, ask)
-            }) {
-                Ok(r) => {
-                    e.lease.renewed(&r);
-                    out.readings.push((e.key.clone(), name.clone(), r.reading));
-                    !e.lease.is_idle()
-                }
-                Err(err) => {
-                    out.failed.push(err);
-                    true
-                }
-            }
+            !e.lease.is_idle()
+                && keep(&e.key, name)
+                && renew_one(data, name, e, now_ms, ask, &mut out)
         });
         out
+    }
+}
+
+/// Renews one lease (one compare-and-swap), recording what it did in `out`. `false`: the lease
+/// is left with nothing and can be forgotten. A renewal that could not be written leaves the
+/// lease as it was, for the next tick.
+fn renew_one<S: SharedData>(
+    data: &S,
+    name: &Rc<str>,
+    e: &mut Leased,
+    now_ms: u64,
+    ask: Ask,
+    out: &mut Report,
+) -> bool {
+    let (shape, caps) = (e.shape, e.caps);
+    let store = SharedLedgers {
+        data,
+        ledger: |_: &LedgerKey| {
+            Some(SharedLedger {
+                key: name,
+                shape,
+                caps,
+            })
+        },
+        now_ms,
+    };
+    let lease = &e.lease;
+    match store.update(&e.key, |l, shape, caps, now| {
+        lease.renew(l, shape, caps, now, ask)
+    }) {
+        Ok(r) => {
+            e.lease.renewed(&r);
+            out.readings.push((e.key.clone(), name.clone(), r.reading));
+            !e.lease.is_idle()
+        }
+        Err(err) => {
+            out.failed.push(err);
+            true
+        }
     }
 }
 

@@ -247,6 +247,41 @@ fn a_refusal_before_the_report_counts_from_the_workers_own_use() {
     assert_eq!(ledger(&data, &caps, 0, 1_600), (80, 0));
 }
 
+/// Near the cap a renewal leases no room (a quarter of what is free would not hold another
+/// request like the last), so the lease is exact: a request that ends on it asks for a renewal,
+/// after which the ledger shows its charge and its freed hold as per-request mode would, and
+/// another worker can use that room at once. Far from the cap, ends stay in memory.
+#[test]
+fn near_the_cap_a_lease_is_exact_and_an_end_renews_it_at_once() {
+    let caps = [200];
+    let data = Envoyish::default();
+    create(&data, &caps);
+    let mut a = Leases::default();
+    admit(&data, &caps, &mut a, &[key(0)], 64, 0).unwrap();
+    // (200 - 64) / 4 = 34 < 64: no room leased, only the request is held.
+    assert_eq!(ledger(&data, &caps, 0, 0), (0, 64));
+    assert!(
+        a.end(NAMES[0], t(64), t(30), 10),
+        "an exact lease asks for a renewal"
+    );
+    a.renew_now(&data, NAMES[0], 10, |_, _| true);
+    assert_eq!(ledger(&data, &caps, 0, 10), (30, 0));
+    // Another worker now fits two requests of 64 beside the 30 spent (30 + 128 ≤ 200), as
+    // per-request mode would let it.
+    let mut b = Leases::default();
+    for at in [20, 21] {
+        admit(&data, &caps, &mut b, &[key(0)], 64, at).unwrap();
+    }
+    // Far from the cap the lease has room, and an end stays in memory.
+    let caps = [1_000_000];
+    let data = Envoyish::default();
+    create(&data, &caps);
+    let mut far = Leases::default();
+    admit(&data, &caps, &mut far, &[key(0)], 64, 0).unwrap();
+    assert!(!far.end(NAMES[0], t(64), t(30), 10));
+    assert_eq!(ledger(&data, &caps, 0, 10), (0, 64 + 128));
+}
+
 #[test]
 fn requests_in_flight_stay_held_through_renewals_and_a_quiet_lease_goes() {
     let caps = [1_000_000];

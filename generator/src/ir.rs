@@ -45,6 +45,9 @@ pub struct CompileOptions {
     pub budgets_hold_ttl_s: Option<u64>,
     /// `--budgets-worker-leases`: embedded ledgers admit on per-worker leases.
     pub budgets_worker_leases: bool,
+    /// UNSAFE, tests only, not on the command line: worker leases whose room is not held in
+    /// the ledger. The end-to-end control that shows the hold keeps the bound.
+    pub unsafe_budgets_worker_leases_unheld: bool,
     /// Lease mode of the shared ledger (`--budgets-lease-tokens`/`--budgets-lease-usd`); only
     /// with `budgets_cluster`.
     pub budgets_lease: Option<router_core::budget::lease::LeaseConfig>,
@@ -341,6 +344,7 @@ pub fn build(
     if let Some(b) = plugin.budgets.as_mut() {
         b.unsafe_charge_after = opts.unsafe_budgets_charge_after;
         b.worker_leases = opts.budgets_worker_leases && opts.budgets_cluster.is_none();
+        b.unsafe_worker_leases_unheld = b.worker_leases && opts.unsafe_budgets_worker_leases_unheld;
         b.service = opts.budgets_cluster.clone().map(|cluster| {
             router_core::budget::config::ServiceConfig {
                 cluster,

@@ -199,6 +199,7 @@ fn budgets_config(spec: &ModelRouterSpec) -> Option<BudgetsConfig> {
         service: None,
         unsafe_charge_after: false,
         worker_leases: false,
+        unsafe_worker_leases_unheld: false,
     })
 }
 

@@ -209,7 +209,13 @@ impl Budgets {
                 .as_ref()
                 .and_then(|s| Leases::configure(&compiled, &router.config.router, s.timeout_ms)),
             worker: (config.worker_leases && config.service.is_none() && !compiled.charge_after)
-                .then(|| RefCell::new(WorkerLeases::default())),
+                .then(|| {
+                    RefCell::new(if compiled.worker_leases_unheld {
+                        WorkerLeases::unsafe_unheld()
+                    } else {
+                        WorkerLeases::default()
+                    })
+                }),
             compiled,
             slots: RefCell::new(SlotCache::default()),
         };

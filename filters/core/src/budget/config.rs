@@ -39,6 +39,11 @@ pub struct BudgetsConfig {
     /// leases"). The bound is the same; gauges follow the worker's tick.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub worker_leases: bool,
+    /// UNSAFE, tests only: worker leases whose room is granted but not held in the ledger
+    /// (`worker_lease::Leases::unsafe_unheld`), the end-to-end control that overshoots; the
+    /// generator writes it only under a library option.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unsafe_worker_leases_unheld: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +138,8 @@ pub struct CompiledBudgets {
     pub charge_after: bool,
     /// See [`BudgetsConfig::worker_leases`].
     pub worker_leases: bool,
+    /// See [`BudgetsConfig::unsafe_worker_leases_unheld`].
+    pub worker_leases_unheld: bool,
     /// Lease mode (`service.lease`), compiled.
     pub lease: Option<super::lease::Lease>,
 }
@@ -240,6 +247,7 @@ impl BudgetsConfig {
             max_teams: self.max_teams,
             charge_after: self.unsafe_charge_after,
             worker_leases: self.worker_leases,
+            worker_leases_unheld: self.unsafe_worker_leases_unheld,
         })
     }
 }

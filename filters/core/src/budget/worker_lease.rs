@@ -42,6 +42,9 @@ pub const DEMAND_FACTOR: u64 = 2;
 pub struct WorkerLease {
     /// The lease's hold in the shared ledger (`None`: no lease).
     hold: Option<Hold>,
+    /// What the lease may admit against: its hold's amount (but for the unsafe control,
+    /// [`Leases::unsafe_unheld`], whose room is not in the hold).
+    granted: Amount,
     /// When the hold was taken: a hold expires at the hold TTL, so the lease stops admitting
     /// half a TTL after its last renewal (renewals come every tick, long before).
     renewed_ms: u64,
@@ -75,6 +78,7 @@ pub enum Ask {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Renewal {
     hold: Option<Hold>,
+    granted: Amount,
     admitted: Option<Amount>,
     exact: bool,
     now_ms: u64,
@@ -131,15 +135,13 @@ impl WorkerLease {
     /// Admits a request of bound `b` on the lease if its hold has room for it beside what is in
     /// flight and used (in every capped dimension; an uncapped one does not limit admission).
     pub fn try_admit(&mut self, caps: &Caps, b: Amount, now_ms: u64, hold_ttl_ms: u64) -> bool {
-        let Some(h) = &self.hold else {
-            return false;
-        };
-        if now_ms >= self.renewed_ms.saturating_add(hold_ttl_ms / 2) {
+        let g = self.granted;
+        if g.is_zero() || now_ms >= self.renewed_ms.saturating_add(hold_ttl_ms / 2) {
             return false;
         }
         let after = self.admitted.plus(self.used_total).plus(b);
-        let fits = caps.tokens.is_none_or(|_| after.tokens <= h.amount.tokens)
-            && caps.pico.is_none_or(|_| after.pico <= h.amount.pico);
+        let fits = caps.tokens.is_none_or(|_| after.tokens <= g.tokens)
+            && caps.pico.is_none_or(|_| after.pico <= g.pico);
         if fits {
             self.admitted = self.admitted.plus(b);
             self.demand = self.demand.plus(b);
@@ -171,7 +173,9 @@ impl WorkerLease {
     /// The renewal, on the ledger `l` (inside its compare-and-swap): the old hold goes, the
     /// unreported use is charged to the buckets it was settled in, what is in flight is held
     /// again whatever the caps say (the old hold covered it), then `ask`'s request is checked as
-    /// a per-request reserve would be, and room for the next period is leased.
+    /// a per-request reserve would be, and room for the next period is leased. `hold_room`
+    /// false is the unsafe control ([`Leases::unsafe_unheld`]): all the free room is granted,
+    /// none of it held.
     pub fn renew(
         &self,
         l: &mut Ledger,
@@ -179,6 +183,7 @@ impl WorkerLease {
         caps: &Caps,
         now_ms: u64,
         ask: Ask,
+        hold_room: bool,
     ) -> Renewal {
         if let Some(h) = &self.hold {
             l.release(shape, h, now_ms);
@@ -206,12 +211,19 @@ impl WorkerLease {
                 .plus(take);
             let demand = self.demand.plus(take);
             let largest = max(self.largest, take);
-            Amount::new(
-                extra(caps.tokens, used.tokens, demand.tokens, largest.tokens),
-                extra(caps.pico, used.pico, demand.pico, largest.pico),
-            )
+            if hold_room {
+                Amount::new(
+                    extra(caps.tokens, used.tokens, demand.tokens, largest.tokens),
+                    extra(caps.pico, used.pico, demand.pico, largest.pico),
+                )
+            } else {
+                // The unsafe control: all of the free room, as if no other worker leased any.
+                let free = |cap: Option<u64>, used: u64| cap.map_or(0, |c| c.saturating_sub(used));
+                Amount::new(free(caps.tokens, used.tokens), free(caps.pico, used.pico))
+            }
         };
-        let more = take.plus(room);
+        let granted = held.plus(take).plus(room);
+        let more = if hold_room { take.plus(room) } else { take };
         if !more.is_zero() {
             bucket = Some(l.hold(shape, more, now_ms).bucket);
             held = held.plus(more);
@@ -221,6 +233,7 @@ impl WorkerLease {
                 bucket,
                 amount: held,
             }),
+            granted,
             admitted,
             exact: room.is_zero(),
             now_ms,
@@ -232,6 +245,7 @@ impl WorkerLease {
     /// The renewal's write landed: the lease is what it says.
     pub fn renewed(&mut self, r: &Renewal) {
         self.hold = r.hold;
+        self.granted = r.granted;
         self.renewed_ms = r.now_ms;
         self.used.clear();
         self.used_total = Amount::ZERO;
@@ -257,6 +271,8 @@ struct Leased {
 #[derive(Debug, Default)]
 pub struct Leases {
     by_ledger: fnv::FnvHashMap<Rc<str>, Leased>,
+    /// See [`Leases::unsafe_unheld`].
+    unheld: bool,
 }
 
 /// What a tick's renewals did.
@@ -270,6 +286,18 @@ pub struct Report {
 }
 
 impl Leases {
+    /// UNSAFE, tests only (`budgets.unsafe_worker_leases_unheld`): leases granted all of the
+    /// free room and not holding it in the ledger (only what is in flight is held; what they
+    /// charged is not until reported), so every worker admits on room the others also see as
+    /// free.
+    /// The control that shows the hold is what keeps the bound: the same traffic overshoots.
+    pub fn unsafe_unheld() -> Leases {
+        Leases {
+            unheld: true,
+            ..Leases::default()
+        }
+    }
+
     /// The lease on the ledger under shared-data key `ledger`.
     pub fn get(&self, ledger: &str) -> Option<&WorkerLease> {
         self.by_ledger.get(ledger).map(|l| &l.lease)
@@ -311,7 +339,8 @@ impl Leases {
         if e.lease.is_idle() || !keep(&e.key, &name) {
             return out;
         }
-        if renew_one(data, &name, &mut e, now_ms, Ask::Renew, &mut out) {
+        let hold_room = !self.unheld;
+        if renew_one(data, &name, &mut e, now_ms, Ask::Renew, hold_room, &mut out) {
             self.by_ledger.insert(name, e);
         }
         out
@@ -331,10 +360,11 @@ impl Leases {
     ) -> Report {
         let ask = if close { Ask::Close } else { Ask::Renew };
         let mut out = Report::default();
+        let hold_room = !self.unheld;
         self.by_ledger.retain(|name, e| {
             !e.lease.is_idle()
                 && keep(&e.key, name)
-                && renew_one(data, name, e, now_ms, ask, &mut out)
+                && renew_one(data, name, e, now_ms, ask, hold_room, &mut out)
         });
         out
     }
@@ -349,6 +379,7 @@ fn renew_one<S: SharedData>(
     e: &mut Leased,
     now_ms: u64,
     ask: Ask,
+    hold_room: bool,
     out: &mut Report,
 ) -> bool {
     let (shape, caps) = (e.shape, e.caps);
@@ -365,7 +396,7 @@ fn renew_one<S: SharedData>(
     };
     let lease = &e.lease;
     match store.update(&e.key, |l, shape, caps, now| {
-        lease.renew(l, shape, caps, now, ask)
+        lease.renew(l, shape, caps, now, ask, hold_room)
     }) {
         Ok(r) => {
             e.lease.renewed(&r);
@@ -412,6 +443,7 @@ impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> LedgerSto
                 return Ok(Ok(on_lease));
             }
         }
+        let hold_room = !self.leases.unheld;
         let e = self
             .leases
             .by_ledger
@@ -424,7 +456,7 @@ impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> LedgerSto
             });
         let lease = &e.lease;
         let r = self.shared.update(key, |ledger, shape, caps, now| {
-            lease.renew(ledger, shape, caps, now, Ask::Admit(amount))
+            lease.renew(ledger, shape, caps, now, Ask::Admit(amount), hold_room)
         })?;
         e.lease.renewed(&r);
         self.readings.push((key.clone(), r.reading));

@@ -90,6 +90,8 @@ pub struct EnvoyOptions {
     pub budgets_hold_ttl_s: Option<u64>,
     /// `--budgets-worker-leases` (embedded ledgers only).
     pub budgets_worker_leases: bool,
+    /// See [`CompileOptions::unsafe_budgets_worker_leases_unheld`] (tests only).
+    pub unsafe_budgets_worker_leases_unheld: bool,
     /// `--budgets-lease-tokens` / `--budgets-lease-usd` (only with `--budgets-service`).
     pub budgets_lease: Option<router_core::budget::lease::LeaseConfig>,
 }
@@ -113,6 +115,7 @@ impl Default for EnvoyOptions {
             budgets_fail_open: false,
             budgets_hold_ttl_s: None,
             budgets_worker_leases: false,
+            unsafe_budgets_worker_leases_unheld: false,
             budgets_lease: None,
         }
     }
@@ -176,6 +179,7 @@ impl EnvoyOptions {
             budgets_fail_open: self.budgets_fail_open,
             budgets_hold_ttl_s: self.budgets_hold_ttl_s,
             budgets_worker_leases: self.budgets_worker_leases,
+            unsafe_budgets_worker_leases_unheld: self.unsafe_budgets_worker_leases_unheld,
             budgets_lease: self.budgets_lease.clone(),
         }
     }

@@ -137,36 +137,32 @@ fn requests_that_fit_the_lease_cost_no_shared_data_call_and_the_tick_charges_the
 
 /// Two workers leasing one ledger, requests settling at their bound (no settle error), leases
 /// renewed every other step. With the leases held the total charged stays within the cap; the
-/// control takes each lease's hold out of the ledger as soon as it is written (leases sized
-/// from the free room but not held), and the same traffic overshoots.
+/// control (`Leases::unsafe_unheld`: all the free room granted, not held) lets the same traffic
+/// overshoot.
 fn two_workers(unheld: bool) -> u64 {
     let caps = [1_000];
     let data = Envoyish::default();
     create(&data, &caps);
-    let mut workers = [Leases::default(), Leases::default()];
-    // Per worker: the steps at which its requests in flight end.
-    let mut in_flight: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
-    let unhold = |hold: Option<Hold>, now_ms: u64| {
-        if let (true, Some(h)) = (unheld, hold) {
-            let store = SharedLedgers {
-                data: &data,
-                ledger: ledgers(&caps),
-                now_ms,
-            };
-            store
-                .update(&key(0), |l, shape, _, now| l.release(shape, &h, now))
-                .unwrap();
+    let leases = || {
+        if unheld {
+            Leases::unsafe_unheld()
+        } else {
+            Leases::default()
         }
     };
+    let mut workers = [leases(), leases()];
+    // Per worker: the steps at which its requests in flight end.
+    let mut in_flight: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
     for step in 0..60u64 {
         let now = 1_000 + step * 10;
         for w in 0..2 {
             let ends = in_flight[w].iter().filter(|&&e| e == step).count() as u64;
             for _ in 0..ends {
-                workers[w].end(NAMES[0], t(100), t(100), now);
+                if workers[w].end(NAMES[0], t(100), t(100), now) {
+                    workers[w].renew_now(&data, NAMES[0], now, |_, _| true);
+                }
             }
             in_flight[w].retain(|&e| e != step);
-            let before = workers[w].get(NAMES[0]).and_then(|l| l.hold());
             for _ in 0..2 {
                 if admit(&data, &caps, &mut workers[w], &[key(0)], 100, now).is_ok() {
                     in_flight[w].push(step + 3);
@@ -174,10 +170,6 @@ fn two_workers(unheld: bool) -> u64 {
             }
             if step % 2 == w as u64 {
                 tick(&data, &mut workers[w], now);
-            }
-            let after = workers[w].get(NAMES[0]).and_then(|l| l.hold());
-            if after != before {
-                unhold(after, now);
             }
         }
     }

@@ -22,7 +22,7 @@ usage:
                      [--router NAME] [--model-header NAME] [--max-body-bytes N]
                      [--ca-file PATH] [--jwks-file FILE] [--format yaml|json]
                      [--budgets-service HOST:PORT [--budgets-fail-open]]
-                     [--budgets-hold-ttl SECONDS] [--budgets-worker-leases]
+                     [--budgets-hold-ttl SECONDS] [--budgets-per-request]
                      [--budgets-lease-tokens N] [--budgets-lease-usd AMOUNT]
                      [--budgets-lease-team-slots N]
       envoy-gateway options: --wasm-url URL | --wasm-image REF [--wasm-sha256 HEX]
@@ -78,7 +78,7 @@ const VALUE_FLAGS: &[&str] = &[
 ];
 
 /// Flags without a value.
-const SWITCH_FLAGS: &[&str] = &["--budgets-fail-open", "--budgets-worker-leases"];
+const SWITCH_FLAGS: &[&str] = &["--budgets-fail-open", "--budgets-per-request"];
 
 /// Flags only `explain` takes.
 const EXPLAIN_FLAGS: &[&str] = &["--body", "--header", "--path", "--quarantined"];
@@ -218,7 +218,7 @@ const TARGET_FLAGS: &[(Target, &[&str])] = &[
             "--budgets-service",
             "--budgets-fail-open",
             "--budgets-hold-ttl",
-            "--budgets-worker-leases",
+            "--budgets-per-request",
             "--budgets-lease-tokens",
             "--budgets-lease-usd",
             "--budgets-lease-team-slots",
@@ -523,19 +523,19 @@ fn common_options(a: &Args, problems: &mut Vec<Problem>) -> CompileOptions {
     o
 }
 
-/// `--budgets-fail-open`, `--budgets-hold-ttl SECONDS` and `--budgets-worker-leases` (envoy
+/// `--budgets-fail-open`, `--budgets-hold-ttl SECONDS` and `--budgets-per-request` (envoy
 /// target).
 fn budgets_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
-    if a.opts.contains_key("--budgets-worker-leases") {
+    if a.opts.contains_key("--budgets-per-request") {
         if o.budgets_service.is_some() {
             problems.push(Problem::new(
                 "options",
-                "--budgets-worker-leases",
-                "only for embedded ledgers (with --budgets-service, lease mode is --budgets-lease-tokens)"
+                "--budgets-per-request",
+                "only for embedded ledgers (with --budgets-service, admission is per request unless --budgets-lease-tokens)"
                     .to_string(),
             ));
         }
-        o.budgets_worker_leases = true;
+        o.budgets_per_request = true;
     }
     if a.opts.contains_key("--budgets-fail-open") {
         if o.budgets_service.is_none() {

@@ -43,8 +43,9 @@ pub struct CompileOptions {
     pub budgets_fail_open: bool,
     /// `--budgets-hold-ttl SECONDS`: how long a reservation lives if its request never ends.
     pub budgets_hold_ttl_s: Option<u64>,
-    /// `--budgets-worker-leases`: embedded ledgers admit on per-worker leases.
-    pub budgets_worker_leases: bool,
+    /// `--budgets-per-request`: embedded ledgers reserve and settle per request instead of
+    /// admitting on per-worker leases (the default).
+    pub budgets_per_request: bool,
     /// UNSAFE, tests only, not on the command line: worker leases whose room is not held in
     /// the ledger. The end-to-end control that shows the hold keeps the bound.
     pub unsafe_budgets_worker_leases_unheld: bool,
@@ -343,8 +344,12 @@ pub fn build(
     );
     if let Some(b) = plugin.budgets.as_mut() {
         b.unsafe_charge_after = opts.unsafe_budgets_charge_after;
-        b.worker_leases = opts.budgets_worker_leases && opts.budgets_cluster.is_none();
-        b.unsafe_worker_leases_unheld = b.worker_leases && opts.unsafe_budgets_worker_leases_unheld;
+        // Leases are the embedded default, so only the way back is written: the default output
+        // stays what it was before either mode existed.
+        let embedded = opts.budgets_cluster.is_none();
+        b.per_request = opts.budgets_per_request && embedded;
+        b.unsafe_worker_leases_unheld =
+            embedded && !b.per_request && opts.unsafe_budgets_worker_leases_unheld;
         b.service = opts.budgets_cluster.clone().map(|cluster| {
             router_core::budget::config::ServiceConfig {
                 cluster,

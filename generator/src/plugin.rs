@@ -198,7 +198,7 @@ fn budgets_config(spec: &ModelRouterSpec) -> Option<BudgetsConfig> {
         max_teams: DEFAULT_MAX_TEAMS,
         service: None,
         unsafe_charge_after: false,
-        worker_leases: false,
+        per_request: false,
         unsafe_worker_leases_unheld: false,
     })
 }

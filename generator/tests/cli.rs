@@ -558,25 +558,32 @@ fn budgets_fail_open_and_hold_ttl_flags() {
     );
 }
 
-/// `--budgets-worker-leases` (a switch, embedded ledgers only) puts `worker_leases` in the
-/// plugin configuration; absent, budgets reserve per request.
+/// Worker leases are the embedded default, so nothing about them is written;
+/// `--budgets-per-request` (a switch, embedded ledgers only) puts `per_request` in the plugin
+/// configuration. The old opt-in switch is gone rather than kept as a no-op.
 #[test]
-fn budgets_worker_leases_flag() {
+fn budgets_per_request_flag() {
     let compile = compile_example_envoy;
-    let (code, out, err) = compile(&["--budgets-worker-leases"]);
+    let (code, out, err) = compile(&["--budgets-per-request"]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(out.contains(r#""worker_leases":true"#), "{out}");
+    assert!(out.contains(r#""per_request":true"#), "{out}");
     let (code, out, _) = compile(&[]);
     assert_eq!(code, Some(0));
-    assert!(!out.contains("worker_leases"));
+    assert!(!out.contains("per_request") && !out.contains("worker_leases"));
     let (code, _, err) = compile(&[
         "--budgets-service",
         "127.0.0.1:8090",
-        "--budgets-worker-leases",
+        "--budgets-per-request",
     ]);
     assert_eq!(code, Some(1));
     assert!(
-        err.starts_with("options: --budgets-worker-leases: only for embedded ledgers"),
+        err.starts_with("options: --budgets-per-request: only for embedded ledgers"),
+        "{err}"
+    );
+    let (code, _, err) = compile(&["--budgets-worker-leases"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.starts_with(r#"error: unknown argument "--budgets-worker-leases""#),
         "{err}"
     );
 }

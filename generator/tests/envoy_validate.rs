@@ -365,21 +365,21 @@ fn budgets_service_in_lease_mode() {
     validate("budgets-lease", example(), opts);
 }
 
-/// Worker leases (`--budgets-worker-leases`) put `budgets.worker_leases` in the plugin
-/// configuration, which the filter accepts in a real Envoy.
+/// Per-request mode (`--budgets-per-request`) puts `budgets.per_request` in the plugin
+/// configuration, which the filter accepts in a real Envoy (the default, worker leases, writes
+/// nothing and is the plain example's validation).
 #[test]
-fn budgets_on_worker_leases() {
+fn budgets_per_request() {
     let opts = EnvoyOptions {
-        budgets_worker_leases: true,
+        budgets_per_request: true,
         format: Format::Json,
         wasm_dir: wasm_dir().to_path_buf(),
         ..Default::default()
     };
     let out = compile_example(&opts);
     assert!(
-        out.replace("\\\"", "\"")
-            .contains(r#""worker_leases":true"#),
-        "no budgets.worker_leases in the plugin configuration"
+        out.replace("\\\"", "\"").contains(r#""per_request":true"#),
+        "no budgets.per_request in the plugin configuration"
     );
-    validate("budgets-worker-leases", example(), opts);
+    validate("budgets-per-request", example(), opts);
 }

@@ -83,7 +83,7 @@ pub(crate) struct Budgets {
     slots: RefCell<SlotCache>,
     /// Lease mode of the shared ledger (`budgets.service.lease`).
     leases: Option<Leases>,
-    /// This worker's leases on the embedded ledgers (`budgets.worker_leases`).
+    /// This worker's leases on the embedded ledgers (the default; not with `budgets.per_request`).
     worker: Option<RefCell<WorkerLeases>>,
 }
 
@@ -208,14 +208,13 @@ impl Budgets {
                 .service
                 .as_ref()
                 .and_then(|s| Leases::configure(&compiled, &router.config.router, s.timeout_ms)),
-            worker: (config.worker_leases && config.service.is_none() && !compiled.charge_after)
-                .then(|| {
-                    RefCell::new(if compiled.worker_leases_unheld {
-                        WorkerLeases::unsafe_unheld()
-                    } else {
-                        WorkerLeases::default()
-                    })
-                }),
+            worker: compiled.worker_leases.then(|| {
+                RefCell::new(if compiled.worker_leases_unheld {
+                    WorkerLeases::unsafe_unheld()
+                } else {
+                    WorkerLeases::default()
+                })
+            }),
             compiled,
             slots: RefCell::new(SlotCache::default()),
         };

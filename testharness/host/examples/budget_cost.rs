@@ -43,9 +43,10 @@ fn config(budgets: bool) -> Value {
             {"name": "all", "scope": "router", "max_tokens": 1_000_000_000_000u64, "window_s": 3600},
             {"name": "teams", "scope": "team", "max_tokens": 1_000_000_000_000u64, "window_s": 3600}
         ]});
-        // `BUDGET_COST_WORKER_LEASES=1`: the same budgets admitted on worker leases.
-        if std::env::var_os("BUDGET_COST_WORKER_LEASES").is_some() {
-            c["budgets"]["worker_leases"] = json!(true);
+        // `BUDGET_COST_PER_REQUEST=1`: the same budgets reserved and settled per request
+        // instead of on worker leases (the default).
+        if std::env::var_os("BUDGET_COST_PER_REQUEST").is_some() {
+            c["budgets"]["per_request"] = json!(true);
         }
     }
     c

@@ -25,6 +25,12 @@ fn gauge(h: &Host, name: &str) -> i64 {
         .map_or(-1, |m| m.value)
 }
 
+/// Lets the worker's tick run: on worker leases (the default) it charges the leases' use to the
+/// ledgers and sets the gauges, which per response it does not.
+fn after_a_tick(h: &mut Host) {
+    h.advance_clock(Duration::from_millis(100)).unwrap();
+}
+
 fn answer(h: &mut Host, req: &StreamOutcome, content_type: &str, body: &[u8]) -> StreamOutcome {
     let res = h
         .run_response(
@@ -141,6 +147,7 @@ fn a_stream_in_tiny_pieces_is_charged_its_usage_and_loses_the_chunk_it_did_not_a
         String::from_utf8(res.forwarded_body).unwrap(),
         format!("{content}{done}")
     );
+    after_a_tick(&mut h);
     assert_eq!(gauge(&h, "t.team.red.tokens_used"), 15);
     let audit = h.logs_matching("llmkube-audit");
     assert!(
@@ -219,16 +226,18 @@ fn two_ledgers(extra: Value) -> Value {
     c
 }
 
-/// The budget step's hostcalls are what its guarantees need and no more: one read and one
-/// compare-and-swap per ledger to reserve, the same to settle (the gauges come from the settle's
-/// own read), the response body read for usage; a known team's slot costs nothing, and a body
-/// that arrived in pieces is not read back.
+/// The budget step's hostcalls in per-request mode (`per_request`) are what its guarantees need
+/// and no more: one read and one compare-and-swap per ledger to reserve, the same to settle (the
+/// gauges come from the settle's own read), the response body read for usage; a known team's
+/// slot costs nothing, and a body that arrived in pieces is not read back. (Worker leases, the
+/// default, make none of these shared-data calls per request: router_budgets_worker_lease.rs.)
 #[test]
 fn a_budgeted_request_costs_one_cas_per_ledger_each_way_and_no_body_read_back() {
     let red = [("x-llmkube-team", "red")];
     for chunk in [0, 9] {
         let mut plain = router();
-        let mut h = host_with("llmkube_model_router", &two_ledgers(json!({})));
+        let per_request = two_ledgers(json!({"per_request": true}));
+        let mut h = host_with("llmkube_model_router", &per_request);
         for _ in 0..3 {
             calls_of(&mut plain, &red, chunk);
             calls_of(&mut h, &red, chunk);
@@ -313,6 +322,7 @@ fn a_remembered_slot_given_to_another_team_is_asked_again_not_charged() {
     let r = post(&mut b, &blue, BODY);
     assert!(r.local_response.is_none());
     usage_json(&mut b, &r);
+    after_a_tick(&mut b);
     assert_eq!(gauge(&b, "t.team.blue.tokens_used"), 60);
 }
 
@@ -351,10 +361,12 @@ fn a_team_given_another_slot_is_charged_on_that_slots_ledger() {
     let r = post(&mut a, &team("red"), BODY);
     assert!(r.local_response.is_none(), "red gets the other quiet slot");
     usage_json(&mut a, &r);
+    after_a_tick(&mut a);
     assert_eq!(gauge(&a, "t.team.red.tokens_used"), 30);
     // Blue's ledger holds blue's charges only.
     let r = post(&mut b, &team("blue"), BODY);
     assert!(r.local_response.is_none());
     usage_json(&mut b, &r);
+    after_a_tick(&mut b);
     assert_eq!(gauge(&b, "t.team.blue.tokens_used"), 60);
 }

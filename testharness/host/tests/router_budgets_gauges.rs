@@ -1,9 +1,12 @@
 //! The gauges of an embedded ledger (Envoy's shared data) across two workers: the gauge is one
 //! stat for every worker, and a worker can set it from the state its own compare-and-swap left
 //! after another worker changed the ledger and set the gauge. The ledger's `seq` says which state
-//! is newer, and the worker's tick sets the newest.
+//! is newer, and the worker's tick sets the newest. That race is per-request mode's (a gauge set
+//! by each settle), so those workers pin `per_request`; on worker leases (the default) only the
+//! tick's renewal sets a gauge.
 
 use serde_json::json;
+use std::time::Duration;
 use wasm_host::{Host, SharedStore};
 
 mod support;
@@ -20,6 +23,7 @@ fn worker(shared: &SharedStore) -> Host {
         shared,
         json!({
             "budgets": [{"name": "all", "scope": "router", "max_tokens": 100000, "window_s": 60}],
+            "per_request": true,
         }),
     )
 }
@@ -104,6 +108,8 @@ fn utilization_percent_is_exact_for_tokens_and_for_usd_past_u64_range() {
         &mut h,
         br#"{"choices":[],"usage":{"prompt_tokens":300001,"completion_tokens":0}}"#,
     );
+    // Worker leases (the default) set the gauges on the worker's tick.
+    h.advance_clock(Duration::from_millis(100)).unwrap();
     let g = |name: &str| h.metric(name).map_or(-1, |m| m.value);
     assert_eq!(g("llmkube.budget.usd.usd_micro_used"), 300_001_000_000);
     assert_eq!(g("llmkube.budget.usd.utilization_percent"), 30);

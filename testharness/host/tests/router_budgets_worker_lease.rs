@@ -1,5 +1,5 @@
-//! Worker leases over the embedded ledgers (`budgets.worker_leases`) on the compiled module,
-//! with the test kit's manual clock: a request the worker's leases cover makes no shared-data
+//! Worker leases over the embedded ledgers (the default for embedded budgets) on the compiled
+//! module, with the test kit's manual clock: a request the worker's leases cover makes no shared-data
 //! call and no gauge write (the tick charges its use and sets the gauges), in-flight holds
 //! still refuse, and Retry-After is the second the request fits again (near a cap, where a
 //! lease holds no spare room and every end is written at once).
@@ -20,7 +20,7 @@ const RED: [(&str, &str); 1] = [("x-llmkube-team", "red")];
 
 fn with_budgets(budgets: Value) -> Host {
     let mut c = router_config();
-    c["budgets"] = json!({ "budgets": budgets, "worker_leases": true });
+    c["budgets"] = json!({ "budgets": budgets });
     host_with("llmkube_model_router", &c)
 }
 

@@ -34,11 +34,13 @@ pub struct BudgetsConfig {
     /// writes it only under a hidden flag.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unsafe_charge_after: bool,
-    /// Embedded ledgers only: each worker admits on a lease it holds in the ledger instead of
-    /// one reserve and one settle per request (`budget::worker_lease`, docs/budgets.md "Worker
-    /// leases"). The bound is the same; gauges follow the worker's tick.
+    /// Embedded ledgers only: one reserve and one settle in the ledger per request instead of
+    /// the default worker leases (`budget::worker_lease`, docs/budgets.md "Worker leases").
+    /// Absent (false) means leases, so a configuration that predates the field gets the cheaper
+    /// mode; the bound is the same either way, per request only keeps gauges current per
+    /// response instead of per tick. Ignored with `service` (the shared ledger has its own).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub worker_leases: bool,
+    pub per_request: bool,
     /// UNSAFE, tests only: worker leases whose room is granted but not held in the ledger
     /// (`worker_lease::Leases::unsafe_unheld`), the end-to-end control that overshoots; the
     /// generator writes it only under a library option.
@@ -136,7 +138,9 @@ pub struct CompiledBudgets {
     pub max_teams: usize,
     /// See [`BudgetsConfig::unsafe_charge_after`].
     pub charge_after: bool,
-    /// See [`BudgetsConfig::worker_leases`].
+    /// Requests are admitted on this worker's leases of the embedded ledgers: the default for
+    /// embedded ledgers, off with `per_request`, with `service` (its own lease mode) and with
+    /// `unsafe_charge_after` (the control admits without holding anything).
     pub worker_leases: bool,
     /// See [`BudgetsConfig::unsafe_worker_leases_unheld`].
     pub worker_leases_unheld: bool,
@@ -246,7 +250,7 @@ impl BudgetsConfig {
             default_max_tokens: self.default_max_tokens.max(1),
             max_teams: self.max_teams,
             charge_after: self.unsafe_charge_after,
-            worker_leases: self.worker_leases,
+            worker_leases: !self.per_request && self.service.is_none() && !self.unsafe_charge_after,
             worker_leases_unheld: self.unsafe_worker_leases_unheld,
         })
     }
@@ -352,5 +356,18 @@ mod tests {
             let e = parse(json).unwrap_err();
             assert!(e.contains(says), "{json}: {e}");
         }
+    }
+
+    /// Worker leases are what embedded ledgers get unless the configuration says `per_request`;
+    /// the shared ledger and the charge-after control never run on them.
+    #[test]
+    fn worker_leases_are_the_embedded_default() {
+        let b = r#""budgets":[{"name":"all","scope":"router","max_tokens":10,"window_s":60}]"#;
+        let leases = |extra: &str| parse(&format!("{{{b}{extra}}}")).unwrap().worker_leases;
+        assert!(leases(""));
+        assert!(!leases(r#","per_request":true"#));
+        assert!(leases(r#","per_request":false"#));
+        assert!(!leases(r#","service":{"cluster":"c"}"#));
+        assert!(!leases(r#","unsafe_charge_after":true"#));
     }
 }

@@ -1,4 +1,4 @@
-//! Worker leases over the embedded ledgers (`budgets.worker_leases`, docs/budgets.md "Worker
+//! Worker leases on embedded ledgers (default; off: `budgets.per_request`; docs/budgets.md "Worker
 //! leases"). Per-request admission costs each ledger a shared-data read and a compare-and-swap
 //! to reserve and the same to settle, and in Envoy those calls, not the ledger arithmetic, are
 //! most of the budget step's time. So each worker holds, per ledger it uses, one hold in the

@@ -88,8 +88,8 @@ pub struct EnvoyOptions {
     pub budgets_fail_open: bool,
     /// `--budgets-hold-ttl SECONDS`.
     pub budgets_hold_ttl_s: Option<u64>,
-    /// `--budgets-worker-leases` (embedded ledgers only).
-    pub budgets_worker_leases: bool,
+    /// `--budgets-per-request` (embedded ledgers only).
+    pub budgets_per_request: bool,
     /// See [`CompileOptions::unsafe_budgets_worker_leases_unheld`] (tests only).
     pub unsafe_budgets_worker_leases_unheld: bool,
     /// `--budgets-lease-tokens` / `--budgets-lease-usd` (only with `--budgets-service`).
@@ -114,7 +114,7 @@ impl Default for EnvoyOptions {
             budgets_service: None,
             budgets_fail_open: false,
             budgets_hold_ttl_s: None,
-            budgets_worker_leases: false,
+            budgets_per_request: false,
             unsafe_budgets_worker_leases_unheld: false,
             budgets_lease: None,
         }
@@ -178,7 +178,7 @@ impl EnvoyOptions {
                 .map(|_| names::BUDGETS_CLUSTER.to_string()),
             budgets_fail_open: self.budgets_fail_open,
             budgets_hold_ttl_s: self.budgets_hold_ttl_s,
-            budgets_worker_leases: self.budgets_worker_leases,
+            budgets_per_request: self.budgets_per_request,
             unsafe_budgets_worker_leases_unheld: self.unsafe_budgets_worker_leases_unheld,
             budgets_lease: self.budgets_lease.clone(),
         }

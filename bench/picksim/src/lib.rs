@@ -338,7 +338,9 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
             }
             match pickers[replica].pick(&req, now) {
                 Choice::Pod(t) => {
-                    if let Some(&b) = prompt.blocks.first() {
+                    let own = std::env::var_os("PICKSIM_DIAG_OWN").is_some();
+                    let at = if own { prompt.head_bytes / block } else { 0 };
+                    if let Some(&b) = prompt.blocks.get(at) {
                         diag.push((b, t.pod(), replica, now));
                     }
                     (t.pod(), Some(t))

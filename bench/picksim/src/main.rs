@@ -287,6 +287,7 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "lone_move_reuse" => c.lone_move_reuse = n != 0,
         "shared_unless_alone" => c.shared_unless_alone = n != 0,
         "shared_unseen_slack_prompt" => c.shared_unseen_slack_prompt = n != 0,
+        "shared_start_percent" => c.shared_start_percent = n,
         "start_half_life_s" => c.start_half_life_ns = n * 1_000_000_000,
         "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,
         _ => {

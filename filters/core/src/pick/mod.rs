@@ -650,7 +650,7 @@ impl Picker {
             Some(k) => Choice::Pod(self.charge_at(i, &matched, req, k, true, now)),
             None => {
                 let work = prompt_bytes - cached[i];
-                let start = (known == 0 || leaving.is_some() || start_pick.is_some()) && block > 0;
+                let start = (known == 0 || leaving.is_some()) && block > 0;
                 Choice::Pod(self.charge(i, work, matched[i], req.prompt, start, now))
             }
         }

@@ -338,7 +338,9 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
             }
             match pickers[replica].pick(&req, now) {
                 Choice::Pod(t) => {
-                    if let Some(&b) = prompt.blocks.first() {
+                    let own = std::env::var_os("PICKSIM_DIAG_OWN").is_some();
+                    let at = if own { prompt.head_bytes / block } else { 0 };
+                    if let Some(&b) = prompt.blocks.get(at) {
                         diag.push((b, t.pod(), replica, now));
                     }
                     (t.pod(), Some(t))
@@ -565,11 +567,14 @@ pub struct Judged {
     pub vs_oracle: Spread,
     /// Mean TTFT over least-loaded's, per seed (the unique-prompt guardrail).
     pub ttft_vs_least_loaded: Spread,
+    /// Three replicas' mean TTFT over one replica's, and their p99 over the oracle's, per seed.
+    pub ttft3_vs_one: Spread,
+    pub p99_3_vs_oracle: Spread,
 }
 
 /// Runs the picker (1 and 3 replicas) and the baselines on `shape` for each seed.
 pub fn judge(s: &Setup, shape: Shape, like_envoy: bool, seeds: &[u64]) -> Judged {
-    let mut f: [Vec<f64>; 9] = Default::default();
+    let mut f: [Vec<f64>; 11] = Default::default();
     for &seed in seeds {
         let reqs = standard_workload(shape, like_envoy, seed);
         // Each seed also draws new pod addresses, as each run through Envoy does.
@@ -596,6 +601,8 @@ pub fn judge(s: &Setup, shape: Shape, like_envoy: bool, seeds: &[u64]) -> Judged
             one.hit_rate / rr.hit_rate.max(1e-9),
             one.hit_rate / or.hit_rate.max(1e-9),
             one.ttft_mean_ms / ll.ttft_mean_ms.max(1e-9),
+            r3.ttft_mean_ms / one.ttft_mean_ms.max(1e-9),
+            r3.ttft_p99_ms / or.ttft_p99_ms.max(1e-9),
         ];
         for (dst, x) in f.iter_mut().zip(v) {
             dst.push(x);
@@ -611,5 +618,7 @@ pub fn judge(s: &Setup, shape: Shape, like_envoy: bool, seeds: &[u64]) -> Judged
         vs_round_robin: Spread::of(&f[6]),
         vs_oracle: Spread::of(&f[7]),
         ttft_vs_least_loaded: Spread::of(&f[8]),
+        ttft3_vs_one: Spread::of(&f[9]),
+        p99_3_vs_oracle: Spread::of(&f[10]),
     }
 }

@@ -231,8 +231,8 @@ fn sweep_table(base: &Setup, shapes: &[Shape], le: bool, seeds: &[u64], list: &[
         base.pods,
         if le { ", --like-envoy" } else { "" }
     );
-    println!("| setting | workload | hit | hit / round-robin | hit / oracle | 3 replicas / 1 | imbalance | imbalance, 3 replicas | p99 / oracle | TTFT / least-loaded |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| setting | workload | hit | hit / round-robin | hit / oracle | 3 replicas / 1 | imbalance | imbalance, 3 replicas | p99 / oracle | TTFT / least-loaded | TTFT, 3 replicas / 1 | p99, 3 replicas / oracle |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, assignments) in list {
         let mut s = base.clone();
         for kv in assignments.split(',').filter(|kv| !kv.is_empty()) {
@@ -241,7 +241,7 @@ fn sweep_table(base: &Setup, shapes: &[Shape], le: bool, seeds: &[u64], list: &[
         for &shape in shapes {
             let j = judge(&s, shape, le, seeds);
             println!(
-                "| {name} | {} | {:.3} | {:.2} | {:.2} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} |",
+                "| {name} | {} | {:.3} | {:.2} | {:.2} | {:.3} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} | {:.2} |",
                 shape.name(),
                 j.hit,
                 j.vs_round_robin,
@@ -250,7 +250,9 @@ fn sweep_table(base: &Setup, shapes: &[Shape], le: bool, seeds: &[u64], list: &[
                 j.imbalance,
                 j.imbalance3,
                 j.p99_vs_oracle,
-                j.ttft_vs_least_loaded
+                j.ttft_vs_least_loaded,
+                j.ttft3_vs_one,
+                j.p99_3_vs_oracle
             );
         }
     }
@@ -287,6 +289,7 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "lone_move_reuse" => c.lone_move_reuse = n != 0,
         "shared_unless_alone" => c.shared_unless_alone = n != 0,
         "shared_unseen_slack_prompt" => c.shared_unseen_slack_prompt = n != 0,
+        "shared_start_percent" => c.shared_start_percent = n,
         "start_half_life_s" => c.start_half_life_ns = n * 1_000_000_000,
         "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,
         _ => {

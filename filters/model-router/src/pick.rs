@@ -240,6 +240,7 @@ impl Pick {
             None => {
                 prompt.blocks.clear();
                 prompt.bytes = body_len;
+                prompt.head_bytes = 0;
             }
         }
         let session = if be.session_headers.is_empty() {

@@ -1,6 +1,7 @@
 //! The picking benchmark through real Envoys (`--concurrency 2`) and vLLM-like engine pods on
 //! loopback: `cargo run --release -p picksim --bin pick_envoy [-- --pods N] [--only WORKLOAD]
-//! [--rounds N] [--no-filter-cost]` (default 8 pods; about seven minutes for 4). `--rounds`
+//! [--rounds N] [--replicas-before] [--no-filter-cost]` (default 8 pods; about seven minutes
+//! for 4). `--rounds`
 //! repeats each workload with fresh pods, each round starting one arm later, so arms that run
 //! at different moments of a noisy machine can be compared round by round.
 //!
@@ -13,7 +14,9 @@
 //!   engines) and its own exact count of what it has in flight on each, and sends the request
 //!   through the same gateway to a one-pod backend for that pod;
 //! - picker, 3 replicas: three independent gateways (three Envoy processes sharing nothing)
-//!   with the same config and pods, the requests dealt to them in turn.
+//!   with the same config and pods, the requests dealt to them in turn;
+//! - with `--replicas-before`, "3 repl., starts off": the same with `shared_start_percent` 0
+//!   (docs/endpoint-picking.md, "Agent loops among replicas"), on pods of its own.
 //!
 //! Requests are replayed open-loop at their arrival times; time to response is measured at the
 //! client. Then the filter's cost on a 64 KiB prompt: the same requests to fast plain mocks,
@@ -259,6 +262,10 @@ const ARMS: [&str; 5] = [
     "picker, 3 replicas",
 ];
 
+/// With `--replicas-before`: three more replicas, with the starts on a known tool set placed
+/// where the tool set is (`shared_start_percent` 0, the previous behaviour), side by side.
+const ARM_STARTS_OFF: &str = "3 repl., starts off";
+
 /// The machine's load average, for the record (benchmarks here share the machine).
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -266,7 +273,12 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-fn workloads(n: usize, only: Option<&str>, rounds: usize) {
+fn workloads(n: usize, only: Option<&str>, rounds: usize, before: bool) {
+    let arms: Vec<&str> = ARMS
+        .iter()
+        .copied()
+        .chain(before.then_some(ARM_STARTS_OFF))
+        .collect();
     for shape in [
         Shape::SharedPrompt,
         Shape::MultiTurn,
@@ -286,8 +298,8 @@ fn workloads(n: usize, only: Option<&str>, rounds: usize) {
                 loadavg(),
             );
             // Each round starts one arm later, so no arm always runs first or last.
-            let order: Vec<&str> = (0..ARMS.len())
-                .map(|k| ARMS[(k + round) % ARMS.len()])
+            let order: Vec<&str> = (0..arms.len())
+                .map(|k| arms[(k + round) % arms.len()])
                 .collect();
             let rows = round_of(n, &reqs, &order);
             targets(shape, &rows);
@@ -321,17 +333,26 @@ fn round_of<'a>(
     let gw = b.start();
     let url = gw.url();
     // Independent replicas: nothing shared but their pods.
-    let rep_pods = engine_pods("pr", n);
     let cfg = manifests(&[("pk".to_string(), Kind::Picker, n)]);
-    let gws: Vec<Gateway> = (0..REPLICAS)
-        .map(|_| {
-            Gateway::builder(&cfg)
-                .endpoints("svc-pk", &addrs(&rep_pods))
-                .concurrency(2)
-                .start()
-        })
-        .collect();
-    let urls: Vec<String> = gws.iter().map(Gateway::url).collect();
+    let replicas = |prefix: &str, bounds: Option<Value>| {
+        let pods = engine_pods(prefix, n);
+        let gws: Vec<Gateway> = (0..REPLICAS)
+            .map(|_| {
+                let mut b = Gateway::builder(&cfg)
+                    .endpoints("svc-pk", &addrs(&pods))
+                    .concurrency(2);
+                if let Some(bounds) = &bounds {
+                    b = b.pick_bounds(bounds.clone());
+                }
+                b.start()
+            })
+            .collect();
+        (pods, gws)
+    };
+    let current = replicas("pr", None);
+    let before = order
+        .contains(&ARM_STARTS_OFF)
+        .then(|| replicas("po", Some(serde_json::json!({"shared_start_percent": 0}))));
 
     let mut rows = std::collections::HashMap::new();
     for &arm in order {
@@ -364,10 +385,15 @@ fn round_of<'a>(
             });
             report("oracle", &oracle_pods, &lat, errors)
         } else {
+            let (rep_pods, gws) = match (arm, &before) {
+                (ARM_STARTS_OFF, Some(b)) => b,
+                _ => &current,
+            };
+            let urls: Vec<String> = gws.iter().map(Gateway::url).collect();
             let route =
                 |i: usize, _: &SimRequest| (urls[i % urls.len()].clone(), "pk".into(), None);
             let (lat, errors) = replay(reqs, &route, &|_| {});
-            let row = report(arm, &rep_pods, &lat, errors);
+            let row = report(arm, rep_pods, &lat, errors);
             // Picks the replicas made while each read itself alone (0 when they notice each
             // other; lone placement and moves apply only then).
             let alone: Vec<u64> = gws
@@ -486,7 +512,8 @@ fn main() {
         .position(|a| a == "--rounds")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(1);
-    workloads(pods, only, rounds);
+    let before = args.iter().any(|a| a == "--replicas-before");
+    workloads(pods, only, rounds, before);
     if !args.iter().any(|a| a == "--no-filter-cost") {
         filter_cost();
     }

@@ -29,7 +29,15 @@ pub struct Prompt {
     pub blocks: Vec<u64>,
     /// Bytes of prompt in total, whole blocks and the tail alike.
     pub bytes: usize,
+    /// Bytes of the parts every conversation of one application shares, the tools and the
+    /// top-level system prompt ([`HEAD_PARTS`]), tags included: the conversation's own part
+    /// (its messages) starts in block `head_bytes / block_bytes`. 0 without tools or a
+    /// top-level system prompt (a system *message* is part of the messages).
+    pub head_bytes: usize,
 }
+
+/// How many of [`prompt_parts`]' parts come before a conversation's own messages.
+pub const HEAD_PARTS: usize = 2;
 
 /// The prompt parts of a scanned body, in the order a chat template renders them. Parts the
 /// request does not have are empty.
@@ -55,6 +63,7 @@ pub fn hash_prompt(parts: &[&[u8]], block_bytes: usize, seed: u64, out: &mut Pro
     let block = block_bytes.clamp(MIN_BLOCK_BYTES, MAX_BLOCK_BYTES);
     out.blocks.clear();
     out.bytes = 0;
+    out.head_bytes = 0;
     let mut chain = Chain {
         block,
         left: block,
@@ -71,6 +80,9 @@ pub fn hash_prompt(parts: &[&[u8]], block_bytes: usize, seed: u64, out: &mut Pro
         chain.feed(&[b'T' + i as u8]);
         chain.feed(part);
         bytes = bytes.saturating_add(1 + part.len());
+        if i < HEAD_PARTS {
+            out.head_bytes = bytes;
+        }
     }
     out.bytes = bytes;
 }

@@ -20,6 +20,7 @@ pub mod events;
 pub mod load;
 mod lone;
 pub mod session;
+mod start;
 mod subset;
 pub mod table;
 pub mod usage;
@@ -190,6 +191,15 @@ pub struct Config {
     /// away). Off: +0.02 of the 4-pod shared-prompt 3-replica ratio, but heavy unique traffic
     /// among replicas waits 1.17x longer (same page).
     pub shared_unseen_slack_prompt: bool,
+    /// While others send, a request without a session that has whole blocks of tools or a
+    /// top-level system prompt and an own block after them, and of which this gateway knows no
+    /// more than that head (a conversation starting on a known tool set, or one whose earlier
+    /// steps other replicas sent), goes to one of this percentage of the pods (rounded up): the
+    /// first pods by rendezvous on its first block, among which it is ranked by rendezvous on
+    /// its first own block and the engines' computed prompt (see `start.rs`). So a loop's
+    /// steps sent by different replicas land together and loops spread. 0: such a request goes
+    /// where its prefix is, and every loop of one tool set piles on that tool set's pod.
+    pub shared_start_percent: u64,
     /// Count load and prefill work as the engines report them (scraped, so every gateway
     /// replica reads the same numbers) plus this gateway's own changes since the scrape,
     /// instead of this gateway's own traffic, so independent replicas bound alike. Off: in the
@@ -231,6 +241,7 @@ impl Default for Config {
             lone_move_reuse: true,
             shared_unless_alone: false,
             shared_unseen_slack_prompt: false,
+            shared_start_percent: 50,
             engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
@@ -615,8 +626,15 @@ impl Picker {
             true => self.least_work(&costs, leaving, unseen_percent, rank_key, now),
             false => None,
         };
+        // Among replicas, a conversation starting on a known tool set: by its own first block
+        // among the tool set's first pods, alike at every replica (see `start.rs`).
+        let start_pick = match shared && key.is_none() && leaving.is_none() {
+            true => self.start_on_known_prefix(req, &matched, &costs, now),
+            false => None,
+        };
         let chosen = match bound {
             _ if lone_pick.is_some() => lone_pick,
+            _ if start_pick.is_some() => start_pick,
             // Within the load bound and the prefill-work bound; if the two leave no pod in
             // common, the load bound alone.
             Some(b) => rank(&|i, _| fits(i, b) && !over[i]).or_else(|| rank(&|i, _| fits(i, b))),

@@ -940,3 +940,95 @@ fn a_lone_gateway_moves_a_loop_where_its_tool_set_is_and_not_past_the_re_prefill
         "a move past the re-prefill bound stays"
     );
 }
+
+/// An agent request: `tools` as the request's tools, `messages` as its messages.
+fn agent(tools: &str, messages: &str) -> Prompt {
+    let mut p = Prompt::default();
+    hash_prompt(
+        &[tools.as_bytes(), b"", messages.as_bytes()],
+        256,
+        0,
+        &mut p,
+    );
+    p
+}
+
+/// Three replicas that share nothing, all knowing one tool set on its home, get the steps of
+/// eight agent loops dealt in turn (step 1 to the first, step 2 to the second, ...). With
+/// `shared_start_percent`, every step of a loop lands on one pod, whichever replica sends it
+/// (those that have not seen the loop rank it by its first own block alike, the one that has
+/// follows its longest prefix), and the loops spread over the tool set's first two pods. Off,
+/// every step of every loop goes to the tool set's home.
+#[test]
+fn among_replicas_agent_loops_on_one_tool_set_spread_and_each_stays_together() {
+    let run = |shared_start_percent: u64| {
+        let c = Config {
+            shared_start_percent,
+            ..cfg()
+        };
+        let tools = text("tools", 4096);
+        let set = agent(&tools, "");
+        let home = home_of(&c, &set);
+        let mut replicas: Vec<Picker> = (0..3).map(|_| with_company(c.clone(), 3.0)).collect();
+        for r in &mut replicas {
+            assert_eq!(r.company(2 * S), Company::Others);
+            r.tables[home].record(&set.blocks);
+        }
+        let mut loops = Vec::new();
+        for k in 0..8u64 {
+            let mut history = text(&format!("loop {k} task"), 600);
+            let mut steps = Vec::new();
+            for s in 0..4u64 {
+                let now = 2 * S + (k * 4 + s) * 1_000_000;
+                let r = &mut replicas[(s % 3) as usize];
+                let t = pod(r.pick(&req(&agent(&tools, &history)), now));
+                steps.push(t.pod());
+                r.release(t, done(), now);
+                history.push_str(&text(&format!("loop {k} result {s}"), 700));
+            }
+            loops.push(steps);
+        }
+        loops
+    };
+    assert_eq!(Config::default().shared_start_percent, 50);
+    for (n, on) in [(50, true), (0, false)] {
+        let loops = run(n);
+        for steps in &loops {
+            assert!(steps.iter().all(|&p| p == steps[0]), "{n}: {loops:?}");
+        }
+        let mut used: Vec<usize> = loops.iter().map(|s| s[0]).collect();
+        used.sort_unstable();
+        used.dedup();
+        assert_eq!(used.len(), if on { 2 } else { 1 }, "{n}: {loops:?}");
+    }
+    assert_eq!(
+        run(25),
+        run(0),
+        "one pod of four: the tool set's home, as before"
+    );
+
+    // A replica that knows a loop on another pod (it sent its first step there, before it
+    // could tell that others send) keeps following it there.
+    let c = cfg();
+    let tools = text("tools", 4096);
+    let set = agent(&tools, "");
+    let home = home_of(&c, &set);
+    let mut r = with_company(c, 3.0);
+    r.tables[home].record(&set.blocks);
+    let (step1, step2) = (0..64u64)
+        .map(|k| {
+            let first = text(&format!("stray loop {k}"), 600);
+            let second = format!("{first}{}", text("result", 700));
+            (agent(&tools, &first), agent(&tools, &second))
+        })
+        .find(|(_, second)| {
+            let mut probe = r.clone();
+            let t = pod(probe.pick(&req(second), 2 * S));
+            t.pod() != home
+        })
+        .expect("a loop that starts off the tool set's home");
+    r.tables[home].record(&step1.blocks);
+    let t = pod(r.pick(&req(&step2), 2 * S));
+    assert_eq!(t.pod(), home, "followed where this replica knows it");
+    r.release(t, done(), 2 * S);
+}

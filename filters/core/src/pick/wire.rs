@@ -49,6 +49,10 @@ pub struct BoundsWire {
     /// `Config::recent_half_life_ns`, in ms (at least 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent_half_life_ms: Option<u64>,
+    /// `Config::shared_start_percent` (0: conversations on a known tool set go where the tool
+    /// set is, among replicas too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_start_percent: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -117,6 +121,9 @@ impl PickConfig {
                 .map_or(base.recent_half_life_ns, |ms| {
                     ms.max(1).saturating_mul(1_000_000)
                 }),
+            shared_start_percent: bounds
+                .shared_start_percent
+                .unwrap_or(base.shared_start_percent),
             ..base
         }
     }
@@ -178,6 +185,12 @@ mod tests {
         assert_eq!(c.known_balance_percent, 0);
         assert_eq!(c.recent_half_life_ns, 3_600_000_000_000);
         assert_eq!(c.balance_percent, d.balance_percent);
+        assert_eq!(c.shared_start_percent, d.shared_start_percent);
+        let off: PickConfig = serde_json::from_str(
+            r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"shared_start_percent":0}}"#,
+        )
+        .unwrap();
+        assert_eq!(off.picker_config(0, 0).shared_start_percent, 0);
         let zero: PickConfig = serde_json::from_str(
             r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"recent_half_life_ms":0}}"#,
         )

@@ -765,7 +765,7 @@ impl Picker {
     }
 
     /// What the counters say at `now`, with no regard to earlier scrapes.
-    fn reading(&self, now: u64) -> Company {
+    pub(crate) fn reading(&self, now: u64) -> Company {
         if !self.cfg.recent_from_usage {
             // Predicted work undercounts wherever the cache thrashes: no basis to compare.
             return Company::Unknown;

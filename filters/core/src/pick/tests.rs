@@ -784,21 +784,22 @@ fn a_lone_gateway_is_alone_whatever_its_prompts_bytes_per_token() {
 /// `engines_over_own` times the 10 KB of prefill this gateway sent each pod (half before
 /// each): 1 is alone (read at two consecutive scrapes, so trusted), 3 is one of three replicas.
 fn with_company(c: Config, engines_over_own: f64) -> Picker {
-    after_scrapes(c, engines_over_own, 2)
+    after_scrapes(c, &[engines_over_own; 2])
 }
 
-/// The same after `scrapes` readings (half a second apart from 1.5 s on) of 5 KB sent per pod.
-fn after_scrapes(c: Config, engines_over_own: f64, scrapes: u64) -> Picker {
+/// The same with one scrape per entry of `engines_over_own` (half a second apart from 1.5 s
+/// on), each after 5 KB more sent per pod and that many times it computed by the engines.
+fn after_scrapes(c: Config, engines_over_own: &[f64]) -> Picker {
     let h = c.recent_half_life_ns;
     let mut p = Picker::new(c, &pods(4));
     let mut counters = [0.0; 4];
     computed_since(&mut p, &mut counters, &[0.0; 4], S);
-    for at in (1..=scrapes).map(|k| S + k * S / 2) {
+    for (k, &r) in (1..).zip(engines_over_own) {
+        let at = S + k * S / 2;
         for i in 0..4 {
             p.loads[i].sent(at, 5_000, h);
         }
-        let engines = [5_000.0 * engines_over_own; 4];
-        computed_since(&mut p, &mut counters, &engines, at);
+        computed_since(&mut p, &mut counters, &[5_000.0 * r; 4], at);
     }
     p
 }
@@ -860,12 +861,12 @@ fn a_lone_gateway_places_new_conversations_by_the_work_to_come() {
 /// come. Off, the first reading is trusted.
 #[test]
 fn one_scrape_reading_alone_is_not_trusted_two_are() {
-    let run = |confirm_alone: bool, engines_over_own: f64, scrapes: u64| {
+    let run = |confirm_alone: bool, engines_over_own: f64, scrapes: usize| {
         let c = with_sessions(Config {
             confirm_alone,
             ..cfg()
         });
-        let mut p = after_scrapes(c, engines_over_own, scrapes);
+        let mut p = after_scrapes(c, &vec![engines_over_own; scrapes]);
         let company = p.company(2 * S);
         let mut counts = [0usize; 4];
         for k in 0..12u64 {
@@ -890,6 +891,10 @@ fn one_scrape_reading_alone_is_not_trusted_two_are() {
     assert_eq!(run(true, 1.0, 1), (Company::Unknown, rendezvous), "one");
     assert_eq!(run(true, 1.0, 2), (Company::Alone, [3, 3, 3, 3]), "two");
     assert_eq!(run(false, 1.0, 1), (Company::Alone, [3, 3, 3, 3]), "off");
+    // Consecutive: a scrape in between that reads others starts the count again.
+    let broken = after_scrapes(cfg(), &[1.0, 3.0, 0.0]);
+    assert_eq!(broken.reading(2 * S + S / 2), Company::Alone);
+    assert_eq!(broken.company(2 * S + S / 2), Company::Unknown, "broken");
 }
 
 /// With `session_move_percent`, a lone gateway moves a session whose pod was sent far more

@@ -190,8 +190,10 @@ pub struct Config {
     /// consecutive scrapes of one pod (see [`Picker::company`]). In the first seconds a
     /// replica's own picks not yet in the engines' counters can make one scrape read a share
     /// above the line, and a replica that reads "alone" places a new prompt by its own least
-    /// work instead of by rendezvous, where the other replicas would not look. Off: alone from
-    /// the first scrape that says so.
+    /// work instead of by rendezvous, where the other replicas would not look. Off (the
+    /// default): alone from the first scrape that says so. On, through Envoy the replicas read
+    /// no lone picks at all, but their hit rate did not clearly rise over six 4-pod
+    /// shared-prompt draws (docs/endpoint-picking.md, "One lone reading is not trusted").
     pub confirm_alone: bool,
     /// While others send, the load bound for a prompt no pod holds gets this prompt's bytes of
     /// slack (one prefill in flight on the home at light load no longer turns a new prefix
@@ -247,7 +249,7 @@ impl Default for Config {
             lone_move_max_bytes: 18_432,
             lone_move_reuse: true,
             shared_unless_alone: false,
-            confirm_alone: true,
+            confirm_alone: false,
             shared_unseen_slack_prompt: false,
             shared_start_percent: 50,
             engine_counts: false,

@@ -892,7 +892,11 @@ fn one_scrape_reading_alone_is_not_trusted_two_are() {
     assert_eq!(run(true, 1.0, 2), (Company::Alone, [3, 3, 3, 3]), "two");
     assert_eq!(run(false, 1.0, 1), (Company::Alone, [3, 3, 3, 3]), "off");
     // Consecutive: a scrape in between that reads others starts the count again.
-    let broken = after_scrapes(cfg(), &[1.0, 3.0, 0.0]);
+    let on = Config {
+        confirm_alone: true,
+        ..cfg()
+    };
+    let broken = after_scrapes(on, &[1.0, 3.0, 0.0]);
     assert_eq!(broken.reading(2 * S + S / 2), Company::Alone);
     assert_eq!(broken.company(2 * S + S / 2), Company::Unknown, "broken");
 }

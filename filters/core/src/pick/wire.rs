@@ -53,7 +53,7 @@ pub struct BoundsWire {
     /// set is, among replicas too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_start_percent: Option<u64>,
-    /// `Config::confirm_alone` (false: alone from the first scrape that says so).
+    /// `Config::confirm_alone` (true: alone only once two consecutive scrapes say so).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirm_alone: Option<bool>,
 }
@@ -195,12 +195,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(off.picker_config(0, 0).shared_start_percent, 0);
-        assert!(c.confirm_alone);
-        let at_once: PickConfig = serde_json::from_str(
-            r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"confirm_alone":false}}"#,
+        assert!(!c.confirm_alone);
+        let confirm: PickConfig = serde_json::from_str(
+            r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"confirm_alone":true}}"#,
         )
         .unwrap();
-        assert!(!at_once.picker_config(0, 0).confirm_alone);
+        assert!(confirm.picker_config(0, 0).confirm_alone);
         let zero: PickConfig = serde_json::from_str(
             r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"recent_half_life_ms":0}}"#,
         )

@@ -14,8 +14,8 @@ use workload::Shape;
 
 use e2e::engine::{render_answered, render_prompt, EngineConfig, EngineCore};
 use router_core::pick::{
-    hash_prompt, prompt_parts, session_key, Choice, Config, EngineMetrics, Mode, Outcome, Picker,
-    Prompt, Request, SessionAffinity, Ticket,
+    hash_prompt, prompt_parts, session_key, Choice, Company, Config, EngineMetrics, Mode, Outcome,
+    Picker, Prompt, Request, SessionAffinity, Ticket,
 };
 use router_core::scan::Scanner;
 use std::cmp::Reverse;
@@ -237,6 +237,8 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
     };
     let mut unplaced = 0;
     let mut shared_picks = 0usize;
+    // Picks per replica made while it read itself alone (as the filter's `pick.alone` counter).
+    let mut alone_picks = vec![0usize; pickers.len()];
     let mut diag: Vec<(u64, usize, usize, u64)> = Vec::new();
     let mut scanner = Scanner::new();
     let mut prompt = Prompt::default();
@@ -333,8 +335,10 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                 session: session_key(&names, headers.iter().copied()),
                 avoid: None,
             };
-            if pickers[replica].others_send(now) {
-                shared_picks += 1;
+            match pickers[replica].company(now) {
+                Company::Others => shared_picks += 1,
+                Company::Alone => alone_picks[replica] += 1,
+                Company::Unknown => {}
             }
             match pickers[replica].pick(&req, now) {
                 Choice::Pod(t) => {
@@ -404,9 +408,10 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         }
         eprintln!("chats started per pod {chats:?}");
         eprintln!(
-            "replicas {}: {} picks among others; {} prefixes, {} on several pods ({} requests); computed {:?}",
+            "replicas {}: {} picks among others, {:?} alone; {} prefixes, {} on several pods ({} requests); computed {:?}",
             s.replicas,
             shared_picks,
+            alone_picks,
             by.len(),
             multi,
             reqs_multi,

@@ -288,6 +288,7 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "lone_move_max_bytes" => c.lone_move_max_bytes = n,
         "lone_move_reuse" => c.lone_move_reuse = n != 0,
         "shared_unless_alone" => c.shared_unless_alone = n != 0,
+        "confirm_alone" => c.confirm_alone = n != 0,
         "shared_unseen_slack_prompt" => c.shared_unseen_slack_prompt = n != 0,
         "shared_start_percent" => c.shared_start_percent = n,
         "start_half_life_s" => c.start_half_life_ns = n * 1_000_000_000,

@@ -1,6 +1,7 @@
 //! The picking benchmark through real Envoys (`--concurrency 2`) and vLLM-like engine pods on
 //! loopback: `cargo run --release -p picksim --bin pick_envoy [-- --pods N] [--only WORKLOAD]
-//! [--rounds N] [--replicas-before] [--no-filter-cost]` (default 8 pods; about seven minutes
+//! [--rounds N] [--replicas-before] [--before-bounds JSON] [--no-filter-cost]` (default 8 pods;
+//! about seven minutes
 //! for 4). `--rounds`
 //! repeats each workload with fresh pods, each round starting one arm later, so arms that run
 //! at different moments of a noisy machine can be compared round by round.
@@ -15,8 +16,10 @@
 //!   through the same gateway to a one-pod backend for that pod;
 //! - picker, 3 replicas: three independent gateways (three Envoy processes sharing nothing)
 //!   with the same config and pods, the requests dealt to them in turn;
-//! - with `--replicas-before`, "3 repl., starts off": the same with `shared_start_percent` 0
-//!   (docs/endpoint-picking.md, "Agent loops among replicas"), on pods of its own.
+//! - with `--replicas-before`, "3 repl., before": the same with `shared_start_percent` 0
+//!   (docs/endpoint-picking.md, "Agent loops among replicas"), on pods of its own; with
+//!   `--before-bounds JSON`, with those plugin `pick.bounds` instead (e.g.
+//!   `{"confirm_alone":false}`), so a change and its previous behaviour run in the same minutes.
 //!
 //! Requests are replayed open-loop at their arrival times; time to response is measured at the
 //! client. Then the filter's cost on a 64 KiB prompt: the same requests to fast plain mocks,
@@ -262,9 +265,10 @@ const ARMS: [&str; 5] = [
     "picker, 3 replicas",
 ];
 
-/// With `--replicas-before`: three more replicas, with the starts on a known tool set placed
-/// where the tool set is (`shared_start_percent` 0, the previous behaviour), side by side.
-const ARM_STARTS_OFF: &str = "3 repl., starts off";
+/// With `--replicas-before` or `--before-bounds`: three more replicas with other plugin bounds
+/// (by default the starts on a known tool set placed where the tool set is,
+/// `shared_start_percent` 0), side by side.
+const ARM_BEFORE: &str = "3 repl., before";
 
 /// The machine's load average, for the record (benchmarks here share the machine).
 fn loadavg() -> String {
@@ -273,11 +277,11 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-fn workloads(n: usize, only: Option<&str>, rounds: usize, before: bool) {
+fn workloads(n: usize, only: Option<&str>, rounds: usize, before: Option<Value>) {
     let arms: Vec<&str> = ARMS
         .iter()
         .copied()
-        .chain(before.then_some(ARM_STARTS_OFF))
+        .chain(before.is_some().then_some(ARM_BEFORE))
         .collect();
     for shape in [
         Shape::SharedPrompt,
@@ -301,7 +305,10 @@ fn workloads(n: usize, only: Option<&str>, rounds: usize, before: bool) {
             let order: Vec<&str> = (0..arms.len())
                 .map(|k| arms[(k + round) % arms.len()])
                 .collect();
-            let rows = round_of(n, &reqs, &order);
+            if let Some(b) = &before {
+                println!("  {ARM_BEFORE:<20} pick.bounds {b}");
+            }
+            let rows = round_of(n, &reqs, &order, before.as_ref());
             targets(shape, &rows);
         }
     }
@@ -312,6 +319,7 @@ fn round_of<'a>(
     n: usize,
     reqs: &[SimRequest],
     order: &[&'a str],
+    before_bounds: Option<&Value>,
 ) -> std::collections::HashMap<&'a str, Row> {
     let arms = [
         ("round-robin", "rr", Kind::RoundRobin),
@@ -350,9 +358,9 @@ fn round_of<'a>(
         (pods, gws)
     };
     let current = replicas("pr", None);
-    let before = order
-        .contains(&ARM_STARTS_OFF)
-        .then(|| replicas("po", Some(serde_json::json!({"shared_start_percent": 0}))));
+    let before = before_bounds
+        .filter(|_| order.contains(&ARM_BEFORE))
+        .map(|b| replicas("po", Some(b.clone())));
 
     let mut rows = std::collections::HashMap::new();
     for &arm in order {
@@ -386,7 +394,7 @@ fn round_of<'a>(
             report("oracle", &oracle_pods, &lat, errors)
         } else {
             let (rep_pods, gws) = match (arm, &before) {
-                (ARM_STARTS_OFF, Some(b)) => b,
+                (ARM_BEFORE, Some(b)) => b,
                 _ => &current,
             };
             let urls: Vec<String> = gws.iter().map(Gateway::url).collect();
@@ -512,7 +520,18 @@ fn main() {
         .position(|a| a == "--rounds")
         .and_then(|i| args.get(i + 1)?.parse().ok())
         .unwrap_or(1);
-    let before = args.iter().any(|a| a == "--replicas-before");
+    let bounds = args
+        .iter()
+        .position(|a| a == "--before-bounds")
+        .and_then(|i| args.get(i + 1))
+        .map(|j| serde_json::from_str(j).expect("--before-bounds: JSON"));
+    let before = match bounds {
+        Some(b) => Some(b),
+        None if args.iter().any(|a| a == "--replicas-before") => {
+            Some(serde_json::json!({"shared_start_percent": 0}))
+        }
+        None => None,
+    };
     workloads(pods, only, rounds, before);
     if !args.iter().any(|a| a == "--no-filter-cost") {
         filter_cost();

@@ -174,11 +174,12 @@ impl PodLoad {
         self.starts.add(now, 1, half_life_ns);
     }
 
-    /// Takes the engine's gauges read at `m.at_ns` (`requests`: in flight from here now).
-    pub(crate) fn scraped(&mut self, m: EngineMetrics, requests: u32, half_life_ns: u64) {
+    /// Takes the engine's gauges read at `m.at_ns` (`requests`: in flight from here now), and
+    /// says whether it did.
+    pub(crate) fn scraped(&mut self, m: EngineMetrics, requests: u32, half_life_ns: u64) -> bool {
         // A reading older than the one held (another worker's, delivered late) is no news.
         if self.metrics.is_some_and(|p| p.at_ns > m.at_ns) {
-            return;
+            return false;
         }
         let prev = self
             .metrics
@@ -199,6 +200,7 @@ impl PodLoad {
         };
         self.scrape.requests_then = requests;
         self.metrics = Some(m);
+        true
     }
 
     pub(crate) fn release(&mut self, epoch: u64, work: u64) {

@@ -186,6 +186,15 @@ pub struct Config {
     /// +0.014 of the 4-pod shared-prompt 3-replica ratio for -0.006 of one replica's hit rate
     /// (docs/endpoint-picking.md, "Replica settings tried").
     pub shared_unless_alone: bool,
+    /// This gateway reads itself alone only once the engines' counters said so at two
+    /// consecutive scrapes of one pod (see [`Picker::company`]). In the first seconds a
+    /// replica's own picks not yet in the engines' counters can make one scrape read a share
+    /// above the line, and a replica that reads "alone" places a new prompt by its own least
+    /// work instead of by rendezvous, where the other replicas would not look. Off (the
+    /// default): alone from the first scrape that says so. On, through Envoy the replicas read
+    /// no lone picks at all, but their hit rate did not clearly rise over six 4-pod
+    /// shared-prompt draws (docs/endpoint-picking.md, "One lone reading is not trusted").
+    pub confirm_alone: bool,
     /// While others send, the load bound for a prompt no pod holds gets this prompt's bytes of
     /// slack (one prefill in flight on the home at light load no longer turns a new prefix
     /// away). Off: +0.02 of the 4-pod shared-prompt 3-replica ratio, but heavy unique traffic
@@ -240,6 +249,7 @@ impl Default for Config {
             lone_move_max_bytes: 18_432,
             lone_move_reuse: true,
             shared_unless_alone: false,
+            confirm_alone: false,
             shared_unseen_slack_prompt: false,
             shared_start_percent: 50,
             engine_counts: false,
@@ -321,6 +331,11 @@ pub struct Picker {
     /// agrees whatever order the releases arrive in.
     usage_bytes: u64,
     usage_tokens: u64,
+    /// When the scrapes began to read this gateway alone without a break (the reading's
+    /// time), and whether a pod's later scrape read it alone again (`confirm_alone`). Updated
+    /// only on scrapes, which every worker applies alike.
+    alone_since: Option<u64>,
+    alone_confirmed: bool,
 }
 
 impl Picker {
@@ -350,6 +365,8 @@ impl Picker {
             only: Vec::new(),
             usage_bytes: 0,
             usage_tokens: 0,
+            alone_since: None,
+            alone_confirmed: false,
             pods,
             cfg,
         }
@@ -395,9 +412,24 @@ impl Picker {
     pub fn set_metrics(&mut self, i: usize, m: EngineMetrics) {
         let e = self.epoch(m.at_ns);
         let h = self.cfg.recent_half_life_ns;
-        if let Some(l) = self.loads.get_mut(i) {
-            let own = l.requests(e);
-            l.scraped(m, own, h);
+        let Some(l) = self.loads.get_mut(i) else {
+            return;
+        };
+        let before = l.metrics.map(|p| p.at_ns);
+        let own = l.requests(e);
+        if !l.scraped(m, own, h) {
+            return;
+        }
+        // Two consecutive scrapes: the pod's previous reading was made since the run of
+        // "alone" readings began, and this one says alone again.
+        match self.reading(m.at_ns) {
+            Company::Alone => match self.alone_since {
+                None => (self.alone_since, self.alone_confirmed) = (Some(m.at_ns), false),
+                Some(since) => {
+                    self.alone_confirmed |= before.is_some_and(|b| b >= since);
+                }
+            },
+            _ => (self.alone_since, self.alone_confirmed) = (None, false),
         }
     }
 
@@ -723,7 +755,19 @@ impl Picker {
     /// them, not by a fixed 4 (a lone gateway at 3 bytes per token would read a share of 0.75,
     /// at 2.5 one of 0.63: "others"). Both sides come from picks, releases and scrapes, so
     /// every worker's copy agrees.
+    ///
+    /// "Alone" needs the reading to have held over two consecutive scrapes of a pod
+    /// (`confirm_alone`); until then the verdict is `Unknown`, which places as before the
+    /// evidence (by rendezvous), so a replica misled by one scrape agrees with the others.
     pub fn company(&self, now: u64) -> Company {
+        match self.reading(now) {
+            Company::Alone if self.cfg.confirm_alone && !self.alone_confirmed => Company::Unknown,
+            c => c,
+        }
+    }
+
+    /// What the counters say at `now`, with no regard to earlier scrapes.
+    pub(crate) fn reading(&self, now: u64) -> Company {
         if !self.cfg.recent_from_usage {
             // Predicted work undercounts wherever the cache thrashes: no basis to compare.
             return Company::Unknown;

@@ -752,48 +752,55 @@ fn a_lone_gateway_is_alone_whatever_its_prompts_bytes_per_token() {
         let mut p = Picker::new(cfg(), &pods(2));
         let mut counters = [0.0; 2];
         computed_since(&mut p, &mut counters, &[0.0, 0.0], S);
-        let mut tokens = [0.0; 2];
-        for k in 0..20 {
-            let pr = prompt(&text(&format!("chat {k}"), 4000), 256);
-            let t = pod(p.pick(&req(&pr), S + S / 2));
-            let prompt_tokens = pr.bytes as u64 * 2 / 5;
-            tokens[t.pod()] += prompt_tokens as f64 * (1.0 + other_gateways);
-            let outcome = Outcome::Done {
-                prompt_tokens: Some(prompt_tokens),
-                cached_tokens: Some(0),
-            };
-            p.release(t, outcome, S + S / 2);
+        // Two scrapes' worth, so that a lone reading is trusted.
+        for scrape in [2 * S, 3 * S] {
+            let mut tokens = [0.0; 2];
+            for k in 0..10 {
+                let pr = prompt(&text(&format!("chat {scrape} {k}"), 4000), 256);
+                let t = pod(p.pick(&req(&pr), scrape - S / 2));
+                let prompt_tokens = pr.bytes as u64 * 2 / 5;
+                tokens[t.pod()] += prompt_tokens as f64 * (1.0 + other_gateways);
+                let outcome = Outcome::Done {
+                    prompt_tokens: Some(prompt_tokens),
+                    cached_tokens: Some(0),
+                };
+                p.release(t, outcome, scrape - S / 2);
+            }
+            let engine_bytes = tokens.map(|t| t * load::BYTES_PER_TOKEN);
+            computed_since(&mut p, &mut counters, &engine_bytes, scrape);
         }
         assert!(
             (p.bytes_per_token() - 2.5).abs() < 0.01,
             "{}",
             p.bytes_per_token()
         );
-        let engine_bytes = tokens.map(|t| t * load::BYTES_PER_TOKEN);
-        computed_since(&mut p, &mut counters, &engine_bytes, 2 * S);
-        p.company(2 * S)
+        p.company(3 * S)
     };
     assert_eq!(run(0.0), Company::Alone);
     assert_eq!(run(1.0), Company::Others, "one of two");
 }
 
-/// A picker over 4 pods with sessions whose engines computed, by the second scrape at 2 s,
-/// `engines_over_own` times the 10 KB of prefill this gateway sent each pod: 1 is alone, 3 is
-/// one of three replicas.
+/// A picker over 4 pods whose engines computed, by the scrapes at 1.5 s and 2 s,
+/// `engines_over_own` times the 10 KB of prefill this gateway sent each pod (half before
+/// each): 1 is alone (read at two consecutive scrapes, so trusted), 3 is one of three replicas.
 fn with_company(c: Config, engines_over_own: f64) -> Picker {
+    after_scrapes(c, &[engines_over_own; 2])
+}
+
+/// The same with one scrape per entry of `engines_over_own` (half a second apart from 1.5 s
+/// on), each after 5 KB more sent per pod and that many times it computed by the engines.
+fn after_scrapes(c: Config, engines_over_own: &[f64]) -> Picker {
     let h = c.recent_half_life_ns;
     let mut p = Picker::new(c, &pods(4));
     let mut counters = [0.0; 4];
     computed_since(&mut p, &mut counters, &[0.0; 4], S);
-    for i in 0..4 {
-        p.loads[i].sent(2 * S, 10_000, h);
+    for (k, &r) in (1..).zip(engines_over_own) {
+        let at = S + k * S / 2;
+        for i in 0..4 {
+            p.loads[i].sent(at, 5_000, h);
+        }
+        computed_since(&mut p, &mut counters, &[5_000.0 * r; 4], at);
     }
-    computed_since(
-        &mut p,
-        &mut counters,
-        &[10_000.0 * engines_over_own; 4],
-        2 * S,
-    );
     p
 }
 
@@ -844,6 +851,54 @@ fn a_lone_gateway_places_new_conversations_by_the_work_to_come() {
         (Company::Others, rendezvous),
         "among replicas"
     );
+}
+
+/// One scrape reading this gateway alone is not trusted (`confirm_alone`): in the first
+/// seconds a replica's own picks can outrun the engines' counters, and a replica that reads
+/// "alone" places new conversations by its own least work, where the other replicas (placing
+/// by rendezvous) would not look. So after one lone reading the twelve new chats go by
+/// rendezvous, as from a replica among others; after a second consecutive one, by the work to
+/// come. Off, the first reading is trusted.
+#[test]
+fn one_scrape_reading_alone_is_not_trusted_two_are() {
+    let run = |confirm_alone: bool, engines_over_own: f64, scrapes: usize| {
+        let c = with_sessions(Config {
+            confirm_alone,
+            ..cfg()
+        });
+        let mut p = after_scrapes(c, &vec![engines_over_own; scrapes]);
+        let company = p.company(2 * S);
+        let mut counts = [0usize; 4];
+        for k in 0..12u64 {
+            let pr = prompt(&text(&format!("chat {k}"), 1500), 256);
+            let now = 2 * S + k * 1_000_000;
+            let session = Some(1000 + k);
+            let t = pod(p.pick(
+                &Request {
+                    session,
+                    ..req(&pr)
+                },
+                now,
+            ));
+            counts[t.pod()] += 1;
+            p.release(t, done(), now);
+        }
+        (company, counts)
+    };
+    let (others, rendezvous) = run(true, 3.0, 2);
+    assert_eq!(others, Company::Others);
+    assert_ne!(rendezvous, [3, 3, 3, 3]);
+    assert_eq!(run(true, 1.0, 1), (Company::Unknown, rendezvous), "one");
+    assert_eq!(run(true, 1.0, 2), (Company::Alone, [3, 3, 3, 3]), "two");
+    assert_eq!(run(false, 1.0, 1), (Company::Alone, [3, 3, 3, 3]), "off");
+    // Consecutive: a scrape in between that reads others starts the count again.
+    let on = Config {
+        confirm_alone: true,
+        ..cfg()
+    };
+    let broken = after_scrapes(on, &[1.0, 3.0, 0.0]);
+    assert_eq!(broken.reading(2 * S + S / 2), Company::Alone);
+    assert_eq!(broken.company(2 * S + S / 2), Company::Unknown, "broken");
 }
 
 /// With `session_move_percent`, a lone gateway moves a session whose pod was sent far more

@@ -53,6 +53,9 @@ pub struct BoundsWire {
     /// set is, among replicas too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_start_percent: Option<u64>,
+    /// `Config::confirm_alone` (true: alone only once two consecutive scrapes say so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirm_alone: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -124,6 +127,7 @@ impl PickConfig {
             shared_start_percent: bounds
                 .shared_start_percent
                 .unwrap_or(base.shared_start_percent),
+            confirm_alone: bounds.confirm_alone.unwrap_or(base.confirm_alone),
             ..base
         }
     }
@@ -191,6 +195,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(off.picker_config(0, 0).shared_start_percent, 0);
+        assert!(!c.confirm_alone);
+        let confirm: PickConfig = serde_json::from_str(
+            r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"confirm_alone":true}}"#,
+        )
+        .unwrap();
+        assert!(confirm.picker_config(0, 0).confirm_alone);
         let zero: PickConfig = serde_json::from_str(
             r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"recent_half_life_ms":0}}"#,
         )

@@ -977,15 +977,13 @@ impl Budgets {
             for &b in m.lease.iter().flat_map(|h| h.budgets()) {
                 self.stats.estimated(b);
             }
-        }
-        self.end_remote(m, Some(amount));
-        if c.estimated && m.on_worker_lease {
             for h in &m.held {
                 self.stats.estimated(h.key.budget);
             }
         }
+        self.end_remote(m, Some(amount));
         if !self.end_on_worker_lease(m, amount) {
-            self.settle_in_ledgers(std::mem::take(&mut m.held), amount, c.estimated);
+            self.settle_in_ledgers(std::mem::take(&mut m.held), amount);
         }
         audit.tokens = Some(AuditTokens {
             prompt: c.prompt,
@@ -997,7 +995,7 @@ impl Budgets {
 
     /// Settles the holds in the ledgers themselves (per-request mode): one compare-and-swap
     /// each, and the gauges from the state it left.
-    fn settle_in_ledgers(&self, held: Vec<Held>, amount: Amount, estimated: bool) {
+    fn settle_in_ledgers(&self, held: Vec<Held>, amount: Amount) {
         let now = now_ms();
         let store = self.store(|k| held_name(&held, k), now);
         for h in &held {
@@ -1010,11 +1008,6 @@ impl Budgets {
                     Level::Error,
                     &format!("model-router: budgets: settle: {e:?}"),
                 ),
-            }
-        }
-        if estimated {
-            for h in &held {
-                self.stats.estimated(h.key.budget);
             }
         }
     }

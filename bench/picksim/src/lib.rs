@@ -486,8 +486,13 @@ pub const SEED: u64 = 20_261_201;
 /// `k` seeds: [`SEED`] and the next ones. One 300-request run is one draw: the spread between
 /// seeds is as wide as the differences a change is judged on, so a change is judged on several.
 pub fn seeds(k: usize) -> Vec<u64> {
+    // `PICKSIM_FIRST_SEED`: start elsewhere, e.g. to look at one draw of a table.
+    let first = std::env::var("PICKSIM_FIRST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(SEED);
     (0..k as u64)
-        .map(|i| SEED.wrapping_add(i * 1_000_003))
+        .map(|i| first.wrapping_add(i * 1_000_003))
         .collect()
 }
 
@@ -596,6 +601,16 @@ pub fn judge(s: &Setup, shape: Shape, like_envoy: bool, seeds: &[u64]) -> Judged
         let rr = simulate(Policy::RoundRobin, s, &reqs);
         let ll = simulate(Policy::LeastLoaded, s, &reqs);
         let or = simulate(Policy::Oracle, s, &reqs);
+        if std::env::var_os("PICKSIM_PER_SEED").is_some() {
+            eprintln!(
+                "  seed {seed}: hit {:.3}, 3 replicas {:.3} ({:.3}), imbalance {:.2} / {:.2}",
+                one.hit_rate,
+                r3.hit_rate,
+                r3.hit_rate / one.hit_rate.max(1e-9),
+                one.imbalance,
+                r3.imbalance
+            );
+        }
         let v = [
             one.hit_rate,
             r3.hit_rate / one.hit_rate.max(1e-9),

@@ -291,6 +291,8 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "confirm_alone" => c.confirm_alone = n != 0,
         "shared_unseen_slack_prompt" => c.shared_unseen_slack_prompt = n != 0,
         "shared_start_percent" => c.shared_start_percent = n,
+        "shared_unseen_weight_percent" => c.shared_unseen_weight_percent = n,
+        "shared_weight_prior_bytes" => c.shared_weight_prior_bytes = n,
         "start_half_life_s" => c.start_half_life_ns = n * 1_000_000_000,
         "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,
         _ => {

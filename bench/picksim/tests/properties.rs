@@ -246,9 +246,31 @@ fn among_replicas_agent_loops_spread_over_half_the_pods_and_keep_their_hits() {
         };
         let (new, old) = (judge_with(50), judge_with(0));
         assert!(new.imbalance3.mean <= 1.7, "{pods} pods: {new:?}");
-        assert!(old.imbalance3.mean >= 2.0, "{pods} pods, off: {old:?}");
+        // 2.06 / 2.89 before new prompts among replicas went by the engines' weights (2.00 at
+        // 4 pods since): those weights place the loops' first steps, not their tool sets.
+        assert!(old.imbalance3.mean >= 1.9, "{pods} pods, off: {old:?}");
         assert!(new.ratio.mean >= 0.92, "{pods} pods: {new:?}");
         assert_eq!(new.imbalance, old.imbalance, "{pods} pods: one replica");
         assert_eq!(new.hit, old.hit, "{pods} pods: one replica");
     }
+}
+
+/// Three replicas on shared prompts: a tenant new to a replica goes by rendezvous weighted by
+/// the engines' computed prompt (`shared_unseen_weight_percent`, one view every replica reads
+/// alike) instead of each replica's own prefill bound, which each crosses at its own moment.
+/// Over 16 seeds the 3-replica imbalance falls (1.37 → 1.29) and the replicas keep more of one
+/// replica's hit rate (0.908 → 0.926); one replica is unchanged (it never sees others).
+#[test]
+fn among_replicas_new_prompts_weighted_by_the_engines_balance_and_keep_the_hits() {
+    let judge_with = |percent: u64| {
+        let mut s = picksim::like_envoy();
+        s.picker.shared_unseen_weight_percent = percent;
+        picksim::judge(&s, Shape::SharedPrompt, true, &picksim::seeds(16))
+    };
+    let (new, old) = (judge_with(150), judge_with(0));
+    assert!(new.imbalance3.mean <= 1.32, "{new:?}");
+    assert!(old.imbalance3.mean >= 1.34, "off: {old:?}");
+    assert!(new.ratio.mean >= old.ratio.mean + 0.01, "{new:?} vs {old:?}");
+    assert_eq!(new.hit, old.hit, "one replica");
+    assert_eq!(new.imbalance, old.imbalance, "one replica");
 }

@@ -24,6 +24,7 @@ mod start;
 mod subset;
 pub mod table;
 pub mod usage;
+mod weighted;
 pub mod wire;
 
 pub use blocks::{hash_prompt, prompt_parts, Prompt};
@@ -209,6 +210,15 @@ pub struct Config {
     /// steps sent by different replicas land together and loops spread. 0: such a request goes
     /// where its prefix is, and every loop of one tool set piles on that tool set's pod.
     pub shared_start_percent: u64,
+    /// Among replicas, a prompt no pod holds a block of (in this gateway's tables) goes by
+    /// rendezvous weighted `(mean / own) ^ (this / 100)` by each pod's engine-computed recent
+    /// prompt, within the load bound, in place of the prefill-work bound read from this
+    /// gateway's own sends (see `weighted.rs`). 0: off.
+    pub shared_unseen_weight_percent: u64,
+    /// Bytes of prefill every pod is taken to have done on top of what its engine reports, so
+    /// the first few prompts' noise does not swing the weights (and move the homes of the
+    /// prefixes placed so far).
+    pub shared_weight_prior_bytes: u64,
     /// Count load and prefill work as the engines report them (scraped, so every gateway
     /// replica reads the same numbers) plus this gateway's own changes since the scrape,
     /// instead of this gateway's own traffic, so independent replicas bound alike. Off: in the
@@ -252,6 +262,8 @@ impl Default for Config {
             confirm_alone: false,
             shared_unseen_slack_prompt: false,
             shared_start_percent: 50,
+            shared_unseen_weight_percent: 150,
+            shared_weight_prior_bytes: 65_536,
             engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
@@ -637,6 +649,23 @@ impl Picker {
             }
             chosen.map(|(_, i)| i)
         };
+        // Among replicas, a prompt new here: rendezvous weighted by the engines' prefill in
+        // place of this gateway's own prefill bound (see `weighted.rs`).
+        let weights = match (shared, bound) {
+            (true, Some(_)) => {
+                let live: Vec<bool> = costs.iter().map(|&c| c != u64::MAX).collect();
+                self.placement_weights(&live, now)
+            }
+            _ => None,
+        };
+        let weighted_rank = |w: &[f64], b: u64| {
+            (0..n)
+                .filter(|&i| costs[i] != u64::MAX && fits(i, b))
+                .max_by(|&x, &y| {
+                    let s = |i: usize| weighted::score(rank_key, self.pods[i].id, w[i]);
+                    s(x).total_cmp(&s(y))
+                })
+        };
         // A lone gateway moves a conversation whose prefix a pod holds off that pod when it
         // has far more work to come than the others (see `lone.rs`).
         if lone && leaving.is_none() && known > 0 {
@@ -669,6 +698,7 @@ impl Picker {
             _ if start_pick.is_some() => start_pick,
             // Within the load bound and the prefill-work bound; if the two leave no pod in
             // common, the load bound alone.
+            Some(b) if weights.is_some() => weights.as_deref().and_then(|w| weighted_rank(w, b)),
             Some(b) => rank(&|i, _| fits(i, b) && !over[i]).or_else(|| rank(&|i, _| fits(i, b))),
             // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding less
             // is never picked over it for the sake of consistency.

@@ -713,8 +713,11 @@ fn other_gateways_show_as_engine_work_this_one_did_not_send() {
 #[test]
 fn among_other_replicas_a_new_prompt_stays_on_its_home_up_to_the_shared_bound() {
     let run = |engines_over_own: f64, shared_balance_percent: u64| {
+        // The own-sends bound among replicas is what the engines' weights replace; it still
+        // holds where a pod has no counters.
         let c = Config {
             shared_balance_percent,
+            shared_unseen_weight_percent: 0,
             ..cfg()
         };
         let h = c.recent_half_life_ns;
@@ -1086,4 +1089,63 @@ fn among_replicas_agent_loops_on_one_tool_set_spread_and_each_stays_together() {
     let t = pod(r.pick(&req(&step2), 2 * S));
     assert_eq!(t.pod(), home, "followed where this replica knows it");
     r.release(t, done(), 2 * S);
+}
+
+/// Among replicas, a prompt new here goes by rendezvous weighted by the engines' computed
+/// prompt (`shared_unseen_weight_percent`): replicas whose own sends differ (each sent more to
+/// another pod) but read the same counters place every new prompt alike, and the pod the
+/// engines report twice as busy gets a smaller share. Off, each replica's own prefill bound
+/// keeps it off the pod it sent most to, so the prompts homed there are split.
+#[test]
+fn among_replicas_new_prompts_go_by_the_engines_weights_alike_at_every_replica() {
+    let run = |shared_unseen_weight_percent: u64| {
+        let c = Config {
+            shared_unseen_weight_percent,
+            ..cfg()
+        };
+        let h = c.recent_half_life_ns;
+        let replicas: Vec<Picker> = (0..3)
+            .map(|r| {
+                let mut p = Picker::new(c.clone(), &pods(4));
+                let mut counters = [0.0; 4];
+                computed_since(&mut p, &mut counters, &[0.0; 4], S);
+                for i in 0..4 {
+                    let own = if i == r { 30_000 } else { 10_000 };
+                    p.loads[i].sent(2 * S, own, h);
+                }
+                let engines = [90_000.0, 90_000.0, 90_000.0, 180_000.0];
+                computed_since(&mut p, &mut counters, &engines, 2 * S);
+                assert_eq!(p.company(2 * S), Company::Others);
+                p
+            })
+            .collect();
+        let (mut agreed, mut on_busiest) = (0, 0);
+        for k in 0..400 {
+            let pr = prompt(&text(&format!("tenant {k}"), 3000), 256);
+            let picks: Vec<usize> = replicas
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    let t = pod(r.pick(&req(&pr), 2 * S));
+                    let i = t.pod();
+                    r.release(t, done(), 2 * S);
+                    i
+                })
+                .collect();
+            agreed += usize::from(picks.iter().all(|&i| i == picks[0]));
+            on_busiest += usize::from(picks[0] == 3);
+        }
+        (agreed, on_busiest)
+    };
+    assert_eq!(Config::default().shared_unseen_weight_percent, 150);
+    let (agreed, on_busiest) = run(150);
+    assert_eq!(agreed, 400, "every replica alike");
+    // Weight 0.61 against 1.23 for each other pod: about 14 % instead of 25 %.
+    assert!((30..=90).contains(&on_busiest), "{on_busiest}");
+    let (agreed, on_busiest) = run(0);
+    assert!(
+        agreed < 250,
+        "own bounds split the prompts homed on 0, 1, 2: {agreed}"
+    );
+    assert!(on_busiest > 90, "{on_busiest}");
 }

@@ -56,6 +56,10 @@ pub struct BoundsWire {
     /// `Config::confirm_alone` (true: alone only once two consecutive scrapes say so).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirm_alone: Option<bool>,
+    /// `Config::shared_unseen_weight_percent` (0: among replicas a prompt new here is bounded
+    /// by this gateway's own prefill sends, as a lone gateway's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_unseen_weight_percent: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -128,6 +132,9 @@ impl PickConfig {
                 .shared_start_percent
                 .unwrap_or(base.shared_start_percent),
             confirm_alone: bounds.confirm_alone.unwrap_or(base.confirm_alone),
+            shared_unseen_weight_percent: bounds
+                .shared_unseen_weight_percent
+                .unwrap_or(base.shared_unseen_weight_percent),
             ..base
         }
     }

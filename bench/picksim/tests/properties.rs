@@ -270,7 +270,10 @@ fn among_replicas_new_prompts_weighted_by_the_engines_balance_and_keep_the_hits(
     let (new, old) = (judge_with(150), judge_with(0));
     assert!(new.imbalance3.mean <= 1.32, "{new:?}");
     assert!(old.imbalance3.mean >= 1.34, "off: {old:?}");
-    assert!(new.ratio.mean >= old.ratio.mean + 0.01, "{new:?} vs {old:?}");
+    assert!(
+        new.ratio.mean >= old.ratio.mean + 0.01,
+        "{new:?} vs {old:?}"
+    );
     assert_eq!(new.hit, old.hit, "one replica");
     assert_eq!(new.imbalance, old.imbalance, "one replica");
 }

@@ -52,12 +52,7 @@ impl Picker {
         // The engines' computed prompt (every replica's traffic, so every replica reads about
         // the same) balances loops between those pods; the prompt's bytes of slack keep the
         // choice from flipping while a loop's first steps are sent by different replicas.
-        let engine_work = |i: usize| {
-            let l = &self.loads[i];
-            l.fresh_metrics(now, self.cfg.metrics_max_age_ns)
-                .and(l.scrape.computed)
-                .map(|c| c.at(now, self.cfg.recent_half_life_ns))
-        };
+        let engine_work = |i: usize| self.engine_computed(i, now);
         let mut open: Vec<usize> = homes
             .into_iter()
             .filter(|&i| costs[i] != u64::MAX)

@@ -19,8 +19,18 @@ use super::Picker;
 const MAX_RATIO: f64 = 4.0;
 
 impl Picker {
+    /// The prompt bytes pod `i`'s engine reports computing recently (every replica's traffic,
+    /// decaying with `recent_half_life_ns`), if its counters are fresh.
+    pub(crate) fn engine_computed(&self, i: usize, now: u64) -> Option<f64> {
+        let l = self.loads.get(i)?;
+        l.fresh_metrics(now, self.cfg.metrics_max_age_ns)
+            .and(l.scrape.computed)
+            .map(|c| c.at(now, self.cfg.recent_half_life_ns))
+    }
+
     /// Each pod's weight for placing a new prompt, from the engines' recent computed prompt:
-    /// `(mean / own) ^ (shared_unseen_weight_percent / 100)` over the `live` pods. None
+    /// `((mean + prior) / (own + prior)) ^ (shared_unseen_weight_percent / 100)` over the
+    /// `live` pods, the prior being `shared_weight_prior_bytes`. None
     /// (unweighted) when it is off, or when a live pod has no fresh counters (not vLLM, or not
     /// two scrapes yet), or before the engines have computed anything.
     pub(crate) fn placement_weights(&self, live: &[bool], now: u64) -> Option<Vec<f64>> {
@@ -29,15 +39,9 @@ impl Picker {
             return None;
         }
         let work: Vec<Option<f64>> = (0..self.pods.len())
-            .map(|i| {
-                let l = &self.loads[i];
-                match live.get(i).copied().unwrap_or(false) {
-                    false => Some(0.0),
-                    true => l
-                        .fresh_metrics(now, self.cfg.metrics_max_age_ns)
-                        .and(l.scrape.computed)
-                        .map(|c| c.at(now, self.cfg.recent_half_life_ns)),
-                }
+            .map(|i| match live.get(i).copied().unwrap_or(false) {
+                false => Some(0.0),
+                true => self.engine_computed(i, now),
             })
             .collect();
         let count = live.iter().filter(|&&l| l).count();

@@ -289,6 +289,7 @@ fn set(c: &mut router_core::pick::Config, kv: &str) {
         "lone_move_reuse" => c.lone_move_reuse = n != 0,
         "shared_unless_alone" => c.shared_unless_alone = n != 0,
         "confirm_alone" => c.confirm_alone = n != 0,
+        "engine_count_when_waiting" => c.engine_count_when_waiting = n != 0,
         "shared_unseen_slack_prompt" => c.shared_unseen_slack_prompt = n != 0,
         "shared_start_percent" => c.shared_start_percent = n,
         "shared_unseen_weight_percent" => c.shared_unseen_weight_percent = n,

@@ -91,6 +91,8 @@ fn over_several_seeds_the_defaults_bound_the_prefill_imbalance() {
         let mut s = picksim::like_envoy();
         s.picker.recent_from_usage = usage;
         s.picker.known_balance_percent = known;
+        // The previous defaults counted the engine's running requests in every load too.
+        s.picker.engine_count_when_waiting = usage;
         picksim::judge(&s, shape, true, &picksim::seeds(8))
     };
     let shared = judge_with(true, 130, Shape::SharedPrompt);
@@ -249,7 +251,9 @@ fn among_replicas_agent_loops_spread_over_half_the_pods_and_keep_their_hits() {
         // 2.06 / 2.89 before new prompts among replicas went by the engines' weights (2.00 at
         // 4 pods since): those weights place the loops' first steps, not their tool sets.
         assert!(old.imbalance3.mean >= 1.9, "{pods} pods, off: {old:?}");
-        assert!(new.ratio.mean >= 0.92, "{pods} pods: {new:?}");
+        // 0.926 / 0.953 until the engine's running count left the load (2026-12-06): 0.919
+        // at 4 pods since, the price of the shared-prompt replicas' 0.926 -> 0.937.
+        assert!(new.ratio.mean >= 0.91, "{pods} pods: {new:?}");
         assert_eq!(new.imbalance, old.imbalance, "{pods} pods: one replica");
         assert_eq!(new.hit, old.hit, "{pods} pods: one replica");
     }

@@ -191,11 +191,15 @@ pub struct Config {
     /// consecutive scrapes of one pod (see [`Picker::company`]). In the first seconds a
     /// replica's own picks not yet in the engines' counters can make one scrape read a share
     /// above the line, and a replica that reads "alone" places a new prompt by its own least
-    /// work instead of by rendezvous, where the other replicas would not look. Off (the
-    /// default): alone from the first scrape that says so. On, through Envoy the replicas read
-    /// no lone picks at all, but their hit rate did not clearly rise over six 4-pod
-    /// shared-prompt draws (docs/endpoint-picking.md, "One lone reading is not trusted").
+    /// work instead of by rendezvous, where the other replicas would not look. On by default
+    /// since 2026-12-06 (with `engine_count_when_waiting` it raised the simulated 3-replica
+    /// ratio when replicas scrape far apart; docs/endpoint-picking.md, "Why Envoy reads lower
+    /// than the simulation"). Off: alone from the first scrape that says so.
     pub confirm_alone: bool,
+    /// The engine's request count (`running + waiting`) enters a pod's load only while the
+    /// engine reports requests waiting (queueing, which other replicas' traffic may cause);
+    /// otherwise this gateway's own count. Off: the larger of the two whenever fresh.
+    pub engine_count_when_waiting: bool,
     /// While others send, the load bound for a prompt no pod holds gets this prompt's bytes of
     /// slack (one prefill in flight on the home at light load no longer turns a new prefix
     /// away). Off: +0.02 of the 4-pod shared-prompt 3-replica ratio, but heavy unique traffic
@@ -259,7 +263,8 @@ impl Default for Config {
             lone_move_max_bytes: 18_432,
             lone_move_reuse: true,
             shared_unless_alone: false,
-            confirm_alone: false,
+            confirm_alone: true,
+            engine_count_when_waiting: true,
             shared_unseen_slack_prompt: false,
             shared_start_percent: 50,
             shared_unseen_weight_percent: 150,
@@ -457,6 +462,10 @@ impl Picker {
         let own = l.requests(e) as u64;
         let requests = match l.fresh_metrics(now, self.cfg.metrics_max_age_ns) {
             None => own,
+            // A snapshot of who was running at this gateway's own scrape moment, up to a
+            // second old, says nothing another replica would read alike (docs, "Why Envoy
+            // reads lower than the simulation").
+            Some(m) if self.cfg.engine_count_when_waiting && m.waiting <= 0.0 => own,
             Some(m) => {
                 let engine = (m.running + m.waiting).min(1e9) as u64;
                 if self.cfg.engine_counts {

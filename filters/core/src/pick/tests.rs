@@ -513,6 +513,7 @@ fn the_engine_count_moves_with_what_this_gateway_did_since_the_scrape() {
     let run = |engine_counts: bool| {
         let c = Config {
             engine_counts,
+            engine_count_when_waiting: false,
             ..cfg()
         };
         let cost = c.request_cost_bytes;
@@ -1148,4 +1149,35 @@ fn among_replicas_new_prompts_go_by_the_engines_weights_alike_at_every_replica()
         "own bounds split the prompts homed on 0, 1, 2: {agreed}"
     );
     assert!(on_busiest > 90, "{on_busiest}");
+}
+
+/// A snapshot of the engine's running requests, read at this gateway's own scrape moment, does
+/// not enter a pod's load (another replica read another snapshot); requests waiting there do,
+/// with the engine's whole count, since queueing is what other replicas' traffic may cause.
+#[test]
+fn the_engine_count_counts_only_while_the_engine_queues() {
+    let run = |when_waiting: bool, waiting: f64| {
+        let c = Config {
+            engine_count_when_waiting: when_waiting,
+            ..cfg()
+        };
+        let cost = c.request_cost_bytes;
+        let mut p = Picker::new(c, &pods(1));
+        let m = EngineMetrics {
+            running: 3.0,
+            waiting,
+            at_ns: S,
+            ..EngineMetrics::default()
+        };
+        p.set_metrics(0, m);
+        p.load_bytes(0, S) / cost
+    };
+    assert!(Config::default().engine_count_when_waiting);
+    assert_eq!(
+        run(true, 0.0),
+        0,
+        "running elsewhere, nothing queued: own count"
+    );
+    assert_eq!(run(true, 2.0), 5, "queueing: the engine's count");
+    assert_eq!(run(false, 0.0), 3, "off: the larger of the two");
 }

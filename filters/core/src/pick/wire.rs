@@ -56,6 +56,9 @@ pub struct BoundsWire {
     /// `Config::confirm_alone` (true: alone only once two consecutive scrapes say so).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirm_alone: Option<bool>,
+    /// `Config::engine_count_when_waiting` (false: the engine's request count whenever fresh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_count_when_waiting: Option<bool>,
     /// `Config::shared_unseen_weight_percent` (0: among replicas a prompt new here is bounded
     /// by this gateway's own prefill sends, as a lone gateway's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -132,6 +135,9 @@ impl PickConfig {
                 .shared_start_percent
                 .unwrap_or(base.shared_start_percent),
             confirm_alone: bounds.confirm_alone.unwrap_or(base.confirm_alone),
+            engine_count_when_waiting: bounds
+                .engine_count_when_waiting
+                .unwrap_or(base.engine_count_when_waiting),
             shared_unseen_weight_percent: bounds
                 .shared_unseen_weight_percent
                 .unwrap_or(base.shared_unseen_weight_percent),
@@ -202,12 +208,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(off.picker_config(0, 0).shared_start_percent, 0);
-        assert!(!c.confirm_alone);
+        assert!(c.confirm_alone);
         let confirm: PickConfig = serde_json::from_str(
-            r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"confirm_alone":true}}"#,
+            r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"confirm_alone":false,"engine_count_when_waiting":false}}"#,
         )
         .unwrap();
-        assert!(confirm.picker_config(0, 0).confirm_alone);
+        assert!(!confirm.picker_config(0, 0).confirm_alone);
+        assert!(!confirm.picker_config(0, 0).engine_count_when_waiting);
         let zero: PickConfig = serde_json::from_str(
             r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"recent_half_life_ms":0}}"#,
         )

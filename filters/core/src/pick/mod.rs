@@ -215,8 +215,8 @@ pub struct Config {
     /// where its prefix is, and every loop of one tool set piles on that tool set's pod.
     pub shared_start_percent: u64,
     /// Among replicas, a prompt no pod holds a block of (in this gateway's tables) goes by
-    /// rendezvous weighted `(mean / own) ^ (this / 100)` by each pod's engine-computed recent
-    /// prompt, within the load bound, in place of the prefill-work bound read from this
+    /// rendezvous weighted `((mean + prior) / (own + prior)) ^ (this / 100)` by each pod's
+    /// engine-computed recent prompt (`shared_weight_prior_bytes`), within the load bound, in place of the prefill-work bound read from this
     /// gateway's own sends (see `weighted.rs`). 0: off.
     pub shared_unseen_weight_percent: u64,
     /// Bytes of prefill every pod is taken to have done on top of what its engine reports, so
@@ -660,13 +660,6 @@ impl Picker {
         };
         // Among replicas, a prompt new here: rendezvous weighted by the engines' prefill in
         // place of this gateway's own prefill bound (see `weighted.rs`).
-        let weights = match (shared, bound) {
-            (true, Some(_)) => {
-                let live: Vec<bool> = costs.iter().map(|&c| c != u64::MAX).collect();
-                self.placement_weights(&live, now)
-            }
-            _ => None,
-        };
         let weighted_rank = |w: &[f64], b: u64| {
             (0..n)
                 .filter(|&i| costs[i] != u64::MAX && fits(i, b))
@@ -707,8 +700,10 @@ impl Picker {
             _ if start_pick.is_some() => start_pick,
             // Within the load bound and the prefill-work bound; if the two leave no pod in
             // common, the load bound alone.
-            Some(b) if weights.is_some() => weights.as_deref().and_then(|w| weighted_rank(w, b)),
-            Some(b) => rank(&|i, _| fits(i, b) && !over[i]).or_else(|| rank(&|i, _| fits(i, b))),
+            Some(b) => match self.placement_weights(shared, &costs, now) {
+                Some(w) => weighted_rank(&w, b),
+                None => rank(&|i, _| fits(i, b) && !over[i]).or_else(|| rank(&|i, _| fits(i, b))),
+            },
             // Near-cheapest pods holding at least the cheapest pod's prefix: a pod holding less
             // is never picked over it for the sake of consistency.
             None => rank(&|i, c| c <= best.saturating_add(spread) && matched[i] >= best_match),

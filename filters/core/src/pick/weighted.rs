@@ -28,23 +28,30 @@ impl Picker {
             .map(|c| c.at(now, self.cfg.recent_half_life_ns))
     }
 
-    /// Each pod's weight for placing a new prompt, from the engines' recent computed prompt:
-    /// `((mean + prior) / (own + prior)) ^ (shared_unseen_weight_percent / 100)` over the
-    /// `live` pods, the prior being `shared_weight_prior_bytes`. None
-    /// (unweighted) when it is off, or when a live pod has no fresh counters (not vLLM, or not
-    /// two scrapes yet), or before the engines have computed anything.
-    pub(crate) fn placement_weights(&self, live: &[bool], now: u64) -> Option<Vec<f64>> {
+    /// Each pod's weight for placing a new prompt among replicas (`shared`), from the engines'
+    /// recent computed prompt: `((mean + prior) / (own + prior)) ^ (shared_unseen_weight_percent
+    /// / 100)` over the pods left open in `costs` (not `u64::MAX`), the prior being
+    /// `shared_weight_prior_bytes`. None (unweighted) for a lone gateway, when it is off, when
+    /// an open pod has no fresh counters (not vLLM, or not two scrapes yet), or before the
+    /// engines have computed anything.
+    pub(crate) fn placement_weights(
+        &self,
+        shared: bool,
+        costs: &[u64],
+        now: u64,
+    ) -> Option<Vec<f64>> {
         let power = self.cfg.shared_unseen_weight_percent as f64 / 100.0;
-        if power <= 0.0 {
+        if !shared || power <= 0.0 {
             return None;
         }
+        let live = |i: usize| costs.get(i).is_some_and(|&c| c != u64::MAX);
         let work: Vec<Option<f64>> = (0..self.pods.len())
-            .map(|i| match live.get(i).copied().unwrap_or(false) {
+            .map(|i| match live(i) {
                 false => Some(0.0),
                 true => self.engine_computed(i, now),
             })
             .collect();
-        let count = live.iter().filter(|&&l| l).count();
+        let count = (0..self.pods.len()).filter(|&i| live(i)).count();
         let sum: f64 = work.iter().map(|w| w.unwrap_or(f64::NAN)).sum();
         if count == 0 || !sum.is_finite() || sum <= 0.0 {
             return None;

@@ -480,6 +480,34 @@ fn oracle(
     best.3
 }
 
+/// The hit no placement can beat: every request, in arrival order, through one engine whose
+/// cache never evicts (`cache_answers`: each answer cached after its prompt, as the pods do).
+/// Spread over pods, a request finds at most what this one cache holds of it, so every policy's
+/// hit rate (the oracle's included) is at most this engine's. Read its counters:
+/// `cached_blocks / (cached_blocks + computed_blocks)` as `pick_envoy` counts the pods,
+/// `cached_tokens / prompt_tokens` as [`Report::hit_rate`].
+pub fn ceiling(engine: &EngineConfig, reqs: &[SimRequest], cache_answers: bool) -> EngineCore {
+    let mut order: Vec<&SimRequest> = reqs.iter().collect();
+    order.sort_by_key(|r| r.at_ns);
+    let blocks: usize = reqs
+        .iter()
+        .map(|r| (r.body.len() * 2 + 4096) / engine.block_bytes.max(256))
+        .sum();
+    let mut one = EngineCore::new(EngineConfig {
+        cache_blocks: blocks.max(engine.cache_blocks),
+        ..engine.clone()
+    });
+    for r in order {
+        let json: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        let rendered = render_prompt("/v1/chat/completions", &json);
+        one.admit(rendered.as_bytes());
+        if let Some(answer) = r.answer.as_ref().filter(|_| cache_answers) {
+            one.cache_answer(render_answered(&rendered, answer).as_bytes());
+        }
+    }
+    one
+}
+
 /// The seed every single-seed table uses.
 pub const SEED: u64 = 20_261_201;
 

@@ -608,11 +608,15 @@ pub struct Judged {
     /// Three replicas' mean TTFT over one replica's, and their p99 over the oracle's, per seed.
     pub ttft3_vs_one: Spread,
     pub p99_3_vs_oracle: Spread,
+    /// One replica's hit rate over the ceiling's ([`ceiling`]), and the ceiling's over
+    /// round-robin's: the most any placement could reach over round-robin, per seed.
+    pub vs_ceiling: Spread,
+    pub ceiling_vs_round_robin: Spread,
 }
 
 /// Runs the picker (1 and 3 replicas) and the baselines on `shape` for each seed.
 pub fn judge(s: &Setup, shape: Shape, like_envoy: bool, seeds: &[u64]) -> Judged {
-    let mut f: [Vec<f64>; 11] = Default::default();
+    let mut f: [Vec<f64>; 13] = Default::default();
     for &seed in seeds {
         let reqs = standard_workload(shape, like_envoy, seed);
         // Each seed also draws new pod addresses, as each run through Envoy does.
@@ -629,6 +633,8 @@ pub fn judge(s: &Setup, shape: Shape, like_envoy: bool, seeds: &[u64]) -> Judged
         let rr = simulate(Policy::RoundRobin, s, &reqs);
         let ll = simulate(Policy::LeastLoaded, s, &reqs);
         let or = simulate(Policy::Oracle, s, &reqs);
+        let top = ceiling(&s.engine, &reqs, s.cache_answers);
+        let top = top.cached_tokens as f64 / top.prompt_tokens.max(1) as f64;
         if std::env::var_os("PICKSIM_PER_SEED").is_some() {
             eprintln!(
                 "  seed {seed}: hit {:.3}, 3 replicas {:.3} ({:.3}), imbalance {:.2} / {:.2}",
@@ -651,6 +657,8 @@ pub fn judge(s: &Setup, shape: Shape, like_envoy: bool, seeds: &[u64]) -> Judged
             one.ttft_mean_ms / ll.ttft_mean_ms.max(1e-9),
             r3.ttft_mean_ms / one.ttft_mean_ms.max(1e-9),
             r3.ttft_p99_ms / or.ttft_p99_ms.max(1e-9),
+            one.hit_rate / top.max(1e-9),
+            top / rr.hit_rate.max(1e-9),
         ];
         for (dst, x) in f.iter_mut().zip(v) {
             dst.push(x);
@@ -668,5 +676,7 @@ pub fn judge(s: &Setup, shape: Shape, like_envoy: bool, seeds: &[u64]) -> Judged
         ttft_vs_least_loaded: Spread::of(&f[8]),
         ttft3_vs_one: Spread::of(&f[9]),
         p99_3_vs_oracle: Spread::of(&f[10]),
+        vs_ceiling: Spread::of(&f[11]),
+        ceiling_vs_round_robin: Spread::of(&f[12]),
     }
 }

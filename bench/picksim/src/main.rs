@@ -219,6 +219,10 @@ fn print_judged(j: &Judged) {
     );
     println!("  hit / round-robin   {:.2}", j.vs_round_robin);
     println!("  hit / oracle        {:.2}", j.vs_oracle);
+    println!(
+        "  hit / ceiling       {:.3}  (ceiling / round-robin {:.2})",
+        j.vs_ceiling, j.ceiling_vs_round_robin
+    );
     println!("  ttft / least-loaded {:.3}", j.ttft_vs_least_loaded);
 }
 

@@ -330,8 +330,14 @@ fn no_policy_beats_the_ceiling_and_the_picker_comes_near_it() {
                 "{shape:?} {}: {hit} > {ceiling}",
                 policy.name()
             );
+            // Chats come back to the pod they started on: the picker is at the ceiling there
+            // (0.993 over 16 seeds), which is itself only about 2x round-robin's hit.
+            let near = match shape {
+                Shape::MultiTurn => 0.97,
+                _ => 0.9,
+            };
             if policy == picksim::Policy::Picker && shape != Shape::Unique {
-                assert!(hit >= 0.9 * ceiling, "{shape:?}: {hit} of {ceiling}");
+                assert!(hit >= near * ceiling, "{shape:?}: {hit} of {ceiling}");
             }
         }
     }

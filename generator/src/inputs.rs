@@ -30,6 +30,9 @@ pub struct InferenceServiceInfo {
     pub context_length: Option<u64>,
     /// The runtime is vLLM (its pods serve vLLM's `/metrics`).
     pub vllm: bool,
+    /// The model name its engine answers to, when the manifest says: `--served-model-name` in
+    /// extraArgs (vLLM, SGLang), else `spec.gateway.modelName`.
+    pub served_model: Option<String>,
 }
 
 pub const DEFAULT_ISVC_PORT: u16 = 8080;
@@ -323,7 +326,26 @@ fn load_inference_service(
         port,
         context_length: spec.and_then(context_length_of),
         vllm: spec.is_some_and(runtime_is_vllm),
+        served_model: spec.and_then(served_model_of),
     })
+}
+
+/// The model name an InferenceService's engine serves, when its manifest says:
+/// `--served-model-name` in extraArgs (its first name: vLLM reports that one and answers to
+/// each), else `spec.gateway.modelName` (the name the InferenceService's own gateway route
+/// forwards unchanged, so the engine serves it).
+pub fn served_model_of(spec: &Value) -> Option<String> {
+    let args = extra_args(spec);
+    // vLLM's flag (SGLang's has the same name).
+    let flag = flag_value(&args, &["--served-model-name"])
+        .filter(|v| !v.is_empty() && !v.starts_with('-'));
+    flag.or_else(|| {
+        spec.get("gateway")
+            .and_then(|g| g.get("modelName"))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    })
+    .map(str::to_string)
 }
 
 fn runtime_of(spec: &Value) -> Option<String> {
@@ -448,6 +470,37 @@ mod tests {
             describe_serde_error("rules[1]", "missing field `route`"),
             ("spec.rules[1].route".into(), "is required".into())
         );
+    }
+
+    #[test]
+    fn served_model_names() {
+        assert_eq!(
+            served_model_of(
+                &json!({"runtime":"vllm","extraArgs":["--served-model-name","Qwen/Qwen3-8B","q"]})
+            ),
+            Some("Qwen/Qwen3-8B".into())
+        );
+        assert_eq!(
+            served_model_of(&json!({"runtime":"vllm","extraArgs":["--served-model-name=qwen"]})),
+            Some("qwen".into())
+        );
+        assert_eq!(
+            served_model_of(
+                &json!({"runtime":"vllm","extraArgs":["--served-model-name"],"gateway":{"modelName":"g"}})
+            ),
+            Some("g".into())
+        );
+        assert_eq!(
+            served_model_of(
+                &json!({"runtime":"llamacpp","gateway":{"enabled":true,"modelName":"g"}})
+            ),
+            Some("g".into())
+        );
+        assert_eq!(
+            served_model_of(&json!({"runtime":"vllm","modelRef":"m"})),
+            None
+        );
+        assert_eq!(served_model_of(&json!({"gateway":{"modelName":""}})), None);
     }
 
     #[test]

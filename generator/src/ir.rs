@@ -150,6 +150,13 @@ impl Ir {
             .filter(|p| p.rule.as_deref() == Some(name))
             .collect()
     }
+
+    /// A local backend's served model name, when its InferenceService says it: every target
+    /// rewrites `model` to it on the way to that backend, as it does an external backend's.
+    pub fn served_model(&self, b: &Backend) -> Option<&str> {
+        let i = self.core.backend_index(&b.name)?;
+        self.core.backend(i).served_model.as_deref()
+    }
 }
 
 impl Backend {

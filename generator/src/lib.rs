@@ -117,7 +117,11 @@ pub fn validate_sources(sources: &[Source]) -> Diagnostics {
                 format!("{key} is defined twice in the input"),
             ));
         }
+        let before = diags.errors.len();
         validate::validate_router(r, &inputs, &validate::RefPolicy::default(), &mut diags);
+        if diags.errors.len() == before {
+            validate::lint_served_models(r, &inputs, &mut diags);
+        }
     }
     if inputs.routers.is_empty() && diags.errors.is_empty() {
         diags.error(Problem::new(

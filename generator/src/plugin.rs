@@ -84,6 +84,12 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
                 weight: b.effective_weight().clamp(0, u32::MAX as i64) as u32,
                 model_info,
                 external_model: b.external.as_ref().map(|e| e.model.clone()),
+                served_model: b.inference_service_ref.as_ref().and_then(|r| {
+                    ctx.inputs
+                        .inference_service(namespace, &r.name)?
+                        .served_model
+                        .clone()
+                }),
                 provider: b.external.as_ref().map(|e| e.provider.as_str().to_string()),
                 timeout_ms: resolve_timeout(b.timeout.as_deref(), cap).or(Some(ms(cap))),
                 // Filled in by a target that picks pods (it knows the pods and its clusters).

@@ -80,10 +80,11 @@ pub fn plan_attempt<'r>(router: &'r Router, inputs: AttemptInputs<'_>) -> Attemp
     }
     let mut set = vec![(ATTEMPT_BACKEND_HEADER, b.name.as_str())];
     let Some(model) = b.external_model.as_deref() else {
+        // A local backend: its served model name, when known, is the name its engine answers to.
         return AttemptPlan::Send(Send {
             set,
             remove: &[],
-            rewrite_model: None,
+            rewrite_model: b.served_model.as_deref(),
         });
     };
     set.extend(b.provider.and_then(|p| p.version_header()));
@@ -125,6 +126,13 @@ impl Located {
             .then_some(len)
     }
 
+    /// Whether the body's `model` must become `to`: not when it already names it (the body an
+    /// attempt carries is the client's, whatever an earlier attempt rewrote), so that attempt is
+    /// not held back to buffer the body for nothing.
+    pub fn needs_rewrite(located: Option<&Located>, to: &str) -> bool {
+        located.is_none_or(|l| l.model != to)
+    }
+
     /// The span still fits a body of `body_len` bytes, so the rewrite may read only its head.
     pub fn fits(&self, body_len: usize) -> bool {
         self.body_len == body_len && self.span.1 <= body_len
@@ -141,7 +149,8 @@ mod tests {
                 {"name": "loc"},
                 {"name": "gpt", "tier": "cloud", "external_model": "gpt-5", "provider": "openai"},
                 {"name": "claude", "tier": "cloud", "external_model": "opus", "provider": "anthropic"},
-                {"name": "lan", "tier": "local", "external_model": "big", "provider": "litellm"}
+                {"name": "lan", "tier": "local", "external_model": "big", "provider": "litellm"},
+                {"name": "vllm", "served_model": "Qwen/Qwen3-8B"}
             ], "default_route": "loc"}"#,
         )
         .unwrap()
@@ -168,6 +177,22 @@ mod tests {
                 rewrite_model: None
             })
         );
+    }
+
+    #[test]
+    fn a_local_backend_with_a_served_model_name_gets_it() {
+        let r = router();
+        assert_eq!(
+            plan(&r, true, Some("vllm")),
+            AttemptPlan::Send(Send {
+                set: vec![(ATTEMPT_BACKEND_HEADER, "vllm")],
+                remove: &[],
+                rewrite_model: Some("Qwen/Qwen3-8B")
+            })
+        );
+        assert_eq!(r.backend(4).rewrite_model(), Some("Qwen/Qwen3-8B"));
+        assert_eq!(r.backend(1).rewrite_model(), Some("gpt-5"));
+        assert_eq!(r.backend(0).rewrite_model(), None);
     }
 
     #[test]
@@ -239,6 +264,12 @@ mod tests {
         assert_eq!(l.restore_length(Some(b"27")), Some("30".into()));
         assert_eq!(l.restore_length(None), None);
         assert!(l.fits(30) && !l.fits(31));
+        assert!(!Located::needs_rewrite(Some(&l), "mix"));
+        assert!(Located::needs_rewrite(Some(&l), "Qwen/Qwen3-8B"));
+        assert!(
+            Located::needs_rewrite(None, "mix"),
+            "unknown: rewrite (by a scan)"
+        );
         assert_eq!(Located::from_headers(Some(b"9-14/30"), None), None);
         assert_eq!(Located::from_headers(None, Some(b"mix")), None);
         assert_eq!(Located::from_headers(Some(b"garbage"), Some(b"m")), None);

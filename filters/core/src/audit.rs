@@ -112,6 +112,19 @@ impl AuditRecord {
     }
 }
 
+/// A request id for a request that arrived without `x-request-id` (a gateway that sets none), as
+/// a UUID v4 from two random words, the form Envoy's own ids have.
+pub fn new_request_id(a: u64, b: u64) -> String {
+    format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0x0fff,
+        (b >> 48 & 0x3fff) | 0x8000,
+        b & 0xffff_ffff_ffff
+    )
+}
+
 /// `callerHeader`'s value as the ModelRouter spec says: cut to 128 bytes, anything outside printable ASCII
 /// replaced by '?'.
 pub fn caller_label(raw: &[u8]) -> String {
@@ -279,5 +292,15 @@ mod tests {
         assert_eq!(v["router"], "llm/demo");
         assert!(v.get("violation").is_none());
         assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn generated_request_ids_look_like_envoys() {
+        let id = new_request_id(u64::MAX, 0);
+        assert_eq!(id.len(), 36);
+        assert_eq!(&id[14..15], "4");
+        assert!(matches!(&id[19..20], "8" | "9" | "a" | "b"), "{id}");
+        assert_ne!(new_request_id(1, 2), new_request_id(1, 3));
+        assert_eq!(caller_label(id.as_bytes()), id);
     }
 }

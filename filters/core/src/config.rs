@@ -148,6 +148,10 @@ pub struct BackendConfig {
     /// For external backends: the provider's model name the body's `model` becomes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_model: Option<String>,
+    /// For local backends: the model name the engine serves (vLLM `--served-model-name`, the
+    /// InferenceService's model name), which the body's `model` becomes on the way to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_model: Option<String>,
     /// For external backends: a `Provider` wire name (provider headers differ). A string here so
     /// the JSON stays as it is; `Router::new` refuses a name it does not know.
     #[serde(default, skip_serializing_if = "Option::is_none")]

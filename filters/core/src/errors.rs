@@ -1,4 +1,5 @@
-//! Client-facing errors in OpenAI's shape, with the statuses and codes README.md (Behaviour) lists.
+//! Client-facing errors in OpenAI's shape, with the statuses and codes README.md (Behaviour) lists,
+//! or in Anthropic's shape on the Messages API path (`ErrorShape`), same statuses.
 //! Messages name the field or limit involved so a client can act on them.
 
 use crate::scan::ScanError;
@@ -173,6 +174,77 @@ impl ApiError {
         ApiError::new(503, API_ERROR, "fail_closed", message)
     }
 
+    /// `GET /v1/models/{id}` for an id `/v1/models` does not list.
+    pub fn model_not_listed(id: &str) -> Self {
+        ApiError::new(
+            404,
+            INVALID_REQUEST,
+            "model_not_found",
+            format!(
+                "the model {:?} does not exist: GET /v1/models lists the models this gateway serves",
+                crate::scan::printable(id)
+            ),
+        )
+        .param("model")
+    }
+
+    /// Anthropic's error type for this error's status (the Messages API's names; its SDK picks
+    /// the exception class by status, the type is what `error.type` says).
+    pub fn anthropic_type(&self) -> &'static str {
+        match self.status {
+            400 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            _ => "api_error",
+        }
+    }
+
+    /// The body in `shape`: OpenAI's (`body`), or Anthropic's `{"type":"error","error":{"type",
+    /// "message","details":{"error_code"}},"request_id"}` (the request id only when known; the
+    /// stable code where Anthropic's SDKs read `error_code`).
+    pub fn body_in(&self, shape: ErrorShape, request_id: Option<&str>) -> Vec<u8> {
+        match shape {
+            ErrorShape::OpenAi => self.body(),
+            ErrorShape::Anthropic => {
+                #[derive(serde::Serialize)]
+                struct Details<'a> {
+                    error_code: &'a str,
+                }
+                #[derive(serde::Serialize)]
+                struct Inner<'a> {
+                    #[serde(rename = "type")]
+                    kind: &'a str,
+                    message: &'a str,
+                    details: Details<'a>,
+                }
+                #[derive(serde::Serialize)]
+                struct Outer<'a> {
+                    #[serde(rename = "type")]
+                    kind: &'a str,
+                    error: Inner<'a>,
+                    #[serde(skip_serializing_if = "Option::is_none")]
+                    request_id: Option<&'a str>,
+                }
+                serde_json::to_vec(&Outer {
+                    kind: "error",
+                    error: Inner {
+                        kind: self.anthropic_type(),
+                        message: &self.message,
+                        details: Details {
+                            error_code: self.code,
+                        },
+                    },
+                    request_id,
+                })
+                .unwrap_or_default()
+            }
+        }
+    }
+
     /// `{"error":{"message":…,"type":…,"param":…,"code":…}}`, in OpenAI's field order.
     pub fn body(&self) -> Vec<u8> {
         #[derive(serde::Serialize)]
@@ -196,6 +268,29 @@ impl ApiError {
             },
         })
         .unwrap_or_default()
+    }
+}
+
+/// Which API's error body a client gets: Anthropic's on the Messages API path, else OpenAI's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorShape {
+    #[default]
+    OpenAi,
+    Anthropic,
+}
+
+/// The Messages API path, whose clients (the Anthropic SDKs) read Anthropic's error shape.
+pub const MESSAGES_PATH: &str = "/v1/messages";
+
+impl ErrorShape {
+    /// The shape for a request to `path` (the query string ignored).
+    pub fn for_path(path: &[u8]) -> Self {
+        let path = path.split(|&b| b == b'?').next().unwrap_or_default();
+        if path == MESSAGES_PATH.as_bytes() {
+            ErrorShape::Anthropic
+        } else {
+            ErrorShape::OpenAi
+        }
     }
 }
 
@@ -230,6 +325,62 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("1024 bytes"));
+    }
+
+    #[test]
+    fn messages_path_errors_have_anthropic_shape_and_type_names() {
+        assert_eq!(ErrorShape::for_path(b"/v1/messages"), ErrorShape::Anthropic);
+        assert_eq!(
+            ErrorShape::for_path(b"/v1/messages?beta=true"),
+            ErrorShape::Anthropic
+        );
+        for other in [
+            &b"/v1/chat/completions"[..],
+            b"/v1/messages/batches",
+            b"/v1/models",
+            b"",
+        ] {
+            assert_eq!(ErrorShape::for_path(other), ErrorShape::OpenAi);
+        }
+        let cases = [
+            (
+                ApiError::from_scan(&ScanError::NotObject),
+                "invalid_request_error",
+            ),
+            (ApiError::model_not_found("x"), "not_found_error"),
+            (ApiError::body_too_large(1), "request_too_large"),
+            (
+                ApiError::model_not_allowed("x-team", "t", "m", &crate::allow::Denied::Model),
+                "permission_error",
+            ),
+            (ApiError::all_backends_failed(500), "api_error"),
+            (ApiError::internal("x"), "api_error"),
+            (ApiError::fail_closed("q".into()), "overloaded_error"),
+        ];
+        for (e, want) in cases {
+            let v: serde_json::Value =
+                serde_json::from_slice(&e.body_in(ErrorShape::Anthropic, Some("r-1"))).unwrap();
+            assert_eq!(v["type"], "error");
+            assert_eq!(v["error"]["type"], want, "{}", e.code);
+            assert_eq!(v["error"]["message"], e.message.as_str());
+            assert_eq!(v["error"]["details"]["error_code"], e.code);
+            assert_eq!(v["request_id"], "r-1");
+            assert_eq!(v.as_object().unwrap().len(), 3);
+        }
+        let mut e = ApiError::body_too_large(1);
+        e.status = 429;
+        assert_eq!(e.anthropic_type(), "rate_limit_error");
+        e.status = 401;
+        assert_eq!(e.anthropic_type(), "authentication_error");
+        let v: serde_json::Value =
+            serde_json::from_slice(&e.body_in(ErrorShape::Anthropic, None)).unwrap();
+        assert!(v.get("request_id").is_none());
+        assert_eq!(e.body_in(ErrorShape::OpenAi, Some("r")), e.body());
+        let nf = ApiError::model_not_listed("nope");
+        assert_eq!(
+            (nf.status, nf.code, nf.param),
+            (404, "model_not_found", Some("model"))
+        );
     }
 
     #[test]

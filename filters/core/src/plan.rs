@@ -68,6 +68,9 @@ pub struct RequestInputs<'a> {
 pub enum HeadPlan {
     /// `GET` of the models path: answered from the config.
     Models,
+    /// `GET` of the models path + `/{id}`: that entry, or 404 (`None`: an id that does not
+    /// decode).
+    Model(Option<String>),
     /// Not ours to route: with the decision headers gone, no route sends it to a backend.
     Pass,
     /// An inference request refused before its body (none, or too large by `content-length`).
@@ -89,8 +92,15 @@ pub fn plan_head(
         Some(q) => &path[..q],
         None => path,
     };
-    if method == b"GET" && path == config.models_path.as_bytes() {
-        return HeadPlan::Models;
+    if method == b"GET" {
+        if let Some(tail) = path.strip_prefix(config.models_path.as_bytes()) {
+            if tail.is_empty() {
+                return HeadPlan::Models;
+            }
+            if let Some(id) = tail.strip_prefix(b"/") {
+                return HeadPlan::Model(crate::models::decode_id(id));
+            }
+        }
     }
     if method != b"POST" || !config.inference_paths.iter().any(|p| p.as_bytes() == path) {
         return HeadPlan::Pass;
@@ -134,6 +144,28 @@ pub fn check_request(scanned: Result<Fields, ScanError>) -> Result<Checked, Refu
         model,
         model_span: fields.spans.model,
     })
+}
+
+/// A request refused because backends it could use are in the filter's quarantine table: the
+/// seconds until the first of them is back and the request would be served — the same decision
+/// re-run with the table as it will stand at each coming deadline (at most one run per
+/// backend). `None` when no deadline changes the answer: the refusal is not about quarantine.
+pub fn retry_after_quarantine(
+    router: &Router,
+    model: &str,
+    headers: &RequestHeaders,
+    table: &crate::quarantine::Quarantine,
+    now: u64,
+) -> Option<u64> {
+    table
+        .deadlines_after(now)
+        .into_iter()
+        .find(|&at| {
+            router
+                .decide_among(model, headers, &|b| !table.is_quarantined(b, at), &mut || 0)
+                .is_ok()
+        })
+        .map(|at| crate::quarantine::seconds_until(at, now))
 }
 
 /// A request the filter forwards.
@@ -210,15 +242,16 @@ fn stamps<'r>(
     if decision.sensitive {
         stamps.push((SENSITIVE_HEADER, "true".to_string()));
     }
-    // An attempt to an external backend gets its `model` rewritten by the per-attempt filter;
-    // tell it where the value is so it need not scan the body again.
-    let external = || {
+    // An attempt to an external backend, or a local one whose served model name is known, gets
+    // its `model` rewritten by the per-attempt filter; tell it where the value is so it need not
+    // scan the body again.
+    let rewritten = || {
         decision
             .order
             .iter()
-            .any(|&b| router.backend(b).external_model.is_some())
+            .any(|&b| router.backend(b).rewrite_model().is_some())
     };
-    if let Some(span) = request.model_span.filter(|_| external()) {
+    if let Some(span) = request.model_span.filter(|_| rewritten()) {
         stamps.push((MODEL_SPAN_HEADER, format_span(span, body_len)));
     }
     stamps
@@ -238,12 +271,15 @@ mod tests {
                 "backends": [
                     {"name": "loc"},
                     {"name": "loc2"},
-                    {"name": "gpt", "tier": "cloud", "external_model": "gpt-5", "provider": "openai"}
+                    {"name": "gpt", "tier": "cloud", "external_model": "gpt-5", "provider": "openai"},
+                    {"name": "vllm", "served_model": "Qwen/Qwen3-8B"}
                 ],
                 "rules": [
                     {"name": "safe", "models": ["safe-*"], "fail_closed": true, "backends": ["loc"]},
                     {"name": "mixed", "models": ["mix"], "backends": ["loc", "gpt"]},
-                    {"name": "pair", "models": ["pair"], "backends": ["loc", "loc2"]}
+                    {"name": "pair", "models": ["pair"], "backends": ["loc", "loc2"]},
+                    {"name": "served", "models": ["qwen"], "backends": ["vllm"]},
+                    {"name": "either", "models": ["either"], "fail_closed": true, "backends": ["loc", "loc2"]}
                 ],
                 "default_route": "loc2"
             })
@@ -308,6 +344,47 @@ mod tests {
         assert!(f.judge.ask_endpoint());
         let f = plan(&r, r#"{"model":"pair"}"#, &[], &|_| true).unwrap();
         assert!(stamped(&f).iter().all(|(n, _)| *n != MODEL_SPAN_HEADER));
+        // A local backend whose served model name is known is rewritten as well.
+        let f = plan(&r, r#"{"model":"qwen"}"#, &[], &|_| true).unwrap();
+        assert!(stamped(&f).contains(&("x-llmkube-model-span", "9-15/16")));
+    }
+
+    #[test]
+    fn retry_after_is_the_first_deadline_that_lets_the_request_through() {
+        use crate::quarantine::Quarantine;
+        const S: u64 = 1_000_000_000;
+        let r = router();
+        let retry = |model: &str, q: &Quarantine, now: u64| {
+            retry_after_quarantine(&r, model, &RequestHeaders::new(), q, now)
+        };
+        let mut q = Quarantine::new(4);
+        q.mark(0, 20 * S);
+        q.mark(1, 30 * S);
+        // "safe" (fail-closed on loc): back when loc is.
+        assert!(plan(&r, r#"{"model":"safe-1"}"#, &[], &|b| b > 1).is_err());
+        assert_eq!(retry("safe-1", &q, 10 * S), Some(10));
+        assert_eq!(retry("safe-1", &q, 19 * S + 1), Some(1));
+        // "either" needs loc or loc2: the earlier of the two.
+        q.mark(0, 40 * S);
+        assert_eq!(retry("either", &q, 10 * S), Some(20));
+        // Nothing quarantined that matters: no Retry-After.
+        assert_eq!(retry("safe-1", &Quarantine::new(4), 10 * S), None);
+        let sensitive = {
+            let mut h = RequestHeaders::new();
+            h.push("x-llmkube-classification".into(), "pii".into());
+            h
+        };
+        // A sensitive request to a route with no local backend is refused for good.
+        let r2 = Router::from_json(
+            br#"{"router":"r","backends":[{"name":"gpt","tier":"cloud","external_model":"g","provider":"openai"}],"default_route":"gpt"}"#,
+        )
+        .unwrap();
+        let mut q1 = Quarantine::new(1);
+        q1.mark(0, 20 * S);
+        assert_eq!(
+            retry_after_quarantine(&r2, "m", &sensitive, &q1, 10 * S),
+            None
+        );
     }
 
     #[test]
@@ -387,6 +464,20 @@ mod tests {
         };
         assert_eq!(head("GET", "/v1/models?x=1", None, true), HeadPlan::Models);
         assert_eq!(head("POST", "/v1/models", None, false), HeadPlan::Pass);
+        assert_eq!(
+            head("GET", "/v1/models/meta-llama%2FL?x", None, true),
+            HeadPlan::Model(Some("meta-llama/L".into()))
+        );
+        assert_eq!(
+            head("GET", "/v1/models/a/b", None, true),
+            HeadPlan::Model(Some("a/b".into()))
+        );
+        assert_eq!(
+            head("GET", "/v1/models/", None, true),
+            HeadPlan::Model(None)
+        );
+        assert_eq!(head("GET", "/v1/modelsx", None, true), HeadPlan::Pass);
+        assert_eq!(head("POST", "/v1/models/a", None, false), HeadPlan::Pass);
         assert_eq!(
             head("GET", "/v1/chat/completions", None, true),
             HeadPlan::Pass

@@ -108,6 +108,79 @@ impl Quarantine {
     pub fn any(&self, now: u64) -> bool {
         self.until.iter().any(|&t| t > now)
     }
+
+    /// The deadlines after `now`, ascending, each once: the moments the table next changes.
+    pub fn deadlines_after(&self, now: u64) -> Vec<u64> {
+        let mut d: Vec<u64> = self.until.iter().copied().filter(|&t| t > now).collect();
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+}
+
+/// Whole seconds from `now` to `deadline` (host clock, ns), rounded up and at least 1: what a
+/// `Retry-After` header says.
+pub fn seconds_until(deadline: u64, now: u64) -> u64 {
+    deadline.saturating_sub(now).div_ceil(1_000_000_000).max(1)
+}
+
+/// How long Envoy keeps a backend ejected, as this worker knows it. Envoy's outlier detection
+/// ejects a backend after one 5xx for `quarantineDuration`, released on its next 1 s interval
+/// tick; the filter cannot read Envoy's ejection table, so it remembers when it saw each backend
+/// fail. A backend it never saw fail (another worker did, or the health check) counts as ejected
+/// just now: the answer is then an upper bound.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ejections {
+    /// Per backend index: when this worker last saw it fail (host clock, ns); 0 = never.
+    failed_at: Vec<u64>,
+}
+
+/// Envoy's outlier detection `interval` in the generated clusters: an ejection ends on the first
+/// tick after `base_ejection_time`.
+pub const EJECTION_RELEASE_TICK_NS: u64 = 1_000_000_000;
+
+impl Ejections {
+    pub fn new(backends: usize) -> Self {
+        Ejections {
+            failed_at: vec![0; backends],
+        }
+    }
+
+    /// `backend` answered a 5xx at `now`: Envoy ejected it.
+    pub fn record(&mut self, backend: usize, now: u64) {
+        if let Some(t) = self.failed_at.get_mut(backend) {
+            *t = now;
+        }
+    }
+
+    /// Seconds until the first backend of `order` is back from its ejection (each ejected for
+    /// `duration_ns`), when a request over `order` failed with every one of them ejected.
+    pub fn retry_after(&self, order: &[usize], now: u64, duration_ns: u64) -> Option<u64> {
+        order
+            .iter()
+            .map(|&b| {
+                let seen = self.failed_at.get(b).copied().unwrap_or(0);
+                let since = if seen == 0 || seen > now { now } else { seen };
+                since
+                    .saturating_add(duration_ns)
+                    .saturating_add(EJECTION_RELEASE_TICK_NS)
+            })
+            .min()
+            .map(|back| seconds_until(back, now))
+    }
+}
+
+/// Whether a final 5xx answer leaves the backends of its order ejected by Envoy's outlier
+/// detection: a backend's own 5xx (`via_upstream`, consecutive_5xx 1) or Envoy finding none of
+/// them healthy (`no_healthy_upstream`). Timeouts and resets are local-origin failures the
+/// generated clusters do not eject on, and an unknown cause claims nothing.
+pub fn left_ejected(status: u32, code_details: Option<&[u8]>) -> bool {
+    status >= 500
+        && status != 504
+        && matches!(
+            code_details,
+            Some(b"via_upstream") | Some(b"no_healthy_upstream")
+        )
 }
 
 #[cfg(test)]
@@ -162,6 +235,37 @@ mod tests {
     }
 
     #[test]
+    fn ejections_count_from_the_failure_seen_else_from_now() {
+        const S: u64 = 1_000_000_000;
+        let mut e = Ejections::new(3);
+        e.record(1, 10 * S);
+        e.record(9, 10 * S);
+        // Backend 1 failed at 10 s, ejected for 15 s, released on the next 1 s tick: 26 s.
+        assert_eq!(e.retry_after(&[1], 12 * S, 15 * S), Some(14));
+        // Never seen failing: an upper bound, the whole duration from now.
+        assert_eq!(e.retry_after(&[0], 12 * S, 15 * S), Some(16));
+        assert_eq!(e.retry_after(&[0, 1], 12 * S, 15 * S), Some(14));
+        assert_eq!(e.retry_after(&[1], 40 * S, 15 * S), Some(1));
+        assert_eq!(e.retry_after(&[], 40 * S, 15 * S), None);
+        assert_eq!(seconds_until(S + 1, 0), 2);
+        assert_eq!(seconds_until(0, 5), 1);
+    }
+
+    #[test]
+    fn only_a_backends_own_5xx_or_no_healthy_upstream_ejects() {
+        assert!(left_ejected(500, Some(b"via_upstream")));
+        assert!(left_ejected(503, Some(b"no_healthy_upstream")));
+        assert!(!left_ejected(504, Some(b"via_upstream")));
+        assert!(!left_ejected(504, Some(b"upstream_per_try_timeout")));
+        assert!(!left_ejected(
+            503,
+            Some(b"upstream_reset_before_response_started{remote_reset}")
+        ));
+        assert!(!left_ejected(503, None));
+        assert!(!left_ejected(429, Some(b"via_upstream")));
+    }
+
+    #[test]
     fn deadlines_expire() {
         let mut q = Quarantine::new(2);
         q.mark(0, 1_000);
@@ -170,5 +274,8 @@ mod tests {
         assert!(!q.is_quarantined(1, 0));
         assert!(q.any(999));
         assert!(!q.any(1_000));
+        q.mark(1, 500);
+        assert_eq!(q.deadlines_after(400), [500, 1_000]);
+        assert_eq!(q.deadlines_after(500), [1_000]);
     }
 }

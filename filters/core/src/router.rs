@@ -27,7 +27,7 @@ pub struct Router {
     complexity_header: String,
     /// Lower-cased names of every request header a decision may read.
     needed_headers: Vec<String>,
-    models_body: Vec<u8>,
+    models: crate::models::ModelTable,
     tiers: Vec<Tier>,
     weights: Vec<u32>,
     /// `policy.auth.allowlists`, when set.
@@ -41,8 +41,20 @@ pub struct Backend {
     pub capabilities: Vec<String>,
     pub weight: u32,
     pub external_model: Option<String>,
+    /// A local backend's served model name (`None` for external ones: `external_model` rules).
+    pub served_model: Option<String>,
     pub provider: Option<Provider>,
     pub timeout_ms: Option<u64>,
+}
+
+impl Backend {
+    /// The name the body's `model` becomes on an attempt to this backend: the provider's model
+    /// of an external backend, the served model name of a local one, when known.
+    pub fn rewrite_model(&self) -> Option<&str> {
+        self.external_model
+            .as_deref()
+            .or(self.served_model.as_deref())
+    }
 }
 
 #[derive(Debug)]
@@ -161,6 +173,10 @@ impl Router {
                 capabilities: b.capabilities.clone(),
                 weight: b.weight,
                 external_model: b.external_model.clone(),
+                served_model: b
+                    .served_model
+                    .clone()
+                    .filter(|_| b.external_model.is_none()),
                 provider,
                 timeout_ms: b.timeout_ms,
             });
@@ -232,7 +248,7 @@ impl Router {
         );
         needed_headers.sort();
         needed_headers.dedup();
-        let models_body = crate::models::models_body(&config);
+        let models = crate::models::ModelTable::new(&config);
         let tiers: Vec<Tier> = backends.iter().map(|b| b.tier).collect();
         let weights: Vec<u32> = backends.iter().map(|b| b.weight).collect();
         Ok(Router {
@@ -248,7 +264,7 @@ impl Router {
             classification_header,
             complexity_header,
             needed_headers,
-            models_body,
+            models,
             tiers,
             weights,
             allow,
@@ -280,7 +296,12 @@ impl Router {
 
     /// The `/v1/models` response body, built once at config load.
     pub fn models_body(&self) -> &[u8] {
-        &self.models_body
+        self.models.list()
+    }
+
+    /// The `/v1/models/{id}` response body, when `/v1/models` lists `id`.
+    pub fn model_body(&self, id: &str) -> Option<&[u8]> {
+        self.models.entry(id)
     }
 
     /// Decides where a request goes, every backend counted healthy. `random` supplies entropy

@@ -10,13 +10,13 @@ use proxy_wasm::types::Action;
 use router_core::audit::{caller_label, client_address, AuditRecord, Outcome};
 use router_core::body::BodyWindow;
 use router_core::config::Tier;
-use router_core::errors::ApiError;
+use router_core::errors::{ApiError, ErrorShape};
 use router_core::headers::{ATTEMPT_COUNT_HEADER, DESTINATION_ENDPOINT_HEADER, MODEL_SPAN_HEADER};
 use router_core::plan::{
-    check_body_size, check_request, plan_head, plan_request, Forward, HeadPlan, Refusal,
-    RequestInputs,
+    check_body_size, check_request, plan_head, plan_request, retry_after_quarantine, Forward,
+    HeadPlan, Refusal, RequestInputs,
 };
-use router_core::quarantine::went_silent;
+use router_core::quarantine::{left_ejected, went_silent};
 use router_core::response::{ResponseHead, ResponseJudge};
 use router_core::router::RequestHeaders;
 use router_core::scan::{Fields, ScanError, Scanner};
@@ -65,6 +65,8 @@ pub(crate) struct Request {
     pick: Option<crate::pick::Held>,
     /// The pick's inputs while a shared ledger decides on the request.
     pending_pick: Option<crate::pick::Pending>,
+    /// Which API's error shape the client reads (Anthropic's on the Messages path).
+    shape: ErrorShape,
 }
 
 /// `:method`, `:path` and `content-length` of a request.
@@ -77,6 +79,8 @@ struct Routed {
     served: Option<usize>,
     /// Its response reached end of stream.
     complete: bool,
+    /// The attempt order, for how long a failed request's backends stay ejected.
+    order: Vec<usize>,
 }
 
 /// Why a piece of the body could not be read.
@@ -119,12 +123,21 @@ impl Request {
             budget: None,
             pick: None,
             pending_pick: None,
+            shape: ErrorShape::OpenAi,
         }
     }
 
     fn fail(&mut self, err: &ApiError, outcome: Outcome) -> Action {
+        self.fail_retry(err, outcome, None)
+    }
+
+    /// An error answer in the client's API shape; `retry_after` (seconds) when coming back later
+    /// can help.
+    fn fail_retry(&mut self, err: &ApiError, outcome: Outcome, retry_after: Option<u64>) -> Action {
         self.settle(outcome);
-        self.respond(err.status, &err.body(), err.code)
+        let body = err.body_in(self.shape, self.audit.request_id.as_deref());
+        let retry_after = retry_after.map(|s| s.to_string());
+        self.reply(err.status, &body, err.code, retry_after.as_deref())
     }
 
     fn refuse(&mut self, refusal: Refusal) -> Action {
@@ -144,11 +157,51 @@ impl Request {
         }
     }
 
-    fn respond(&mut self, status: u32, body: &[u8], details: &str) -> Action {
+    /// Answers locally with a JSON body, the request id (the one the audit line records) and
+    /// `Retry-After` when given.
+    fn reply(
+        &mut self,
+        status: u32,
+        body: &[u8],
+        details: &str,
+        retry_after: Option<&str>,
+    ) -> Action {
         self.phase = Phase::Answered;
         self.audit.status = status;
-        edge::respond_json("model-router", status, body, details);
+        let mut headers = vec![("content-type", "application/json")];
+        headers.extend(self.id_headers());
+        if let Some(s) = retry_after {
+            headers.push(("retry-after", s));
+        }
+        if let Err(e) = edge::respond(status, &headers, body, details) {
+            edge::log(
+                Level::Error,
+                &format!("model-router: local response failed: {e}"),
+            );
+        }
         Action::Pause
+    }
+
+    /// The response headers that carry the request id: `x-request-id` (OpenAI's SDKs read it),
+    /// and `request-id` too on the Messages path (Anthropic's SDKs read that one).
+    fn id_headers(&self) -> impl Iterator<Item = (&'static str, &str)> + '_ {
+        let id = self.audit.request_id.as_deref();
+        let anthropic = self.shape == ErrorShape::Anthropic;
+        id.map(|id| ("x-request-id", id))
+            .into_iter()
+            .chain(id.filter(|_| anthropic).map(|id| ("request-id", id)))
+    }
+
+    /// Puts the request id on a response that came from upstream or from Envoy itself.
+    fn stamp_id(&self) {
+        for (name, value) in self.id_headers() {
+            if let Err(e) = edge::set_header(Map::ResponseHeaders, name, value) {
+                edge::log(
+                    Level::Warn,
+                    &format!("model-router: setting {name} on the response: {e}"),
+                );
+            }
+        }
     }
 
     fn internal(&mut self, what: &str) -> Action {
@@ -206,6 +259,17 @@ impl Request {
                     }
                 }
             }
+        }
+        if self.audit.request_id.is_none() {
+            // No gateway id (Envoy always sets one): make one, and send it upstream as well so
+            // the backend's logs can name the same request.
+            let id = {
+                let mut ids = worker.ids.borrow_mut();
+                router_core::audit::new_request_id(ids.next_u64(), ids.next_u64())
+            };
+            edge::set_header(Map::RequestHeaders, "x-request-id", &id)
+                .map_err(|e| format!("setting x-request-id: {e}"))?;
+            self.audit.request_id = Some(id);
         }
         if audit_cfg.log_client_address {
             let peer = edge::property(&["source", "address"])
@@ -277,11 +341,19 @@ impl Request {
                 eligible: &eligible,
                 random: &mut || rng.next_u64(),
             };
-            plan_request(router, &checked, body_len, inputs)
+            plan_request(router, &checked, body_len, inputs).map_err(|refusal| {
+                // Refused while backends it could use are quarantined: say when one is back.
+                let retry_after = quarantined.as_ref().and_then(|q| {
+                    retry_after_quarantine(router, &checked.model, &self.headers, q, now)
+                });
+                (refusal, retry_after)
+            })
         };
         let mut forward = match planned {
             Ok(f) => f,
-            Err(refusal) => return self.refuse(refusal),
+            Err((refusal, retry_after)) => {
+                return self.fail_retry(&refusal.error, refusal.outcome, retry_after)
+            }
         };
         // Hashed before the budget step edits the body; charged only once it is admitted.
         let pick = worker
@@ -301,6 +373,7 @@ impl Request {
             judge: forward.judge,
             served: None,
             complete: false,
+            order: forward.decision.order.clone(),
         });
         for (name, value) in &forward.stamps {
             if let Err(e) = edge::set_header(Map::RequestHeaders, name, value) {
@@ -398,19 +471,29 @@ impl Request {
         } else {
             Outcome::FailClosedRuntime
         });
-        self.phase = Phase::Answered;
-        self.audit.status = err.status;
-        let mut headers = vec![("content-type", "application/json")];
-        if let Some(s) = &retry_after {
-            headers.push(("retry-after", s.as_str()));
+        let body = err.body_in(self.shape, self.audit.request_id.as_deref());
+        self.reply(err.status, &body, err.code, retry_after.as_deref())
+    }
+
+    /// A request whose last attempt failed in a way that leaves its backends ejected by Envoy:
+    /// seconds until the first of them is back (`None` for other failures, which a retry may
+    /// get past at once).
+    fn ejected_retry_after(&self, worker: &Worker, status: u32, now: u64) -> Option<u64> {
+        let Phase::Forwarded(routed) = &self.phase else {
+            return None;
+        };
+        let details = edge::property(&["response", "code_details"]).ok().flatten();
+        if !left_ejected(status, details.as_deref()) {
+            return None;
         }
-        if let Err(e) = edge::respond(err.status, &headers, &err.body(), err.code) {
-            edge::log(
-                Level::Error,
-                &format!("model-router: local response failed: {e}"),
-            );
+        let mut ejections = worker.ejections.borrow_mut();
+        if details.as_deref() == Some(b"via_upstream".as_slice()) {
+            if let Some(b) = self.backend_index {
+                ejections.record(b, now);
+            }
         }
-        Action::Pause
+        let duration_ns = worker.router.config.quarantine_ms.saturating_mul(1_000_000);
+        ejections.retry_after(&routed.order, now, duration_ns)
     }
 
     /// A response that started and then never finished because the stream idle timeout cut it
@@ -546,11 +629,26 @@ impl HttpContext for Request {
             Ok(v) => v,
             Err(e) => return self.internal(&e),
         };
+        self.shape = ErrorShape::for_path(&path);
         match plan_head(&worker.router.config, &method, &path, length, end_of_stream) {
             HeadPlan::Models => {
                 self.audited = true;
                 self.settle(Outcome::Ok);
-                self.respond(200, worker.router.models_body(), "llmkube_models")
+                self.reply(200, worker.router.models_body(), "llmkube_models", None)
+            }
+            HeadPlan::Model(id) => {
+                self.audited = true;
+                let listed = id.as_deref().and_then(|id| worker.router.model_body(id));
+                match listed {
+                    Some(body) => {
+                        self.settle(Outcome::Ok);
+                        self.reply(200, body, "llmkube_models", None)
+                    }
+                    None => {
+                        let err = ApiError::model_not_listed(id.as_deref().unwrap_or_default());
+                        self.fail(&err, Outcome::NoRoute)
+                    }
+                }
             }
             HeadPlan::Pass => Action::Continue,
             HeadPlan::Refuse(refusal) => {
@@ -597,6 +695,10 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        // Our own answers carry it already.
+        if !matches!(self.phase, Phase::Answered) {
+            self.stamp_id();
+        }
         let (Some(worker), Phase::Forwarded(routed)) = (self.worker.clone(), &self.phase) else {
             return Action::Continue;
         };
@@ -651,7 +753,8 @@ impl HttpContext for Request {
         }
         let verdict = judge.verdict(head.status, head.streaming);
         if let Some(err) = verdict.replace {
-            return self.fail(&err, verdict.outcome);
+            let retry_after = self.ejected_retry_after(&worker, head.status, edge::now_nanos());
+            return self.fail_retry(&err, verdict.outcome, retry_after);
         }
         if let Phase::Forwarded(routed) = &mut self.phase {
             routed.served = self.backend_index;

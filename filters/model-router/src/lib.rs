@@ -55,6 +55,11 @@ pub(crate) struct Worker {
     pub budgets: Option<budget::Budgets>,
     /// Pod picking for endpoint-picked backends (state shared with the other workers).
     pub pick: pick::Pick,
+    /// When this worker saw each backend fail (Envoy ejects it), for `Retry-After`.
+    pub ejections: RefCell<router_core::quarantine::Ejections>,
+    /// Request ids for requests that arrive without one; apart from `rng` so that weighted
+    /// picks draw the same sequence whether or not the gateway sets ids.
+    pub ids: RefCell<Rng>,
 }
 
 #[derive(Default)]
@@ -135,6 +140,9 @@ impl RootContext for Root {
                 }
                 let pick =
                     pick::Pick::new(&router, u64::from_le_bytes(seed) ^ 0x9e37_79b9_7f4a_7c15);
+                let ejections = RefCell::new(router_core::quarantine::Ejections::new(
+                    router.backends_len(),
+                ));
                 self.worker = Some(Rc::new(Worker {
                     pick,
                     metrics,
@@ -146,6 +154,10 @@ impl RootContext for Root {
                     stamped,
                     scanner: RefCell::new(Scanner::new()),
                     rng: RefCell::new(Rng::new(u64::from_le_bytes(seed))),
+                    ejections,
+                    ids: RefCell::new(Rng::new(
+                        u64::from_le_bytes(seed).rotate_left(29) ^ 0x5851_f42d_4c95_7f2d,
+                    )),
                 }));
                 true
             }

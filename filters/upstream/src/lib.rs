@@ -214,7 +214,10 @@ impl HttpContext for Attempt {
                 return self.internal(&format!("setting {name}: {e}"));
             }
         }
-        let Some(model) = send.rewrite_model.filter(|_| !end_of_stream) else {
+        let Some(model) = send
+            .rewrite_model
+            .filter(|m| !end_of_stream && Located::needs_rewrite(located.as_ref(), m))
+        else {
             return Action::Continue;
         };
         self.phase = Phase::Rewriting {

@@ -8,6 +8,7 @@ mod policy;
 mod proxy;
 mod references;
 mod rules;
+mod served;
 mod syntax;
 
 use std::collections::BTreeSet;
@@ -79,6 +80,19 @@ impl Ctx<'_> {
 
 /// Validates one ModelRouter. `inputs` supplies the referenced objects; `refs` says how missing
 /// ones are reported.
+/// The `validate` lint of model names a local engine may not serve (`served`): rules and the
+/// default route that can send a local backend names other than its own, while its
+/// InferenceService does not say which name its engine serves.
+pub fn lint_served_models(router: &ModelRouter, inputs: &Inputs, diags: &mut Diagnostics) {
+    let name = router.metadata.name.clone().unwrap_or_default();
+    let mut cx = Ctx {
+        label: format!("ModelRouter/{name}"),
+        diags,
+    };
+    let namespace = namespace_of(&router.metadata).to_string();
+    served::foreign_model_names(&mut cx, &router.spec, &namespace, inputs);
+}
+
 pub fn validate_router(
     router: &ModelRouter,
     inputs: &Inputs,

@@ -275,7 +275,7 @@ fn provider(ir: &Ir, a: &Attempt) -> Value {
         }
         None => {
             let (host, port) = b.endpoints.first().cloned().unwrap_or_default();
-            v["openai"] = json!({});
+            v["openai"] = served_model(ir, a);
             v["host"] = json!(host);
             v["port"] = json!(port);
         }
@@ -285,6 +285,14 @@ fn provider(ir: &Ir, a: &Attempt) -> Value {
     }
     v["policies"] = policies;
     v
+}
+
+/// A local backend's provider settings: its served model name, when known, is the model.
+fn served_model(ir: &Ir, a: &Attempt) -> Value {
+    match ir.served_model(a.backend) {
+        Some(m) => json!({"model": m}),
+        None => json!({}),
+    }
 }
 
 /// HTTPRoutes with one rule per route key, 16 rules each.

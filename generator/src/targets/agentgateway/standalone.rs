@@ -122,7 +122,10 @@ fn provider(ir: &Ir, a: &Attempt) -> Value {
             (p, host_port(&e.url.host, e.url.port))
         }
         None => (
-            json!({"openAI": {}}),
+            match ir.served_model(b) {
+                Some(m) => json!({"openAI": {"model": m}}),
+                None => json!({"openAI": {}}),
+            },
             b.endpoints
                 .first()
                 .map(|(h, port)| host_port(h, *port))

@@ -161,12 +161,13 @@ fn no_backend_route() -> Value {
     })
 }
 
-/// The upstream chain of a cluster over `members`, when one of them is external.
+/// The upstream chain of a cluster over `members`, when one of them is external or has its
+/// `model` rewritten (a local backend whose served model name is known).
 fn chain_for(ir: &Ir, members: &[usize], wasm: &Path) -> Option<Value> {
     let externals: Vec<&Backend> = members
         .iter()
+        .filter(|&&b| ir.core.backend(b).rewrite_model().is_some())
         .map(|&b| &ir.backends[b])
-        .filter(|b| b.external().is_some())
         .collect();
     (!externals.is_empty()).then(|| upstream_chain(&externals, wasm, &ir.plugin_json))
 }

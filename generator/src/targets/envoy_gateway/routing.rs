@@ -102,8 +102,10 @@ fn rule(ir: &Ir, index: usize, p: &RoutePlan) -> Value {
         .map(|(priority, &b)| {
             let backend = &ir.backends[b];
             let mut r = json!({"name": names::backend(ir, &backend.name), "priority": priority});
-            if let Some(e) = backend.external() {
-                r["modelNameOverride"] = json!(e.model);
+            if let Some(m) = backend.external().map(|e| e.model.as_str()) {
+                r["modelNameOverride"] = json!(m);
+            } else if let Some(m) = ir.served_model(backend) {
+                r["modelNameOverride"] = json!(m);
             }
             r
         })

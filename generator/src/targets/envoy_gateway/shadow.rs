@@ -18,7 +18,7 @@
 //! A patch-added cluster cannot carry a credential from a Kubernetes Secret (an EnvoyPatchPolicy
 //! holds literal xDS only; the generator writes no Secret value), and without the model rewrite
 //! the provider would get the client's model. Envoy AI Gateway v1.1.0 (the CRDs in
-//! shared/crds, and its source at that commit: no `mirror` anywhere in `api/` or
+//! generator/schemas, and its source at that commit: no `mirror` anywhere in `api/` or
 //! `internal/controller/`) has no mirrors on an AIGatewayRoute rule. A copy sent through one of
 //! its rule clusters would also need the `x-llmkube-shadow` mark, so the filter discards the
 //! answer and charges no budget for it.

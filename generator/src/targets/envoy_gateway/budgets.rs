@@ -181,7 +181,7 @@ pub(super) fn cluster_patch(ir: &Ir, service: Option<&BudgetsService>) -> Option
         "operation": {
             "op": "add",
             "path": "",
-            "value": crate::targets::envoy::budgets_cluster_config(cluster, &host, port),
+            "value": crate::targets::xds::budgets_cluster_config(cluster, &host, port),
         },
     }))
 }

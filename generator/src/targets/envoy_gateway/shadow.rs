@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 use super::names;
 use super::routing::rule_route_paths;
 use crate::ir::Ir;
-use crate::targets::envoy::{shadow_cluster_named, SHADOW_MAX_REQUESTS};
+use crate::targets::xds::{shadow_cluster_named, SHADOW_MAX_REQUESTS};
 use crate::{Diagnostics, Problem};
 
 const MIB: u64 = 1024 * 1024;

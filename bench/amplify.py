@@ -88,7 +88,7 @@ def main():
             one_m = (m[("minK", s)] - m[("min1", s)]) / (a.k - 1)
             print(f"minimal wasm filter, {s // B.KIB} KiB: x1 {m[('min1', s)]:.0f}, "
                   f"x{a.k} {m[('minK', s)]:.0f}, one instance {one_m:.1f} µs")
-    out = B.RESULTS / "amplify.json"
+    out = B.RESULTS / "one-instance-cost-amplified.json"
     out.write_text(json.dumps({"k": a.k, "reps": a.reps, "wasm": ours.wasm,
                                "cpu_us_per_request": {f"{k}@{s}": v for (k, s), v in cpu.items()}},
                               indent=1))

@@ -10,8 +10,8 @@ Driven by bench/run, which makes sure the prerequisites exist. This script:
      queueing: the added p50 is the added service time, the headline for latency and µs/KiB) and
      once with 4 (closed-loop load: throughput), listeners interleaved within each repetition,
      several repetitions,
-  5. prints tables and writes bench/results/<mode>.json and the generated section of
-     docs/benchmarks.md.
+  5. prints tables and writes bench/results/<result>.json (every run) and <result>.md (its
+     tables), <result> naming what the mode measures (RESULT_NAMES).
 
 It measures; it asserts nothing about times.  Python 3.11 stdlib only.
 """
@@ -25,7 +25,6 @@ import http.client
 import json
 import os
 import platform
-import re
 import resource
 import shutil
 import signal
@@ -43,7 +42,12 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 OUT = BENCH / "out"
 RESULTS = BENCH / "results"
-DOC = ROOT / "docs" / "benchmarks.md"
+# What each mode measures: the name of its files in bench/results/ (.json raw, .md tables).
+RESULT_NAMES = {
+    "full": "added-latency-vs-native",
+    "quick": "added-latency-vs-native-quick",
+    "outside": "generated-bootstrap-cost",
+}
 WASM_DIR = ROOT / "target" / "wasm32-wasip1" / "release"
 UPSTREAM_BIN = BENCH / "target" / "release" / "bench-upstream"
 LUA = BENCH / "post.lua"
@@ -651,7 +655,8 @@ def main():
     ap.add_argument("--envoy", default=os.environ.get("ENVOY_BIN")
                     or str(ROOT / ".venv" / "bin" / "envoy"))
     ap.add_argument("--wrk", default=shutil.which("wrk") or "wrk")
-    ap.add_argument("--no-doc", action="store_true", help="do not rewrite docs/benchmarks.md")
+    ap.add_argument("--no-doc", action="store_true",
+                    help="do not write the tables to bench/results/<result>.md")
     ap.add_argument("--outside", action="store_true",
                     help="measure inside the generated bootstrap (bench/outside.py): L0 buffer, "
                          "L1 + json_to_metadata, L2 the generated chain, one route table; "
@@ -662,13 +667,13 @@ def main():
     ap.add_argument("--perf", action="store_true",
                     help="perf record -g on Envoy while each listener (with --outside: L0, L1, "
                          "L2; else all but json_to_metadata) serves the largest body (model last) "
-                         "instead of the timed run; writes bench/results/{outside,default}-perf.json")
+                         "instead of the timed run; writes bench/results/cpu-profile-{generated-bootstrap,listeners}.json")
     ap.add_argument("--list-crates", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--render", choices=["quick", "full", "outside"],
-                    help="only re-render bench/results/MODE.json into the doc, no run")
+                    help="only re-render the mode's bench/results/<result>.json into its .md, no run")
     a = ap.parse_args()
     if a.render:
-        res = json.loads((RESULTS / f"{a.render}.json").read_text())
+        res = json.loads((RESULTS / f"{RESULT_NAMES[a.render]}.json").read_text())
         if a.render == "outside":
             import outside
             md = outside.render(res)
@@ -681,7 +686,7 @@ def main():
             md = render(res)
         print(md)
         if not a.no_doc:
-            write_doc(a.render, md)
+            write_doc(RESULT_NAMES[a.render], md)
         return
     if a.list_crates:
         print("\n".join(sorted({f.crate for f in FULL_CHAIN + FULL_CHAIN_UPSTREAM} | {MODEL_ROUTER.crate})))
@@ -698,8 +703,7 @@ def main():
             raise SystemExit(f"--compare-wasm: {COMPARE_WASM} does not exist")
     partial = bool(a.sizes or a.compare_wasm or a.no_memory) and not a.outside
     if partial and not a.no_doc:
-        print("== partial run (--sizes/--compare-wasm/--no-memory): not rewriting the doc")
-        a.no_doc = True
+        print("== partial run (--sizes/--compare-wasm/--no-memory): writes <result>-partial.*")
 
     OUT.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -739,7 +743,7 @@ def main():
             import outside
             arms = [{"key": l.key, "port": l.port, "header": ""} for l in ls if l.key != "L2"]
             prof = outside.profile(env, arms, bodies, max(SIZES), dur, a.wrk, reconnects=False)
-            (RESULTS / "default-perf.json").write_text(json.dumps(prof, indent=1) + "\n")
+            (RESULTS / "cpu-profile-listeners.json").write_text(json.dumps(prof, indent=1) + "\n")
             return
 
         runs = []
@@ -808,14 +812,14 @@ def main():
                    **(mem or {})},
         "summary": summary, "runs": runs,
     }
-    out_name = mode if not partial else f"{mode}-partial"
+    out_name = RESULT_NAMES[mode] + ("-partial" if partial else "")
     (RESULTS / f"{out_name}.json").write_text(json.dumps(result, indent=1) + "\n")
     md = render(result)
     print()
     print(md)
     if not a.no_doc:
-        write_doc(mode, md)
-        print(f"\nwrote {RESULTS / (mode + '.json')} and the {mode} section of {DOC}")
+        write_doc(out_name, md)
+        print(f"\nwrote {RESULTS / (out_name + '.json')} and {RESULTS / (out_name + '.md')}")
 
 
 def summarize(runs: list, ls: list[Listener], reps: int) -> dict:
@@ -1007,15 +1011,10 @@ def render(res: dict) -> str:
     return "\n".join(L)
 
 
-def write_doc(mode: str, md: str):
-    begin, end = f"<!-- bench:{mode}:begin -->", f"<!-- bench:{mode}:end -->"
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    block = f"{begin}\n{md}\n{end}"
-    if begin in text and end in text:
-        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + f"\n\n## Latest {mode} run (generated by bench/run)\n\n{block}\n"
-    DOC.write_text(text)
+def write_doc(name: str, md: str):
+    """The tables of result `name` as bench/results/<name>.md, beside its .json."""
+    text = f"# bench/results/{name}.json (generated by bench/run; method: docs/benchmarks.md)\n\n{md}\n"
+    (RESULTS / f"{name}.md").write_text(text)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def main():
         print(f"| {l.key}: {l.title} | {m[l.key]:.1f} | {m[l.key] - m['buffer']:+.1f} | {step} |")
         if l.key != "jtm":
             prev = l.key
-    out = B.RESULTS / "floor.json"
+    out = B.RESULTS / "wasm-filter-floor.json"
     out.write_text(json.dumps({"reps": a.reps, "wasm": ours.wasm, "cpu_us_per_request": cpu},
                               indent=1))
     print(f"raw: {out}")

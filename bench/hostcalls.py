@@ -89,7 +89,7 @@ def main():
         print("one export removed (µs saved per request vs 'no calls'):")
         for name in PER_REQUEST_EXPORTS:
             print(f"  {name:28s} {m['none'] - m['-' + name]:7.1f}")
-    out = B.RESULTS / "hostcalls.json"
+    out = B.RESULTS / "hostcall-prices.json"
     out.write_text(json.dumps({"n": a.n, "reps": a.reps, "cpu_us_per_request": cpu}, indent=1))
     print(f"raw: {out}")
 

@@ -21,7 +21,7 @@ envoy-examples/router.yaml, so every request meets the generated route table and
 With --compare-wasm PATH: arm L2b, the generated chain with that build of the model/rule filter
 (its own VM), next to L2 in the same Envoy (a before → after of a filter change).
 With --perf: `perf record -g` on Envoy per arm instead of the timed run.
-Results: bench/results/outside.json and the `bench:outside` section of docs/benchmarks.md.
+Results: bench/results/generated-bootstrap-cost.json and .md (method: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ def run(a, started: dt.datetime, mach: dict, envoy_version: str, commit: str) ->
         if a.perf:
             keys = ("L0", "L0-rb", "L0-nr", "L2", "L2-rb", "L2-nr") if a.ab else ("L0", "L1", "L2", "L2b")
             prof = profile(env, [x for x in arms if x["key"] in keys], bs, max(sizes), dur, a.wrk)
-            (B.RESULTS / "outside-perf.json").write_text(json.dumps(prof, indent=1) + "\n")
+            (B.RESULTS / "cpu-profile-generated-bootstrap.json").write_text(json.dumps(prof, indent=1) + "\n")
             return
         n = reps * len(bs) * len(arms)
         k = 0
@@ -316,13 +316,13 @@ def run(a, started: dt.datetime, mach: dict, envoy_version: str, commit: str) ->
     }
     # L2b (--compare-wasm) is one more arm of a full run: the before of a change, side by side.
     partial = bool(a.sizes)
-    name = "outside-partial" if partial else "outside"
+    name = B.RESULT_NAMES["outside"] + ("-partial" if partial else "")
     (B.RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     md = render(result)
     print()
     print(md)
     if not a.no_doc and not partial:
-        B.write_doc("outside", md)
+        B.write_doc(name, md)
 
 
 def summarize(runs: list, arms: list[dict], sizes: list[int], reps: int) -> list[dict]:

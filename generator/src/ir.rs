@@ -14,6 +14,9 @@ use router_core::config::{self as rc, PluginConfig, DEFAULT_MAX_BODY_BYTES};
 use router_core::orders;
 use router_core::router::Router;
 
+pub mod callout_clusters;
+pub mod picks;
+
 use crate::inputs::{namespace_of, router_key, secret_values, Inputs};
 use crate::model::*;
 use crate::plugin::{plugin_config, PluginContext};

@@ -645,7 +645,7 @@ fn deploy_budgets() -> GatewayOptions {
     }
 }
 
-/// Core Kubernetes kinds (no CRD in shared/crds): the document must deserialise into
+/// Core Kubernetes kinds (no CRD in generator/schemas): the document must deserialise into
 /// k8s-openapi's type and serialise back to itself, so an unknown or misspelt field (dropped by
 /// the typed round trip) or a wrongly typed value fails.
 fn check_core(d: &Value) -> Result<bool, String> {

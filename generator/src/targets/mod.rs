@@ -5,9 +5,12 @@ pub mod agentgateway;
 pub mod checks;
 pub mod envoy;
 pub mod envoy_gateway;
+pub mod module;
 pub mod quarantine;
+pub mod xds;
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::str::FromStr;
 
 use crate::inputs::{load, Inputs, Source};
@@ -15,6 +18,10 @@ use crate::ir::{self, CompileOptions, Ir};
 use crate::model::ModelRouter;
 use crate::validate::{validate_router, RefPolicy};
 use crate::Diagnostics;
+
+/// The listener a locally run gateway opens unless told otherwise (`--listen`).
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 10000);
 
 /// `compile --target`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,9 +1,9 @@
-//! Checking generated Kubernetes documents against the upstream CRDs in `../shared/crds`
-//! (relative to the repository root): the OpenAPI schema of the document's apiVersion with a
-//! JSON-schema validator, unknown fields (any property not listed under `properties`, except
-//! below `x-kubernetes-preserve-unknown-fields`), and the `x-kubernetes-validations` CEL rules
-//! with `cel-interpreter`. Rules it cannot compile or evaluate are counted and listed, never
-//! silently passed.
+//! Checking generated Kubernetes documents against the upstream CRDs vendored in
+//! `generator/schemas/` (their sources and versions in its README): the OpenAPI schema of the
+//! document's apiVersion with a JSON-schema validator, unknown fields (any property not listed
+//! under `properties`, except below `x-kubernetes-preserve-unknown-fields`), and the
+//! `x-kubernetes-validations` CEL rules with `cel-interpreter`. Rules it cannot compile or
+//! evaluate are counted and listed, never silently passed.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -11,24 +11,9 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use serde_json::Value;
 
-/// `<repo>/../shared/crds`, or `$LLMKUBE_CRDS_DIR` (a git worktree elsewhere than beside
-/// shared/).
+/// `generator/schemas/`: the upstream CRDs and agentgateway's config schema.
 pub fn crds_dir() -> PathBuf {
-    let dir = std::env::var_os("LLMKUBE_CRDS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("..")
-                .join("..")
-                .join("shared")
-                .join("crds")
-        });
-    assert!(
-        dir.is_dir(),
-        "the upstream CRDs are expected in {} (shared/ beside the repository clone, or set LLMKUBE_CRDS_DIR)",
-        dir.display()
-    );
-    dir
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schemas")
 }
 
 /// Every served version's schema, by `(group/version, kind)`.
@@ -113,9 +98,9 @@ impl Crds {
         let kind = doc["kind"].as_str().unwrap_or("").to_string();
         let name = format!("{kind}/{}", doc["metadata"]["name"].as_str().unwrap_or(""));
         let Some(schema) = self.schemas.get(&(api.clone(), kind.clone())) else {
-            report
-                .errors
-                .push(format!("{name}: no CRD in shared/crds serves {api} {kind}"));
+            report.errors.push(format!(
+                "{name}: no CRD in generator/schemas serves {api} {kind}"
+            ));
             return;
         };
         let validator = jsonschema::options()

@@ -1,6 +1,6 @@
 //! The bad-input corpus through the compiled model-router module, driven by the wasmtime
 //! host as Envoy drives it. Every input gets the documented status and OpenAI-shaped JSON error
-//! (shared/interface.md) and is never forwarded; none kills the VM; afterwards the same VM routes.
+//! (README.md, "Behaviour") and is never forwarded; none kills the VM; afterwards the same VM routes.
 //!
 //! The same corpus runs through a real Envoy in testharness/fixtures/tests/hostile_envoy.rs.
 

@@ -14,8 +14,8 @@
 use serde_json::{json, Value};
 
 use super::AgentgatewayOptions;
+use crate::ir::callout_clusters::BUDGETS_CLUSTER;
 use crate::ir::Ir;
-use crate::targets::envoy::names::BUDGETS_CLUSTER;
 
 /// Any budget is enforced by this router.
 pub(super) fn enforced(ir: &Ir) -> bool {

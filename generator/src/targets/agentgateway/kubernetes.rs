@@ -93,7 +93,7 @@ pub(super) fn documents(ir: &Ir, opts: &AgentgatewayOptions, sha256: &str) -> Ve
     docs.extend(ext_proc_policy(ir, &gw));
     if super::picked::any_picked(ir) {
         let name = picker_name(ir);
-        let module = format!("{IMAGE_WASM_DIR}/{}", super::super::envoy::WASM_FILE);
+        let module = format!("{IMAGE_WASM_DIR}/{}", super::super::module::WASM_FILE);
         let config = super::picked::picker_config(ir, &module, sha256, opts);
         docs.extend(server_named(ir, opts, &name, &config));
         docs.extend(super::picked::pools(ir, &name, EXT_PROC_PORT, |n| {
@@ -115,7 +115,7 @@ pub(super) fn documents(ir: &Ir, opts: &AgentgatewayOptions, sha256: &str) -> Ve
 /// ConfigMap (the server's config, the module pinned as built into the image), Deployment and
 /// Service of `llmkube-ext-proc`.
 fn server(ir: &Ir, opts: &AgentgatewayOptions, sha256: &str) -> Vec<Value> {
-    let module = format!("{IMAGE_WASM_DIR}/{}", super::super::envoy::WASM_FILE);
+    let module = format!("{IMAGE_WASM_DIR}/{}", super::super::module::WASM_FILE);
     let config = ext_proc::config(ir, &module, sha256, opts);
     server_named(ir, opts, &server_name(ir), &config)
 }

@@ -80,9 +80,9 @@ impl Default for AgentgatewayOptions {
     fn default() -> Self {
         AgentgatewayOptions {
             common: CompileOptions::default(),
-            listen: super::envoy::DEFAULT_LISTEN,
+            listen: super::DEFAULT_LISTEN,
             ext_proc: (DEFAULT_EXT_PROC.0.to_string(), DEFAULT_EXT_PROC.1),
-            wasm_dir: super::envoy::default_wasm_dir(),
+            wasm_dir: super::module::default_wasm_dir(),
             wasm_sha256: None,
             image: DEFAULT_IMAGE.to_string(),
             budgets_service: None,
@@ -107,8 +107,7 @@ pub fn compile_agentgateway_diag(
     opts: &AgentgatewayOptions,
     diags: &mut Diagnostics,
 ) -> Option<Output> {
-    let sha256 =
-        super::envoy_gateway::pin_module(opts.wasm_sha256.as_deref(), &opts.wasm_dir, diags);
+    let sha256 = super::module::pin_module(opts.wasm_sha256.as_deref(), &opts.wasm_dir, diags);
     let common = CompileOptions {
         budgets_cluster: budgets::cluster_name(opts),
         ..opts.common.clone()
@@ -120,7 +119,7 @@ pub fn compile_agentgateway_diag(
         crate::render::Format::Yaml,
         diags,
     )?;
-    let module = super::envoy::absolute(opts.wasm_dir.join(super::envoy::WASM_FILE));
+    let module = super::module::absolute(opts.wasm_dir.join(super::module::WASM_FILE));
     let server = crate::render::render(
         &ext_proc::config(&ir, &module.to_string_lossy(), &sha256, opts),
         crate::render::Format::Yaml,

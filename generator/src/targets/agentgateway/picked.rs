@@ -81,7 +81,7 @@ pub(super) fn refusals(ir: &Ir, diags: &mut Diagnostics) {
         if !is_picked(b) {
             continue;
         }
-        if !crate::targets::envoy::pick::is_picked(ir, i) {
+        if !crate::ir::picks::is_picked(ir, i) {
             diags.error(Problem::new(
                 &ir.label,
                 format!("spec.backends[{i}].balancing.mode"),
@@ -181,7 +181,7 @@ pub(super) fn picker_config(
 ) -> Value {
     let mut cfg = ext_proc::config(ir, module_path, sha256, opts);
     let mut plugin: Value =
-        serde_json::from_str(&crate::targets::envoy::pick::plugin_json(ir)).unwrap_or(Value::Null);
+        serde_json::from_str(&crate::ir::picks::plugin_json(ir)).unwrap_or(Value::Null);
     if let Some(backends) = plugin["backends"].as_array_mut() {
         for b in backends {
             if let Some(pick) = b.get_mut("pick").and_then(Value::as_object_mut) {

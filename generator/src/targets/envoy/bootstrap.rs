@@ -8,13 +8,17 @@ use router_core::headers::{DESTINATION_ENDPOINT_HEADER, ROUTE_HEADER, SHADOW_HEA
 use serde_json::{json, Value};
 
 use super::clusters::*;
-use super::filters::{dur_ms, socket, typed, upstream_chain, wasm_filter};
+use super::filters::{dur_ms, upstream_chain, wasm_filter};
 use super::jwt;
 use super::names::*;
 use super::pick;
-use super::{upstream_wasm_path, wasm_path, EnvoyOptions, RETRY_ON, SHADOW_MAX_REQUESTS};
+use super::{upstream_wasm_path, wasm_path, EnvoyOptions, RETRY_ON};
 use crate::duration::envoy_duration;
+use crate::ir::picks::{is_picked, plugin_json};
 use crate::ir::{Backend, Ir, RoutePlan};
+use crate::targets::xds::{
+    budgets_cluster_config, local_reply_config, socket, typed, SHADOW_MAX_REQUESTS,
+};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -188,7 +192,7 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
     let mut clusters = Vec::new();
     let mut secrets = Vec::new();
     for (i, b) in ir.backends.iter().enumerate() {
-        let c = if pick::is_picked(ir, i) {
+        let c = if is_picked(ir, i) {
             pick::original_dst_cluster(ir, i, buffer_limit)
         } else {
             backend_cluster_config(b, &quarantine, buffer_limit, &opts.ca_file)
@@ -229,7 +233,7 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
         let b = &ir.backends[i];
         clusters.push(via_cluster_config(&b.name, b.tier, buffer_limit));
         // An attempt after a picked backend's carries that backend's pod header.
-        let strip = !pick::is_picked(ir, i) && pick::any_picked(ir);
+        let strip = !is_picked(ir, i) && pick::any_picked(ir);
         attempt_listeners.push(attempt_listener_config(b, timeout_ms, buffer_limit, strip));
     }
 
@@ -256,7 +260,7 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
             "routes": table.routes,
         }]},
         "http_filters": [
-            wasm_filter("llmkube-model-router", "model-router", "llmkube", &wasm, &pick::plugin_json(ir)),
+            wasm_filter("llmkube-model-router", "model-router", "llmkube", &wasm, &plugin_json(ir)),
             {"name": "envoy.filters.http.router", "typed_config": typed("envoy.extensions.filters.http.router.v3.Router")},
         ],
     });
@@ -265,7 +269,7 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
         if let Some(chain) = hcm["http_filters"].as_array_mut() {
             chain.splice(0..0, auth);
         }
-        hcm["local_reply_config"] = jwt::local_reply_config();
+        hcm["local_reply_config"] = local_reply_config();
     }
     let mut listeners = vec![json!({
         "name": "llmkube",

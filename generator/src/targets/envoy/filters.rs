@@ -9,14 +9,7 @@ use serde_json::{json, Value};
 use super::names::secret_name;
 use crate::duration::envoy_duration;
 use crate::ir::Backend;
-
-pub(super) fn socket(host: &str, port: u16) -> Value {
-    json!({"socket_address": {"address": host, "port_value": port}})
-}
-
-pub(super) fn typed(type_name: &str) -> Value {
-    json!({"@type": format!("type.googleapis.com/{type_name}")})
-}
+use crate::targets::xds::typed;
 
 pub(super) fn dur_ms(ms: u64) -> String {
     envoy_duration(Duration::from_millis(ms))

@@ -17,9 +17,8 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::clusters::tls_socket;
-use super::filters::{socket, typed};
 use crate::auth::JwtPolicy;
+use crate::targets::xds::{socket, tls_socket, typed};
 
 /// How long fetched keys are kept before they are fetched again.
 pub const JWKS_CACHE: &str = "300s";
@@ -85,23 +84,4 @@ pub(super) fn jwks_cluster(p: &JwtPolicy, ca_file: &str) -> Option<Value> {
         c["transport_socket"] = tls_socket(&url.host, ca_file);
     }
     Some(c)
-}
-
-/// `jwt_authn`'s 401 in the OpenAI error shape.
-pub fn local_reply_config() -> Value {
-    json!({"mappers": [{
-        "filter": {"status_code_filter": {"comparison": {
-            "op": "EQ",
-            "value": {"default_value": 401, "runtime_key": "llmkube.auth.unauthorized_status"},
-        }}},
-        "body_format_override": {
-            "json_format": {"error": {
-                "message": "missing or invalid bearer token: %LOCAL_REPLY_BODY%",
-                "type": "authentication_error",
-                "param": null,
-                "code": "invalid_token",
-            }},
-            "content_type": "application/json",
-        },
-    }]})
 }

@@ -28,11 +28,11 @@ mod clusters;
 mod filters;
 pub mod jwt;
 pub mod names;
-pub(crate) mod pick;
+mod pick;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::inputs::Source;
 use crate::ir::{label_of, CompileOptions, Ir};
@@ -41,18 +41,12 @@ use crate::targets::{checks, front_end, Target, TargetChecks};
 use crate::{Diagnostics, Problem};
 
 pub use crate::render::Format;
-pub(crate) use clusters::{budgets_cluster_config, shadow_cluster_named};
+pub use crate::targets::module::{absolute, default_wasm_dir, UPSTREAM_WASM_FILE, WASM_FILE};
+pub use crate::targets::xds::SHADOW_MAX_REQUESTS;
+pub use crate::targets::DEFAULT_LISTEN;
 pub use names::*;
-pub(crate) use pick::{is_picked, original_dst_cluster_named, plugin_with_picks};
 
-pub const WASM_FILE: &str = "llmkube_model_router.wasm";
-/// The upstream filter (per attempt: fail-closed guard, model rewrite, attempt marker).
-pub const UPSTREAM_WASM_FILE: &str = "llmkube_upstream.wasm";
 pub const RETRY_ON: &str = "5xx,reset,connect-failure,refused-stream";
-/// Shadow copies in flight per target; the rest are dropped (`upstream_rq_active_overflow`).
-pub const SHADOW_MAX_REQUESTS: u32 = 4;
-pub const DEFAULT_LISTEN: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 10000);
 pub const DEFAULT_ADMIN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9901);
 pub const DEFAULT_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -119,18 +113,6 @@ impl Default for EnvoyOptions {
             budgets_lease: None,
         }
     }
-}
-
-/// The workspace's release build output for wasm32-wasip1 (`$CARGO_TARGET_DIR` when the generator
-/// was built with one set).
-pub fn default_wasm_dir() -> PathBuf {
-    let target = match option_env!("CARGO_TARGET_DIR") {
-        Some(t) => PathBuf::from(t),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join("target"),
-    };
-    target.join("wasm32-wasip1").join("release")
 }
 
 /// Compiles the inputs to an Envoy bootstrap; the `Err` holds every problem. Warnings are dropped:
@@ -304,12 +286,4 @@ pub fn wasm_path(opts: &EnvoyOptions) -> PathBuf {
 
 pub fn upstream_wasm_path(opts: &EnvoyOptions) -> PathBuf {
     absolute(opts.wasm_dir.join(UPSTREAM_WASM_FILE))
-}
-
-pub(crate) fn absolute(p: PathBuf) -> PathBuf {
-    if p.is_absolute() {
-        p
-    } else {
-        std::env::current_dir().map(|d| d.join(&p)).unwrap_or(p)
-    }
 }

@@ -1,9 +1,8 @@
 //! Names of the generated listeners, clusters and secrets (docs/architecture.md, "Failover,
 //! weighted picks, shadow, quarantine").
 
-pub fn backend_cluster(name: &str) -> String {
-    format!("backend-{name}")
-}
+pub use crate::ir::callout_clusters::{backend_cluster, BUDGETS_CLUSTER};
+
 pub fn shadow_cluster(name: &str) -> String {
     format!("shadow-{name}")
 }
@@ -22,8 +21,6 @@ pub fn via_cluster(name: &str) -> String {
 pub fn attempt_listener(name: &str) -> String {
     format!("attempt-{name}")
 }
-/// The cluster of the shared budget ledger `llmkube-budgets` (`--budgets-service`).
-pub const BUDGETS_CLUSTER: &str = "llmkube-budgets";
 pub fn secret_name(backend: &str) -> String {
     format!("cred-{backend}")
 }

@@ -6,8 +6,8 @@
 //! service that trusts its callers, so the cluster is added whole by the router's
 //! EnvoyPatchPolicy: a patch with `op: add` and an empty `path` adds a complete xDS resource
 //! (envoyproxy/gateway `internal/xds/translator/jsonpatch.go`, `processJSONPatches`, at the
-//! commit shared/crds comes from). Its name is the router's, so two routers on one Gateway never
-//! add the same cluster twice.
+//! commit the CRDs in generator/schemas come from). Its name is the router's, so two routers on
+//! one Gateway never add the same cluster twice.
 //!
 //! Two ways to get the service:
 //! - `--budgets-service HOST:PORT`: one the operator runs; only the cluster is emitted;
@@ -181,7 +181,7 @@ pub(super) fn cluster_patch(ir: &Ir, service: Option<&BudgetsService>) -> Option
         "operation": {
             "op": "add",
             "path": "",
-            "value": crate::targets::envoy::budgets_cluster_config(cluster, &host, port),
+            "value": crate::targets::xds::budgets_cluster_config(cluster, &host, port),
         },
     }))
 }

@@ -71,7 +71,7 @@ impl GatewayOptions {
             common: CompileOptions::default(),
             wasm,
             wasm_sha256: None,
-            wasm_dir: super::envoy::default_wasm_dir(),
+            wasm_dir: crate::targets::module::default_wasm_dir(),
             listener: DEFAULT_LISTENER.to_string(),
             budgets: None,
         }
@@ -154,48 +154,7 @@ fn object(api_version: &str, kind: &str, metadata: Value, spec: Value) -> Value 
 
 /// The module's sha256 for this target's options.
 fn module_sha256(opts: &GatewayOptions, diags: &mut Diagnostics) -> Option<String> {
-    pin_module(opts.wasm_sha256.as_deref(), &opts.wasm_dir, diags)
-}
-
-/// The model-router module's sha256: `--wasm-sha256` (64 lowercase hex digits), else that of
-/// the built file in `wasm_dir`.
-pub(crate) fn pin_module(
-    given: Option<&str>,
-    wasm_dir: &std::path::Path,
-    diags: &mut Diagnostics,
-) -> Option<String> {
-    if let Some(s) = given {
-        let ok = s.len() == 64 && s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
-        if !ok {
-            diags.error(Problem::new(
-                "options",
-                "--wasm-sha256",
-                format!("{s:?} must be 64 lowercase hex digits"),
-            ));
-            return None;
-        }
-        return Some(s.to_string());
-    }
-    let path = wasm_dir.join(super::envoy::WASM_FILE);
-    match std::fs::read(&path) {
-        Ok(bytes) => Some(sha256_hex(&bytes)),
-        Err(e) => {
-            diags.error(Problem::new(
-                "options",
-                "--wasm-sha256",
-                format!("cannot read {} to pin its sha256 ({e}): build it (cargo build --release --target wasm32-wasip1 -p llmkube-model-router), point --wasm-dir at it, or pass --wasm-sha256", path.display()),
-            ));
-            None
-        }
-    }
-}
-
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::targets::module::pin_module(opts.wasm_sha256.as_deref(), &opts.wasm_dir, diags)
 }
 
 impl TargetChecks for GatewayOptions {

@@ -1,6 +1,6 @@
 //! Names of the generated objects, and the xDS names Envoy Gateway gives what they turn into
-//! (read from its translator, envoyproxy/gateway at the commit the CRDs in shared/crds come from,
-//! with the default xDS name scheme, `XDSNameSchemeV2` off):
+//! (read from its translator, envoyproxy/gateway at the commit the CRDs in generator/schemas come
+//! from, with the default xDS name scheme, `XDSNameSchemeV2` off):
 //! - an HTTP listener is named `<gateway namespace>/<gateway name>/<listener name>`
 //!   (`internal/gatewayapi/helpers.go` `irListenerName`; `internal/xds/translator/listener.go`
 //!   `xdsListenerName`), and its route configuration has the same name (`routeConfigName`);

@@ -33,8 +33,9 @@ use serde_json::{json, Value};
 
 use super::names;
 use super::routing::rule_route_paths;
+use crate::ir::picks::{is_picked, plugin_with_picks};
 use crate::ir::Ir;
-use crate::targets::envoy::{is_picked, original_dst_cluster_named, plugin_with_picks};
+use crate::targets::xds::original_dst_cluster_named;
 use crate::{Diagnostics, Problem};
 
 const MIB: u64 = 1024 * 1024;

@@ -30,8 +30,8 @@ use serde_json::{json, Value};
 
 use super::names::{self, MAX_RULES_PER_ROUTE};
 use crate::duration::envoy_duration;
+use crate::ir::picks::is_picked;
 use crate::ir::{Ir, RoutePlan};
-use crate::targets::envoy::is_picked;
 use crate::targets::quarantine as q;
 use crate::{Diagnostics, Problem};
 

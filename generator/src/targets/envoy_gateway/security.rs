@@ -93,7 +93,7 @@ pub(super) fn local_reply_patch(ir: &Ir, listener: &str) -> Option<Value> {
             "op": "add",
             "jsonPath": "..filters[?(@.name=='envoy.filters.network.http_connection_manager')].typed_config",
             "path": "/local_reply_config",
-            "value": crate::targets::envoy::jwt::local_reply_config(),
+            "value": crate::targets::xds::local_reply_config(),
         },
     }))
 }

@@ -18,7 +18,7 @@
 //! A patch-added cluster cannot carry a credential from a Kubernetes Secret (an EnvoyPatchPolicy
 //! holds literal xDS only; the generator writes no Secret value), and without the model rewrite
 //! the provider would get the client's model. Envoy AI Gateway v1.1.0 (the CRDs in
-//! shared/crds, and its source at that commit: no `mirror` anywhere in `api/` or
+//! generator/schemas, and its source at that commit: no `mirror` anywhere in `api/` or
 //! `internal/controller/`) has no mirrors on an AIGatewayRoute rule. A copy sent through one of
 //! its rule clusters would also need the `x-llmkube-shadow` mark, so the filter discards the
 //! answer and charges no budget for it.
@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 use super::names;
 use super::routing::rule_route_paths;
 use crate::ir::Ir;
-use crate::targets::envoy::{shadow_cluster_named, SHADOW_MAX_REQUESTS};
+use crate::targets::xds::{shadow_cluster_named, SHADOW_MAX_REQUESTS};
 use crate::{Diagnostics, Problem};
 
 const MIB: u64 = 1024 * 1024;

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::ir::CompileOptions;
-use crate::targets::agentgateway::AgentgatewayOptions;
+use crate::targets::agentgateway::{AgentgatewayOptions, Failover};
 use crate::targets::envoy::{EnvoyOptions, Format};
 use crate::targets::envoy_gateway::{GatewayOptions, WasmSource};
 use crate::targets::Target;
@@ -33,7 +33,7 @@ usage:
       agentgateway options: -o DIR [--listen ADDR:PORT] [--ext-proc HOST:PORT]
                      [--ext-proc-image REF] [--wasm-dir DIR] [--wasm-sha256 HEX]
                      [--resolve ...] [--router NAME] [--model-header NAME] [--max-body-bytes N]
-                     [--budgets-service HOST:PORT]
+                     [--budgets-service HOST:PORT] [--failover-within-replay-limit]
   llmkube-gen explain -f FILE [-f FILE...] --body FILE|- [--header NAME=VALUE]... [--path PATH]
       [--quarantined BACKEND]... [--router NAME] [--model-header NAME] [--max-body-bytes N] [--json]
   -f - reads stdin. Problems are printed to stderr as `<Kind>/<name>: <field.path>: <why>`.";
@@ -78,7 +78,11 @@ const VALUE_FLAGS: &[&str] = &[
 ];
 
 /// Flags without a value.
-const SWITCH_FLAGS: &[&str] = &["--budgets-fail-open", "--budgets-per-request"];
+const SWITCH_FLAGS: &[&str] = &[
+    "--budgets-fail-open",
+    "--budgets-per-request",
+    "--failover-within-replay-limit",
+];
 
 /// Flags only `explain` takes.
 const EXPLAIN_FLAGS: &[&str] = &["--body", "--header", "--path", "--quarantined"];
@@ -244,6 +248,7 @@ const TARGET_FLAGS: &[(Target, &[&str])] = &[
             "--ext-proc-image",
             "--wasm-sha256",
             "--budgets-service",
+            "--failover-within-replay-limit",
         ],
     ),
 ];
@@ -789,6 +794,9 @@ fn agentgateway_options(a: &Args, common: CompileOptions, problems: &mut Vec<Pro
     }
     o.wasm_sha256 = single(a, "--wasm-sha256", problems).map(str::to_string);
     o.budgets_service = budgets_service(a, problems);
+    if a.opts.contains_key("--failover-within-replay-limit") {
+        o.failover = Failover::WithinReplayLimit;
+    }
     Compile::Agentgateway(o)
 }
 

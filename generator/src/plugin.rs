@@ -150,6 +150,8 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
         quarantine_ms: spec.quarantine().as_millis() as u64,
         auth: crate::auth::allow_config(spec),
         budgets: budgets_config(spec),
+        // A gateway-specific trade, set by the target that makes it (agentgateway).
+        failover_replay_limit: None,
     }
 }
 

@@ -253,6 +253,37 @@ fn agentgateway_target_writes_three_files_into_the_output_dir() {
         server["clusters"]["llmkube-budgets"]["address"],
         "budgets.llm:8090"
     );
+    // `--failover-within-replay-limit` instead of the small body limit: accepted, and the
+    // filter is told the replay limit.
+    let mut within = args.to_vec();
+    within.push("--failover-within-replay-limit");
+    let o = run(&within, None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let server: serde_json::Value =
+        serde_norway::from_str(&std::fs::read_to_string(d.join("ext-proc.yaml")).unwrap()).unwrap();
+    assert_eq!(server["plugin_config"]["failover_replay_limit"], 65536);
+    // Only agentgateway has that limit.
+    let envoy_example = format!(
+        "{}/../envoy-examples/router.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let o = run(
+        &[
+            "compile",
+            "--target",
+            "envoy",
+            "-f",
+            &envoy_example,
+            "--failover-within-replay-limit",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--failover-within-replay-limit is not an option of --target envoy"),
+        "{}",
+        stderr(&o)
+    );
     let o = run(
         &[
             "compile",

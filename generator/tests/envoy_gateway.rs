@@ -1,7 +1,7 @@
 //! `compile --target envoy-gateway`: every document checked against its upstream CRD (schema,
 //! unknown fields, CEL rules), the extension policy's config equal to the envoy target's plugin
-//! config, the module pinned by its sha256, deterministic output, Secrets referenced and never
-//! inlined, and the target's own refusals.
+//! config, the module pinned by its sha256, deterministic output, credentials only in Secrets
+//! (derived under `apiKey` when the input carries the ModelRouter's), and the target's own refusals.
 
 mod common;
 use common::crds::{documents, Crds, Report};
@@ -128,7 +128,11 @@ fn every_document_matches_its_crd_schema_and_cel_rules() {
         ] {
             for d in compile_docs(&text, &o) {
                 let before = report.errors.len();
-                crds.check(&d, &mut report);
+                match check_core(&d) {
+                    Ok(true) => {}
+                    Ok(false) => crds.check(&d, &mut report),
+                    Err(e) => report.errors.push(e),
+                }
                 for e in &mut report.errors[before..] {
                     *e = format!("{name}: {e}");
                 }
@@ -277,25 +281,65 @@ fn deterministic_output() {
     }
 }
 
+/// Credentials never leave a Secret: the ModelRouter's Secret in the input (its key the
+/// provider's, e.g. `OPENAI_API_KEY`) becomes a derived Secret holding the same value under
+/// `apiKey`, the key Envoy AI Gateway reads, which the policy references; nothing else of the
+/// output holds the value. A Secret already keyed `apiKey` (the walkthrough's) is referenced as
+/// it is, and nothing is derived.
 #[test]
-fn secrets_are_referenced_never_inlined() {
+fn credentials_are_derived_into_secrets_never_inlined() {
     let text = dataplane_docs(with_gateway(dataplane_router()));
     let out = compile_envoy_gateway(&src(&text), &opts()).unwrap();
+    let docs = documents(&out);
+    let secrets = of_kind(&docs, "Secret");
+    let decoded = |d: &Value| {
+        let data: k8s_openapi::ByteString =
+            serde_json::from_value(d["data"]["apiKey"].clone()).unwrap();
+        String::from_utf8(data.0).unwrap()
+    };
+    let derived: Vec<(&str, String)> = secrets
+        .iter()
+        .map(|d| (d["metadata"]["name"].as_str().unwrap(), decoded(d)))
+        .collect();
+    assert_eq!(
+        derived,
+        [
+            ("llmkube-dp-cloud", OPENAI_KEY.to_string()),
+            ("llmkube-dp-claude", ANTHROPIC_KEY.to_string()),
+        ]
+    );
+    for d in &secrets {
+        assert_eq!(d["metadata"]["namespace"], "llm");
+        assert_eq!(d["type"], "Opaque");
+        assert_eq!(
+            d["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+            "llmkube-gen"
+        );
+        assert!(d.get("stringData").is_none(), "{d}");
+        assert_eq!(d["data"].as_object().unwrap().len(), 1, "{d}");
+    }
+    assert_eq!(
+        secrets[0]["metadata"]["annotations"]["llmkube.dev/derived-from"],
+        "Secret llm/openai key OPENAI_API_KEY"
+    );
+    // Outside the Secrets, no credential in any form.
+    let rest: Vec<&Value> = docs.iter().filter(|d| d["kind"] != "Secret").collect();
+    let rest = serde_json::to_string(&rest).unwrap();
     for secret in [OPENAI_KEY, ANTHROPIC_KEY] {
         assert!(text.contains(secret));
-        assert!(!out.contains(secret), "{secret} leaked into the output");
+        assert!(!rest.contains(secret), "{secret} leaked outside a Secret");
     }
-    let example_out = compile_envoy_gateway(&src(&example()), &opts()).unwrap();
-    for secret in [
-        "sk-openai-example-not-a-real-key",
-        "sk-ant-example-not-a-real-key",
-    ] {
-        assert!(!example_out.contains(secret));
+    for d in &secrets {
+        let b64 = d["data"]["apiKey"].as_str().unwrap();
+        assert!(!rest.contains(b64), "a credential leaked outside a Secret");
     }
-    let docs = documents(&out);
-    assert!(of_kind(&docs, "Secret").is_empty());
-    let policies = of_kind(&docs, "BackendSecurityPolicy");
-    let by_type: Vec<(String, Value)> = policies
+    // Each policy reads its backend's derived Secret, applied before it.
+    let position = |kind: &str, name: &str| {
+        docs.iter()
+            .position(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap()
+    };
+    let by_type: Vec<(String, Value)> = of_kind(&docs, "BackendSecurityPolicy")
         .iter()
         .map(|p| {
             let t = p["spec"]["type"].as_str().unwrap().to_string();
@@ -304,6 +348,8 @@ fn secrets_are_referenced_never_inlined() {
             } else {
                 "anthropicAPIKey"
             };
+            let name = p["metadata"]["name"].as_str().unwrap();
+            assert!(position("Secret", name) < position("BackendSecurityPolicy", name));
             (t, p["spec"][field]["secretRef"].clone())
         })
         .collect();
@@ -312,13 +358,115 @@ fn secrets_are_referenced_never_inlined() {
         [
             (
                 "APIKey".to_string(),
-                json!({"name": "openai", "namespace": "llm"})
+                json!({"name": "llmkube-dp-cloud", "namespace": "llm"})
             ),
             (
                 "AnthropicAPIKey".to_string(),
-                json!({"name": "anth", "namespace": "llm"})
+                json!({"name": "llmkube-dp-claude", "namespace": "llm"})
             ),
         ]
+    );
+    assert!(check_all(&docs).is_empty(), "{:#?}", check_all(&docs));
+
+    // The walkthrough's Secrets hold `apiKey` already: referenced, nothing derived or written.
+    let example_out = compile_envoy_gateway(&src(&example()), &opts()).unwrap();
+    for secret in [
+        "sk-openai-example-not-a-real-key",
+        "sk-ant-example-not-a-real-key",
+    ] {
+        assert!(!example_out.contains(secret));
+    }
+    let docs = documents(&example_out);
+    assert!(of_kind(&docs, "Secret").is_empty());
+    let refs: Vec<&Value> = of_kind(&docs, "BackendSecurityPolicy")
+        .iter()
+        .map(|p| &p["spec"]["apiKey"]["secretRef"]["name"])
+        .filter(|n| !n.is_null())
+        .collect();
+    assert_eq!(refs, [&json!("openai-credentials")]);
+}
+
+/// Which Secret the policy reads, by what the input holds: not there → the ModelRouter's
+/// Secret with a warning (its key cannot be derived); there with the provider's key → derived,
+/// no warning; there with only `apiKey` → referenced, no warning; there with neither → an
+/// error naming both keys.
+#[test]
+fn the_derived_secret_follows_what_the_input_holds() {
+    let compile = |secret: Option<Value>| {
+        let mut v = vec![
+            with_gateway(router()),
+            isvc("isvc-a", Some(8000)),
+            isvc("isvc-b", None),
+        ];
+        v.extend(secret);
+        let mut diags = Diagnostics::default();
+        let out = compile_envoy_gateway_diag(&src(&docs(&v)), &opts(), &mut diags);
+        (out.map(|o| documents(&o)), diags)
+    };
+    let policy_ref = |docs: &[Value]| {
+        of_kind(docs, "BackendSecurityPolicy")[0]["spec"]["apiKey"]["secretRef"].clone()
+    };
+    let secret_with = |data: Value| {
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": "openai", "namespace": "llm"}, "stringData": data})
+    };
+
+    let (docs, diags) = compile(None);
+    let docs = docs.unwrap();
+    assert!(of_kind(&docs, "Secret").is_empty());
+    assert_eq!(
+        policy_ref(&docs),
+        json!({"name": "openai", "namespace": "llm"})
+    );
+    assert!(
+        diags.warnings.iter().any(|w| w.to_string().starts_with(
+            "ModelRouter/demo: spec.backends[2].external.credentialsSecretRef.name: Secret llm/openai is not in the input, so no Secret with key \"apiKey\""
+        )),
+        "{:?}",
+        diags.warnings
+    );
+
+    let (docs, diags) = compile(Some(secret())); // OPENAI_API_KEY: sk-test
+    let docs = docs.unwrap();
+    assert!(
+        diags
+            .warnings
+            .iter()
+            .all(|w| !w.to_string().contains("credentialsSecretRef")),
+        "{:?}",
+        diags.warnings
+    );
+    assert_eq!(
+        policy_ref(&docs),
+        json!({"name": "llmkube-demo-cloud", "namespace": "llm"})
+    );
+    let s = of_kind(&docs, "Secret");
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0]["metadata"]["name"], "llmkube-demo-cloud");
+    assert_eq!(s[0]["data"], json!({"apiKey": "c2stdGVzdA=="})); // base64("sk-test")
+    assert!(check_all(&docs).is_empty(), "{:#?}", check_all(&docs));
+
+    let (docs, diags) = compile(Some(secret_with(json!({"apiKey": "sk-x"}))));
+    let docs = docs.unwrap();
+    assert!(
+        diags
+            .warnings
+            .iter()
+            .all(|w| !w.to_string().contains("credentialsSecretRef")),
+        "{:?}",
+        diags.warnings
+    );
+    assert!(of_kind(&docs, "Secret").is_empty());
+    assert_eq!(
+        policy_ref(&docs),
+        json!({"name": "openai", "namespace": "llm"})
+    );
+
+    let (docs, diags) = compile(Some(secret_with(json!({"OTHER": "x"}))));
+    assert!(docs.is_none());
+    assert_eq!(
+        diags.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+        ["ModelRouter/demo: spec.backends[2].external.credentialsSecretRef.name: Secret llm/openai has no key OPENAI_API_KEY (the openai credential) nor \"apiKey\""]
     );
 }
 
@@ -497,22 +645,7 @@ fn refusals_and_warnings() {
     let mut r = with_auth(with_gateway(router()));
     r["spec"]["policy"]["auth"]["jwt"]["jwksURI"] = json!("http://idp.example.com/certs");
     assert_eq!(compile_err(&full(r), &opts()), ["ModelRouter/demo: spec.policy.auth.jwt.jwksURI: the envoy-gateway target fetches the JWKS over HTTPS only (SecurityPolicy remoteJWKS.uri); use an https:// URL"]);
-    // Secrets need not be in the input; the key Envoy AI Gateway reads is warned about.
-    let text = docs(&[
-        with_gateway(router()),
-        isvc("isvc-a", Some(8000)),
-        isvc("isvc-b", None),
-    ]);
-    let mut diags = Diagnostics::default();
-    assert!(compile_envoy_gateway_diag(&src(&text), &opts(), &mut diags).is_some());
-    assert!(diags.errors.is_empty(), "{:?}", diags.errors);
-    assert!(
-        diags.warnings.iter().any(|w| w
-            .to_string()
-            .contains("reads the credential from key \"apiKey\" of Secret llm/openai")),
-        "{:?}",
-        diags.warnings
-    );
+    // Secrets need not be in the input (the_derived_secret_follows_what_the_input_holds).
     // Generated names stay within Kubernetes' 253 characters.
     let mut r = with_gateway(router());
     r["metadata"]["name"] = json!(vec!["a".repeat(60); 4].join("."));
@@ -658,11 +791,14 @@ fn check_core(d: &Value) -> Result<bool, String> {
         Ok(true)
     }
     use k8s_openapi::api::{
-        apps::v1::Deployment, core::v1::Service, networking::v1::NetworkPolicy,
+        apps::v1::Deployment,
+        core::v1::{Secret, Service},
+        networking::v1::NetworkPolicy,
     };
     match (d["apiVersion"].as_str(), d["kind"].as_str()) {
         (Some("apps/v1"), Some("Deployment")) => round::<Deployment>(d),
         (Some("v1"), Some("Service")) => round::<Service>(d),
+        (Some("v1"), Some("Secret")) => round::<Secret>(d),
         (Some("networking.k8s.io/v1"), Some("NetworkPolicy")) => round::<NetworkPolicy>(d),
         _ => Ok(false),
     }

@@ -89,6 +89,10 @@ pub struct AuditRecord {
     /// open (`--budgets-fail-open`), so the request went on without a reservation.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub budgets_unenforced: bool,
+    /// The body was over the gateway's replay limit: the request got one attempt although its
+    /// order has other backends (`replay::failover_skipped`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub failover_skipped: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

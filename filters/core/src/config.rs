@@ -68,6 +68,13 @@ pub struct PluginConfig {
     /// `spec.policy.budgets`, compiled by the filter at configure time (`budget::config`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<crate::budget::config::BudgetsConfig>,
+    /// The gateway replays a request body of at most this many bytes for another attempt
+    /// (agentgateway: 64 KiB), and the router was compiled to accept that: a larger request
+    /// whose order has more than one backend gets one attempt, which the filter counts and
+    /// audits (`replay::failover_skipped`). `None`: every attempt order fails over whatever
+    /// the body's size (Envoy buffers the whole body).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover_replay_limit: Option<u64>,
 }
 
 /// `spec.policy.auditLog`, as far as the filter acts on it (the sink is the gateway's log).

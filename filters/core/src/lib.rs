@@ -29,6 +29,7 @@ pub mod pick;
 pub mod plan;
 pub mod provider;
 pub mod quarantine;
+pub mod replay;
 pub mod response;
 pub mod rewrite;
 pub mod router;

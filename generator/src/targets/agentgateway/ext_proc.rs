@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use super::AgentgatewayOptions;
+use super::{AgentgatewayOptions, Failover, RETRY_REPLAY_LIMIT};
 use crate::ir::Ir;
 
 pub const ROOT_ID: &str = "model-router";
@@ -18,10 +18,18 @@ pub(super) fn config(
     opts: &AgentgatewayOptions,
 ) -> Value {
     let plugin: Value = serde_json::from_str(&ir.plugin_json).unwrap_or(Value::Null);
-    let plugin = if plugin.is_null() {
-        Value::String(ir.plugin_json.clone())
-    } else {
-        plugin
+    let plugin = match plugin {
+        Value::Null => Value::String(ir.plugin_json.clone()),
+        Value::Object(mut p) => {
+            // The filter counts and audits the requests the trade serves without failover.
+            if opts.failover == Failover::WithinReplayLimit
+                && ir.max_body_bytes > RETRY_REPLAY_LIMIT
+            {
+                p.insert("failover_replay_limit".into(), json!(RETRY_REPLAY_LIMIT));
+            }
+            Value::Object(p)
+        }
+        other => other,
     };
     let mut cfg = json!({
         "module": {"path": module_path, "sha256": sha256},

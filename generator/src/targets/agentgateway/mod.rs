@@ -74,6 +74,22 @@ pub struct AgentgatewayOptions {
     /// `--budgets-service HOST:PORT`: budgets are kept by `llmkube-budgets` there (a cluster of
     /// `ext-proc.yaml`); `None`: in the server's shared data.
     pub budgets_service: Option<(String, u16)>,
+    /// What failover means for bodies over agentgateway's replay limit.
+    pub failover: Failover,
+}
+
+/// Failover against agentgateway's replay limit ([`RETRY_REPLAY_LIMIT`]): a request body above
+/// it gets one attempt, whatever the route's retry policy says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Failover {
+    /// A router with an attempt order of more than one backend is refused unless the body limit
+    /// (`--max-body-bytes`) is within the replay limit: every request it admits can fail over.
+    #[default]
+    Always,
+    /// `--failover-within-replay-limit`: bodies up to the replay limit fail over; a larger one
+    /// is served by the first backend of its order only, and the filter counts it
+    /// (`llmkube.failover_skipped`) and audits it (`failover_skipped`).
+    WithinReplayLimit,
 }
 
 impl Default for AgentgatewayOptions {
@@ -86,6 +102,7 @@ impl Default for AgentgatewayOptions {
             wasm_sha256: None,
             image: DEFAULT_IMAGE.to_string(),
             budgets_service: None,
+            failover: Failover::default(),
         }
     }
 }
@@ -225,12 +242,13 @@ impl TargetChecks for AgentgatewayOptions {
         }
     }
     fn check_ir(&self, ir: &Ir, diags: &mut Diagnostics) {
-        refusals(ir, diags);
+        refusals(ir, self.failover, diags);
     }
 }
 
 /// What agentgateway v1.3.1 cannot serve with the envoy target's guarantees.
-fn refusals(ir: &Ir, diags: &mut Diagnostics) {
+fn refusals(ir: &Ir, failover: Failover, diags: &mut Diagnostics) {
+    let unreplayable = ir.max_body_bytes > RETRY_REPLAY_LIMIT && failover == Failover::Always;
     picked::refusals(ir, diags);
     for (i, r) in ir.router.spec.rules.iter().enumerate() {
         let plans = ir.rule_plans(&r.name);
@@ -241,11 +259,11 @@ fn refusals(ir: &Ir, diags: &mut Diagnostics) {
                 "shadow is refused by the agentgateway target: agentgateway v1.3.1 mirrors requests without their body (requestMirror), so the shadow backends would not get the request",
             ));
         }
-        if ir.max_body_bytes > RETRY_REPLAY_LIMIT && plans.iter().any(|p| p.order.len() > 1) {
+        if unreplayable && plans.iter().any(|p| p.order.len() > 1) {
             diags.error(Problem::new(
                 &ir.label,
                 format!("spec.rules[{i}].route.backends"),
-                format!("failover needs the request replayed, and agentgateway v1.3.1 replays bodies of at most {RETRY_REPLAY_LIMIT} bytes; with a body limit of {} bytes a larger request would get no fallback attempt: pass --max-body-bytes {RETRY_REPLAY_LIMIT} (or less), or route this rule to one backend", ir.max_body_bytes),
+                format!("failover needs the request replayed, and agentgateway v1.3.1 replays bodies of at most {RETRY_REPLAY_LIMIT} bytes; with a body limit of {} bytes a larger request would get no fallback attempt: pass --max-body-bytes {RETRY_REPLAY_LIMIT} (or less), or --failover-within-replay-limit (larger bodies are then served by their first backend only, counted and audited as failover_skipped), or route this rule to one backend", ir.max_body_bytes),
             ));
         }
     }
@@ -253,11 +271,11 @@ fn refusals(ir: &Ir, diags: &mut Diagnostics) {
         .routes
         .iter()
         .any(|p| p.rule.is_none() && p.order.len() > 1);
-    if unruled_failover && ir.max_body_bytes > RETRY_REPLAY_LIMIT {
+    if unruled_failover && unreplayable {
         diags.error(Problem::new(
             &ir.label,
             "spec.defaultRoute",
-            format!("failover needs the request replayed, and agentgateway v1.3.1 replays bodies of at most {RETRY_REPLAY_LIMIT} bytes: pass --max-body-bytes {RETRY_REPLAY_LIMIT} (or less)"),
+            format!("failover needs the request replayed, and agentgateway v1.3.1 replays bodies of at most {RETRY_REPLAY_LIMIT} bytes: pass --max-body-bytes {RETRY_REPLAY_LIMIT} (or less), or --failover-within-replay-limit"),
         ));
     }
 }

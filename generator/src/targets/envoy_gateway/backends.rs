@@ -1,7 +1,9 @@
 //! One AIServiceBackend + Backend per backend of the router, and a BackendSecurityPolicy for
 //! each external credential. Envoy AI Gateway translates to the provider's API and signs AWS
 //! Bedrock / GCP Vertex AI requests itself, so those providers work here (the envoy target
-//! refuses them). Credentials are Secret references only.
+//! refuses them). Credentials are Secret references only: Envoy AI Gateway reads an API key from
+//! key `apiKey`, so when the input carries the ModelRouter's Secret (whose key is the provider's,
+//! e.g. `OPENAI_API_KEY`) a Secret holding it under `apiKey` is derived and referenced.
 
 use std::net::IpAddr;
 
@@ -48,17 +50,59 @@ pub(super) fn check(ir: &Ir, diags: &mut Diagnostics) {
         }
         let Some(c) = &e.credential else { continue };
         let key = ai_gateway_secret_key(e.provider);
-        let has_key = c
-            .secret_keys
-            .as_ref()
-            .is_some_and(|keys| keys.iter().any(|k| k == key));
-        if !has_key {
-            diags.warn(Problem::new(
+        let field = format!("spec.backends[{i}].external.credentialsSecretRef.name");
+        let (ns, name) = (&c.secret.namespace, &c.secret.name);
+        match (&c.secret_keys, credential_source(e)) {
+            (_, CredentialSource::Derived(_)) => {}
+            (Some(keys), _) if keys.iter().any(|k| k == key) => {}
+            (None, _) => diags.warn(Problem::new(
                 &ir.label,
-                format!("spec.backends[{i}].external.credentialsSecretRef.name"),
-                format!("Envoy AI Gateway reads the credential from key {key:?} of Secret {}/{} (the ModelRouter convention is {}): add that key to the Secret", c.secret.namespace, c.secret.name, c.secret.key),
-            ));
+                field,
+                format!("Secret {ns}/{name} is not in the input, so no Secret with key {key:?} (the key Envoy AI Gateway reads) is derived from its {}: give the Secret in the input, or add that key to it", c.secret.key),
+            )),
+            (Some(_), _) if derivable(e.provider) => diags.error(Problem::new(
+                &ir.label,
+                field,
+                format!("Secret {ns}/{name} has no key {} (the {} credential) nor {key:?}", c.secret.key, e.provider),
+            )),
+            (Some(_), _) => diags.warn(Problem::new(
+                &ir.label,
+                field,
+                format!("Envoy AI Gateway reads the {} credential from key {key:?} of Secret {ns}/{name} (the ModelRouter convention is {}): add that key to the Secret", e.provider, c.secret.key),
+            )),
         }
+    }
+}
+
+/// Providers whose Envoy AI Gateway credential is the bare API key under `apiKey`, which a
+/// derived Secret can carry (AWS and GCP want a credentials file instead).
+fn derivable(p: Provider) -> bool {
+    ai_gateway_secret_key(p) == "apiKey"
+}
+
+/// Where a BackendSecurityPolicy reads its credential from.
+enum CredentialSource {
+    /// The ModelRouter's Secret itself (not in the input, already holding the key Envoy AI
+    /// Gateway reads, or a provider whose credential cannot be derived).
+    Referenced,
+    /// A Secret the generator derives from it, holding the ModelRouter's credential under
+    /// `apiKey`: the API key (without the header's `Bearer ` form).
+    Derived(String),
+}
+
+/// The input carries the Secret with the ModelRouter's key: the policy reads a derived Secret.
+/// The ModelRouter's key wins over an `apiKey` the Secret may also hold (it is the credential
+/// the other targets send).
+fn credential_source(e: &External) -> CredentialSource {
+    let key = e
+        .credential
+        .as_ref()
+        .filter(|_| derivable(e.provider))
+        .and_then(|c| c.value.as_deref())
+        .and_then(|v| v.strip_prefix(e.provider.credential().prefix));
+    match key {
+        Some(k) => CredentialSource::Derived(k.to_string()),
+        None => CredentialSource::Referenced,
     }
 }
 
@@ -107,8 +151,13 @@ pub(super) fn documents(ir: &Ir) -> Vec<Value> {
         let name = names::backend(ir, &b.name);
         docs.push(backend(ir, b, &name));
         docs.push(ai_service_backend(ir, b, &name));
-        if let Some(p) = b.external().and_then(|e| security_policy(ir, e, &name)) {
-            docs.push(p);
+        if let Some(e) = b.external() {
+            if let CredentialSource::Derived(key) = credential_source(e) {
+                docs.push(derived_secret(ir, e, &name, &key));
+            }
+            if let Some(p) = security_policy(ir, e, &name) {
+                docs.push(p);
+            }
         }
     }
     docs
@@ -204,10 +253,40 @@ fn header_mutation(e: &External) -> Value {
     m
 }
 
-/// The credential of an external backend, by Secret reference.
+/// The Secret an APIKey / AnthropicAPIKey policy reads: the ModelRouter's credential under the
+/// key Envoy AI Gateway reads, named and labelled as the backend's other generated objects, so
+/// it is applied and deleted with them (`kubectl delete -f` of the manifests removes it). No
+/// credential is written anywhere but in a Secret.
+fn derived_secret(ir: &Ir, e: &External, name: &str, key: &str) -> Value {
+    let mut meta = metadata(name, &ir.namespace, ir);
+    if let Some(c) = &e.credential {
+        meta["annotations"]["llmkube.dev/derived-from"] = json!(format!(
+            "Secret {}/{} key {}",
+            c.secret.namespace, c.secret.name, c.secret.key
+        ));
+    }
+    let data = k8s_openapi::ByteString(key.as_bytes().to_vec());
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta,
+        "type": "Opaque",
+        "data": {ai_gateway_secret_key(e.provider): data},
+    })
+}
+
+/// The credential of an external backend, by Secret reference: the derived Secret when there is
+/// one, else the ModelRouter's.
 fn security_policy(ir: &Ir, e: &External, name: &str) -> Option<Value> {
     let c = e.credential.as_ref()?;
-    let secret_ref = json!({"secretRef": {"name": c.secret.name, "namespace": c.secret.namespace}});
+    let secret_ref = match credential_source(e) {
+        CredentialSource::Derived(_) => {
+            json!({"secretRef": {"name": name, "namespace": ir.namespace}})
+        }
+        CredentialSource::Referenced => {
+            json!({"secretRef": {"name": c.secret.name, "namespace": c.secret.namespace}})
+        }
+    };
     let location = cloud_location(e).ok().flatten();
     let (kind, field, value) = match e.provider {
         Provider::Anthropic => ("AnthropicAPIKey", "anthropicAPIKey", secret_ref),

@@ -70,7 +70,15 @@ fn validate_several_files_and_warnings() {
         None,
     );
     assert_eq!(o.status.code(), Some(0));
-    assert_eq!(stderr(&o), "warning: ModelRouter/demo: spec.backends[2].external.credentialsSecretRef.name: Secret llm/openai is not in the input\n");
+    let unknown = "and InferenceService/isvc-a does not say which model name its engine serves (an engine answers 404 for a name it does not serve); set --served-model-name in its extraArgs, or spec.gateway.modelName, and the gateway rewrites \"model\" to it for backend \"local-a\"";
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "warning: ModelRouter/demo: spec.backends[2].external.credentialsSecretRef.name: Secret llm/openai is not in the input\n\
+             warning: ModelRouter/demo: spec.rules[0].route.backends[0]: can send model names other than \"local-a\" to local backend \"local-a\": match.models [\"qwen3-*\"], {unknown}\n\
+             warning: ModelRouter/demo: spec.defaultRoute: sends every model no rule or backend name matched to local backend \"local-a\", not only \"local-a\", {unknown}\n"
+        )
+    );
 }
 
 #[test]

@@ -88,7 +88,7 @@ fn the_envoy_target_rewrites_a_local_backends_model_per_attempt() {
             .cloned()
     };
     let upstream = chain("backend-local-a").expect("local-a's attempts rewrite model");
-    assert_eq!(upstream[0]["name"], "llmkube-upstream");
+    assert_eq!(upstream[0]["typed_config"]["config"]["root_id"], "upstream");
     assert!(chain("backend-local-b").is_none(), "nothing to rewrite");
     assert!(chain("order.local-a.local-b").is_some());
 }

@@ -21,9 +21,9 @@ def _binary() -> Path:
     given = os.environ.get("LLMKUBE_SDK_GATEWAY_BIN")
     if given:
         return Path(given)
-    subprocess.run(
-        ["cargo", "build", "-q", "-p", "e2e", "--bin", "sdk-gateway"], cwd=ROOT, check=True
-    )
+    # No `-p`: features stay unified across the workspace, as the test build has them (a
+    # package-only resolution would rebuild wasmtime and cranelift).
+    subprocess.run(["cargo", "build", "-q", "--bin", "sdk-gateway"], cwd=ROOT, check=True)
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     return target / "debug" / "sdk-gateway"
 
@@ -106,9 +106,9 @@ def fresh_gateway(binary):
 
 @pytest.fixture(autouse=True)
 def _clear(request):
+    """Faults and recorded requests do not outlive the test on the shared gateway."""
     yield
-    for name in ("gateway", "fresh_gateway"):
-        if name in request.fixturenames:
-            gw = request.getfixturevalue(name)
-            if gw.proc.poll() is None:
-                gw.command(op="clear")
+    if "gateway" in request.fixturenames:
+        gw = request.getfixturevalue("gateway")
+        if gw.proc.poll() is None:
+            gw.command(op="clear")

@@ -1,12 +1,15 @@
 -- Budget ledgers in Redis, updated atomically by one script call: every ledger of a request in
 -- one call (one round trip, one AOF write and, with `appendfsync always`, one fsync per call
 -- instead of one per ledger), all or nothing inside the script. The same semantics as the
--- gateway core's `budget::ledger` (bucketed window that expires late never early, holds that
--- expire after their time-to-live, Retry-After to the second), checked against the same table
--- of cases (budgets/tests/cases.json).
+-- gateway core's `budget::ledger` (bucketed window that never expires a charge early, each
+-- bucket rolling off a window after its latest charge; holds that expire after their
+-- time-to-live; Retry-After to the second and never longer than the window), checked against
+-- the same table of cases (budgets/tests/cases.json).
 --
 -- Per ledger, three keys sharing one hash tag (KEYS[3i+1..3i+3] for ledger i):
--- <ledger>:w  HASH  t<bucket> = tokens, u<bucket> = pico-USD spent in that bucket;
+-- <ledger>:w  HASH  t<bucket> = tokens, u<bucket> = pico-USD spent in that bucket,
+--                   m<bucket> = the time (ms) of its latest charge (absent: written before
+--                   these were kept, taken to be the bucket's end);
 --                   st, su = the sums of the live buckets (running sums: a call reads them
 --                   and the buckets that died since the last call, not every bucket);
 --                   lo = the oldest bucket that may still be live (everything below is gone);
@@ -79,28 +82,41 @@ local id = ARGV[3]
 local amt_t, amt_p = tonumber(ARGV[4] or '0'), P(ARGV[5])
 local ttl = tonumber(ARGV[6] or '0')
 
+-- When bucket `k` rolls off at the latest (whatever its latest charge time).
 local function expires(L, k) return (k + 1) * L.width + L.life end
+-- When bucket `k`, whose latest charge was at `m` (nil: unknown), rolls off.
+local function expires_m(L, k, m)
+  local e = expires(L, k)
+  if m then return math.min(m + L.life, e) end
+  return e
+end
 
 -- Every bucket of the hash, dead ones deleted: the live ones oldest first and their sums.
 -- Needed for Retry-After (which bucket must roll off), for a ledger written before running
 -- sums, and when the ledger was idle longer than a window (a walk would be longer than this).
 local function scan(L)
-  local buckets, order = {}, {}
+  local all, order = {}, {}
   local fields = redis.call('HGETALL', L.W)
   for i = 1, #fields, 2 do
     local f, v = fields[i], fields[i + 1]
     local kind = string.sub(f, 1, 1)
-    if kind == 't' or kind == 'u' then
+    if kind == 't' or kind == 'u' or kind == 'm' then
       local k = tonumber(string.sub(f, 2))
-      if now >= expires(L, k) then
-        redis.call('HDEL', L.W, f)
-      else
-        local b = buckets[k]
-        if not b then b = {0, {0, 0}}; buckets[k] = b; table.insert(order, k) end
-        if kind == 't' then b[1] = tonumber(v) else b[2] = P(v) end
-      end
+      local b = all[k]
+      if not b then b = {0, {0, 0}, nil}; all[k] = b end
+      if kind == 't' then b[1] = tonumber(v) elseif kind == 'u' then b[2] = P(v) else b[3] = tonumber(v) end
     end
   end
+  local buckets, dead = {}, {}
+  for k, b in pairs(all) do
+    if now >= expires_m(L, k, b[3]) then
+      for _, f in ipairs({'t', 'u', 'm'}) do table.insert(dead, f .. istr(k)) end
+    else
+      buckets[k] = b
+      table.insert(order, k)
+    end
+  end
+  if #dead > 0 then redis.call('HDEL', L.W, unpack(dead)) end
   table.sort(order)
   local st, sp = 0, {0, 0}
   for _, k in ipairs(order) do
@@ -122,27 +138,35 @@ end
 
 -- The buckets were written under another width (the budget's window changed; a gateway with
 -- the old config may still be writing): each bucket moves to the bucket of this width holding
--- its last instant (or now, if that is later), so it counts this window from when it can have
--- been charged at the latest. Never early; late by less than an old bucket plus a new one.
+-- its latest charge (its last instant when that is unknown; now, if that is earlier), so it
+-- counts this window from when it can have been charged at the latest. Never early; late by less than an old bucket plus a new one.
 -- What had rolled off under the old window stays off, and what is older than this window (it
 -- shrank) is out of it. Indices of one width read as another would put a charge hours in the
 -- past (lost) or in the future (never rolling off).
 local function rebucket(L, old_width, old_life)
   local fields = redis.call('HGETALL', L.W)
   local now_k = math.floor(now / L.width)
-  local moved, order, stale = {}, {}, {}
+  local old, moved, order, stale = {}, {}, {}, {}
   for i = 1, #fields, 2 do
     local f, v = fields[i], fields[i + 1]
     local kind = string.sub(f, 1, 1)
-    if kind == 't' or kind == 'u' then
+    if kind == 't' or kind == 'u' or kind == 'm' then
       table.insert(stale, f)
       local k = tonumber(string.sub(f, 2))
-      local to = math.min(math.floor(((k + 1) * old_width - 1) / L.width), now_k)
-      if now < (k + 1) * old_width + old_life and now < expires(L, to) then
-        local b = moved[to]
-        if not b then b = {0, {0, 0}}; moved[to] = b; table.insert(order, to) end
-        if kind == 't' then b[1] = b[1] + tonumber(v) else b[2] = padd(b[2], P(v)) end
-      end
+      local b = old[k]
+      if not b then b = {0, {0, 0}, nil}; old[k] = b end
+      if kind == 't' then b[1] = tonumber(v) elseif kind == 'u' then b[2] = P(v) else b[3] = tonumber(v) end
+    end
+  end
+  for k, c in pairs(old) do
+    local last = math.min(c[3] or ((k + 1) * old_width - 1), (k + 1) * old_width - 1, now)
+    local to = math.min(math.floor(last / L.width), now_k)
+    if now < (k + 1) * old_width + old_life and now < expires(L, to) and now < last + L.life then
+      local b = moved[to]
+      if not b then b = {0, {0, 0}, last}; moved[to] = b; table.insert(order, to) end
+      b[1] = b[1] + c[1]
+      b[2] = padd(b[2], c[2])
+      b[3] = math.max(b[3], last)
     end
   end
   if #stale > 0 then redis.call('HDEL', L.W, unpack(stale)) end
@@ -154,6 +178,7 @@ local function rebucket(L, old_width, old_life)
     sp = padd(sp, b[2])
     table.insert(f, 't' .. istr(k)); table.insert(f, istr(b[1]))
     table.insert(f, 'u' .. istr(k)); table.insert(f, pstr(b[2]))
+    table.insert(f, 'm' .. istr(k)); table.insert(f, istr(b[3]))
   end
   if #f > 0 then redis.call('HSET', L.W, unpack(f)) end
   L.buckets, L.order = moved, order
@@ -205,11 +230,26 @@ local function load(i)
           local b = redis.call('HMGET', L.W, 't' .. istr(k), 'u' .. istr(k))
           if b[1] then L.spent_t = math.max(0, L.spent_t - tonumber(b[1])) end
           if b[2] then L.spent_p = psub(L.spent_p, P(b[2])) end
-          if b[1] or b[2] then redis.call('HDEL', L.W, 't' .. istr(k), 'u' .. istr(k)) end
+          if b[1] or b[2] then
+            redis.call('HDEL', L.W, 't' .. istr(k), 'u' .. istr(k), 'm' .. istr(k))
+          end
         end
       end
       L.lo = dead + 1
       L.sums_dirty = true
+    end
+    -- Of the buckets left, only the oldest can have rolled off by its latest charge (the
+    -- next one's charges all came after its end), and not before its start plus the window.
+    if now >= L.lo * L.width + L.life then
+      local k = istr(L.lo)
+      local b = redis.call('HMGET', L.W, 't' .. k, 'u' .. k, 'm' .. k)
+      if b[3] and now >= tonumber(b[3]) + L.life then
+        if b[1] then L.spent_t = math.max(0, L.spent_t - tonumber(b[1])) end
+        if b[2] then L.spent_p = psub(L.spent_p, P(b[2])) end
+        redis.call('HDEL', L.W, 't' .. k, 'u' .. k, 'm' .. k)
+        L.lo = L.lo + 1
+        L.sums_dirty = true
+      end
     end
   else
     -- Written before running sums (or never): one scan sets them up.
@@ -264,25 +304,28 @@ local function keep_keys(L)
   redis.call('PEXPIRE', L.X, ms)
 end
 
--- Seconds until the request fits: Ledger::wait in the core, step for step.
+-- Seconds until the request fits: Ledger::wait in the core, step for step. Holds end with
+-- their requests and are not waited for: when what is spent alone admits the request, 1;
+-- else until enough spending rolled off, at most the window.
 local function wait_s(L)
   local cap_t, cap_p = L.cap_t, L.cap_p
   if not ((cap_t < 0 or amt_t <= cap_t) and (cap_p == nil or ple(amt_p, cap_p))) then
     return -1
   end
-  if not fits(L, L.held_t, L.held_p) then return 1 end
   local need_t = 0
-  if cap_t >= 0 then need_t = math.max(0, L.spent_t + L.held_t + amt_t - cap_t) end
+  if cap_t >= 0 then need_t = math.max(0, L.spent_t + amt_t - cap_t) end
   local need_p = {0, 0}
-  if cap_p then need_p = psub(padd(padd(L.spent_p, L.held_p), amt_p), cap_p) end
+  if cap_p then need_p = psub(padd(L.spent_p, amt_p), cap_p) end
   if need_t == 0 and pzero(need_p) then return 1 end
   if not L.order then scan(L) end
+  local window_s = math.max(1, math.floor(L.life / 1000))
   local freed_t, freed_p = 0, {0, 0}
   for _, k in ipairs(L.order) do
     freed_t = freed_t + L.buckets[k][1]
     freed_p = padd(freed_p, L.buckets[k][2])
     if freed_t >= need_t and ple(need_p, freed_p) then
-      return math.max(1, math.ceil((expires(L, k) - now) / 1000))
+      local at = expires_m(L, k, L.buckets[k][3])
+      return math.min(window_s, math.max(1, math.ceil((at - now) / 1000)))
     end
   end
   return 1
@@ -309,13 +352,15 @@ local function answer(L, a, b, version)
 end
 
 -- Adds a charge to the bucket of now (charged at settle time: it rolls off no earlier than it
--- should).
+-- should), which now is the bucket's latest charge.
 local function charge(L, charge_t, charge_p)
   if charge_t and (charge_t > 0 or not pzero(charge_p)) then
     local k = math.floor(now / L.width)
     redis.call('HINCRBY', L.W, 't' .. istr(k), istr(charge_t))
-    local cur = P(redis.call('HGET', L.W, 'u' .. istr(k)))
-    redis.call('HSET', L.W, 'u' .. istr(k), pstr(padd(cur, charge_p)))
+    local cur = redis.call('HMGET', L.W, 'u' .. istr(k), 'm' .. istr(k))
+    local last = math.max(now, tonumber(cur[2] or '0'))
+    redis.call('HSET', L.W, 'u' .. istr(k), pstr(padd(P(cur[1] or nil), charge_p)),
+      'm' .. istr(k), istr(last))
     L.spent_t = L.spent_t + charge_t
     L.spent_p = padd(L.spent_p, charge_p)
     -- A charge below `lo` (the clock stepped back) must still roll off by the walk.

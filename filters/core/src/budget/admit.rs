@@ -356,9 +356,9 @@ mod tests {
             .unwrap()
             .unwrap_err();
         assert_eq!(refusal.refused, vec![keys[1].clone(), keys[2].clone()]);
-        // small frees at 2 s + 60 s = 62 s, tiny at 6 s + 30 s = 36 s: the later one wins.
-        assert_eq!(refusal.wait, Wait::Seconds(52));
-        assert_eq!(refusal.retry_after_s(60), 52);
+        // small frees at 1 s + 60 s = 61 s, tiny at 5 s + 30 s = 35 s: the later one wins.
+        assert_eq!(refusal.wait, Wait::Seconds(51));
+        assert_eq!(refusal.retry_after_s(60), 51);
         assert_eq!(store.usage(&keys[0]).1, Amount::ZERO, "big holds nothing");
         let never = admit_all(&mut store, &keys, Amount::new(11, 0))
             .unwrap()

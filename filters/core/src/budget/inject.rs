@@ -70,16 +70,17 @@ impl Splice {
     }
 }
 
-/// The edits a request needs: `ask_usage` (a stream on a path that needs asking) unless the
-/// client set `include_usage` itself, and `max_tokens` = `set_max_tokens`. `None`: the body goes
-/// as sent.
+/// The edits a request needs: `ask_usage` (a budgeted stream on a path that needs asking) unless
+/// the client asked for usage itself (a client's `include_usage: false` is turned into `true`:
+/// the charge is then the engine's count, not an estimate, and the client still gets no usage
+/// chunk), and `max_tokens` = `set_max_tokens`. `None`: the body goes as sent.
 pub fn edits(
     fields: &Fields,
     facts: &RequestFacts,
     ask_usage: bool,
     set_max_tokens: Option<u64>,
 ) -> Option<Edits> {
-    let ask = ask_usage && fields.stream && facts.include_usage.is_none();
+    let ask = ask_usage && fields.stream && facts.include_usage != Some(true);
     let mut front = Vec::new();
     if let Some(n) = set_max_tokens {
         front.extend_from_slice(format!("\"max_tokens\":{n},").as_bytes());
@@ -130,6 +131,12 @@ impl Edits {
                 with.push(b'{');
                 with.extend_from_slice(OPTION);
                 with.push(b'}');
+            } else if let Some(at) = false_include_usage(value) {
+                // `false` becomes `true ` (a space after a value is JSON): same length, so no
+                // byte after it moves.
+                with.extend_from_slice(&value[..at]);
+                with.extend_from_slice(b"true ");
+                with.extend_from_slice(&value[at + 5..]);
             } else if value.first() == Some(&b'{') {
                 let empty = value[1..]
                     .iter()
@@ -150,7 +157,7 @@ impl Edits {
                 moves.push((a + 1, grew));
             }
         }
-        if moves.is_empty() {
+        if moves.is_empty() && !(asked && self.options.is_some()) {
             return None;
         }
         Some(Splice {
@@ -160,6 +167,45 @@ impl Edits {
             moves,
         })
     }
+}
+
+/// Where the `false` of a member `"include_usage": false` directly inside the JSON object
+/// `value` starts (the body was validated by the scanner, which refuses duplicate keys).
+fn false_include_usage(value: &[u8]) -> Option<usize> {
+    const KEY: &[u8] = br#""include_usage""#;
+    let (mut depth, mut i) = (0usize, 0usize);
+    while i < value.len() {
+        match value[i] {
+            b'"' => {
+                let start = i;
+                i += 1;
+                while i < value.len() && value[i] != b'"' {
+                    i += if value[i] == b'\\' { 2 } else { 1 };
+                }
+                let end = (i + 1).min(value.len());
+                if depth == 1 && value.get(start..end) == Some(KEY) {
+                    let mut j = end;
+                    while value.get(j).is_some_and(|c| c.is_ascii_whitespace()) {
+                        j += 1;
+                    }
+                    if value.get(j) == Some(&b':') {
+                        j += 1;
+                        while value.get(j).is_some_and(|c| c.is_ascii_whitespace()) {
+                            j += 1;
+                        }
+                        if value.get(j..j + 5) == Some(b"false") {
+                            return Some(j);
+                        }
+                    }
+                }
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -202,10 +248,18 @@ mod tests {
         assert_eq!(options(&got), json!({"include_usage": true}));
         let got = inject(r#"{"model":"m","stream_options":null,"stream":true}"#).unwrap();
         assert_eq!(options(&got), json!({"include_usage": true}));
+        // A client's `false` is turned into `true` in place (same length), and stripped.
+        let body = r#"{"model":"m","stream":true,"stream_options":{"x":{"include_usage":false}, "include_usage" : false},"n":1}"#;
+        let (got, splice) = edit(body, None).unwrap();
+        assert!(splice.asked);
+        assert_eq!(got.len(), body.len());
+        assert_eq!(
+            options(&got),
+            json!({"x": {"include_usage": false}, "include_usage": true})
+        );
         for as_sent in [
             r#"{"model":"m","messages":[]}"#,
             r#"{"model":"m","stream":false}"#,
-            r#"{"model":"m","stream":true,"stream_options":{"include_usage":false}}"#,
             r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#,
             r#"{"model":"m","stream":true,"stream_options":[]}"#,
         ] {

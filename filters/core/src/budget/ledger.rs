@@ -82,10 +82,11 @@ pub enum Wait {
 /// and writes those bytes in place, so an update is read → change → write with no decoding into
 /// lists and no encoding back.
 ///
-/// Layout (version 2, little-endian, fixed size for a [`Shape`]: [`Ledger::max_encoded_len`]):
+/// Layout (version 3, little-endian, fixed size for a [`Shape`]: [`Ledger::max_encoded_len`]):
 /// version (1 byte), `seq` (u64: bumped by every change, so the newest state of a ledger is the
 /// one with the largest `seq`, which orders the gauges two workers set), then the spent ring and
-/// the held ring (`window::Ring`: bucket width, cell count, head, running totals, cells).
+/// the held ring (`window::Ring`: bucket width, cell count, head, running totals, cells of
+/// tokens, pico-dollars and the bucket's latest charge time).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ledger {
     b: Vec<u8>,
@@ -99,11 +100,13 @@ pub enum CodecError {
     Trailing,
 }
 
-/// The layout of [`Ledger`]. Version 1 (LEB128 varints, decoded into lists) is still read, so a
-/// ledger written before an upgrade (shared data outlives a hot reload of the module) keeps
-/// what it holds; the next change writes it as version 2.
-const VERSION: u8 = 2;
+/// The layout of [`Ledger`]. Versions 1 (LEB128 varints, decoded into lists) and 2 (cells
+/// without their latest charge time) are still read, so a ledger written before an upgrade
+/// (shared data outlives a hot reload of the module) keeps what it holds, its buckets taken to
+/// end with their bucket; the next change writes it as version 3.
+const VERSION: u8 = 3;
 const V1: u8 = 1;
+const V2: u8 = 2;
 /// Version byte and `seq`.
 const HEADER: usize = 9;
 
@@ -190,13 +193,13 @@ impl Ledger {
         Hold { bucket, amount }
     }
 
-    /// Charges `actual`, settled at a time in window bucket `bucket` (before `now`), to that
-    /// bucket: a worker lease reports its settles up to a tick late, and their charges must
-    /// roll off when they would have had each been written at once.
-    pub fn charge_at(&mut self, shape: &Shape, bucket: u64, actual: Amount, now_ms: u64) {
+    /// Charges `actual`, settled at `at_ms` (before `now`), as of that time: a worker lease
+    /// reports its settles up to a tick late, and their charges must roll off when they would
+    /// have had each been written at once.
+    pub fn charge_at(&mut self, shape: &Shape, at_ms: u64, actual: Amount, now_ms: u64) {
         if !actual.is_zero() {
             self.spent_mut(shape)
-                .add_to(&shape.window, now_ms, bucket, actual);
+                .add_at(&shape.window, now_ms, at_ms, actual);
             self.changed();
         }
     }
@@ -238,23 +241,23 @@ impl Ledger {
     }
 
     /// Seconds until `amount` would fit. Spending rolls off on a known schedule; holds of
-    /// requests in flight do not, so when they alone keep the request out the answer is 1 (retry
-    /// soon), and [`Wait::Never`] when the request is over a cap on its own.
+    /// requests in flight end when their requests do, so they are not waited for: when what is
+    /// spent alone would admit the request (only holds are in the way) the answer is 1 (retry
+    /// soon), else the time until enough spending has rolled off for it, which is never more
+    /// than the window (a bucket rolls off a window after its latest charge). [`Wait::Never`]
+    /// when the request is over a cap on its own.
     fn wait(&self, shape: &Shape, caps: &Caps, amount: Amount, now_ms: u64) -> Wait {
         if !caps.admits(Amount::ZERO, amount) {
             return Wait::Never;
         }
-        let held = self.held(shape, now_ms);
-        if !caps.admits(held, amount) {
-            return Wait::Seconds(1);
-        }
         let spent = self.spent(shape, now_ms);
-        let need = caps.excess(spent.plus(held), amount);
+        let need = caps.excess(spent, amount);
         if need.is_zero() {
             return Wait::Seconds(1);
         }
+        let window_s = (shape.window.lifetime_ms / 1000).max(1);
         match self.spent_ring(shape).freed_by(&shape.window, now_ms, need) {
-            Some(at) => Wait::Seconds(at.saturating_sub(now_ms).div_ceil(1000).max(1)),
+            Some(at) => Wait::Seconds(at.saturating_sub(now_ms).div_ceil(1000).clamp(1, window_s)),
             None => Wait::Seconds(1),
         }
     }
@@ -297,6 +300,7 @@ impl Ledger {
         match bytes.first() {
             Some(&VERSION) => {}
             Some(&V1) => return v1::decode(&bytes, shape, now_ms),
+            Some(&V2) => return v2::decode(&bytes, shape, now_ms),
             Some(&v) => return Err(CodecError::BadVersion(v)),
             None => return Err(CodecError::Truncated),
         }
@@ -366,6 +370,53 @@ impl Ledger {
 
 /// More cells than any geometry has: a bound on what decoding allocates.
 const MAX_CELLS: u64 = 4096;
+
+/// Version 2 of the layout: version 3's, but 16-byte cells (tokens, pico) with no latest charge
+/// time. Read only; each bucket is taken to have been charged up to its end.
+mod v2 {
+    use super::*;
+
+    /// Bytes per cell in version 2.
+    const CELL_V2: usize = 16;
+
+    /// The ring at `at`, its geometry as written, and where the next starts.
+    fn ring(
+        b: &[u8],
+        at: usize,
+        g: &Geometry,
+    ) -> Result<((bool, Ring<Vec<u8>>), usize), CodecError> {
+        let head_bytes = b.get(at..at + RING_HEADER).ok_or(CodecError::Truncated)?;
+        let width_s = u64::from(get_u32(head_bytes, 0));
+        let slots = u64::from(get_u32(head_bytes, 4));
+        if slots == 0 || slots > MAX_CELLS {
+            return Err(CodecError::TooManyCells);
+        }
+        let head = get_u64(head_bytes, 8);
+        let end = at + RING_HEADER + CELL_V2 * slots as usize;
+        let cells_bytes = b.get(at + RING_HEADER..end).ok_or(CodecError::Truncated)?;
+        let cells: Vec<Amount> = cells_bytes
+            .chunks_exact(CELL_V2)
+            .map(|c| Amount::new(get_u64(c, 0), get_u64(c, 8)))
+            .collect();
+        let written = Geometry {
+            width_ms: width_s.max(1).saturating_mul(1000),
+            lifetime_ms: 0,
+            slots,
+        };
+        let same = written.width_ms == g.width_ms && slots == g.slots;
+        Ok(((same, Ring::from_cells(&written, head, &cells)), end))
+    }
+
+    pub(super) fn decode(bytes: &[u8], shape: &Shape, now_ms: u64) -> Result<Ledger, CodecError> {
+        let seq = get_u64(bytes, 1);
+        let (spent, end) = ring(bytes, HEADER, &shape.window)?;
+        let (held, end) = ring(bytes, end, &shape.hold)?;
+        if end != bytes.len() {
+            return Err(CodecError::Trailing);
+        }
+        Ok(Ledger::rebuilt(shape, seq, now_ms, [spent, held]))
+    }
+}
 
 /// Version 1 of the layout: per ring, bucket width in seconds, head, cell count, cells (tokens,
 /// pico), all LEB128. Read only (a ledger written by the module before this one).
@@ -482,22 +533,110 @@ mod tests {
         let shape = Shape::new(30, 900);
         let c = caps(100);
         let mut l = Ledger::new(&shape);
-        l.settle(&shape, None, Amount::new(40, 0), 1_500); // expires at 2 s + 30 s
-        l.settle(&shape, None, Amount::new(50, 0), 10_200); // expires at 11 s + 30 s
+        l.settle(&shape, None, Amount::new(40, 0), 1_500); // expires at 1.5 s + 30 s
+        l.settle(&shape, None, Amount::new(50, 0), 10_200); // expires at 10.2 s + 30 s
         let want = Amount::new(30, 0);
-        // Needs 20 freed: the first charge rolls off at 32 s.
+        // Needs 20 freed: the first charge rolls off at 31.5 s.
         let now = 20_000;
         assert_eq!(l.wait(&shape, &c, want, now), Wait::Seconds(12));
-        // And it is admitted exactly then, not a second before.
-        assert!(l.clone().try_reserve(&shape, &c, want, 31_999).is_err());
-        assert!(l.clone().try_reserve(&shape, &c, want, 32_000).is_ok());
-        // Needs 60 freed: both must go, the second at 41 s.
+        // And it is admitted exactly then, not a millisecond before.
+        assert!(l.clone().try_reserve(&shape, &c, want, 31_499).is_err());
+        assert!(l.clone().try_reserve(&shape, &c, want, 31_500).is_ok());
+        // Needs 60 freed: both must go, the second at 40.2 s.
         assert_eq!(
             l.wait(&shape, &c, Amount::new(70, 0), now),
             Wait::Seconds(21)
         );
         // A fraction of a second left still says 1.
-        assert_eq!(l.wait(&shape, &c, want, 31_999), Wait::Seconds(1));
+        assert_eq!(l.wait(&shape, &c, want, 31_400), Wait::Seconds(1));
+    }
+
+    /// Holds end with their requests: when what is spent alone admits the request, the wait is
+    /// 1 however much is held; otherwise holds do not lengthen it.
+    #[test]
+    fn holds_alone_in_the_way_say_one_second_and_never_lengthen_the_wait() {
+        let shape = Shape::new(3600, 900);
+        let c = caps(100);
+        let mut l = Ledger::new(&shape);
+        l.settle(&shape, None, Amount::new(30, 0), 0);
+        l.try_reserve(&shape, &c, Amount::new(60, 0), 10_000)
+            .unwrap();
+        // 30 spent + 60 held + 20 > 100, but 30 + 20 fits: only the hold is in the way.
+        assert_eq!(
+            l.wait(&shape, &c, Amount::new(20, 0), 20_000),
+            Wait::Seconds(1)
+        );
+        // 30 + 80 > 100 on spending alone: the 30 roll off an hour after they were charged.
+        assert_eq!(
+            l.wait(&shape, &c, Amount::new(80, 0), 20_000),
+            Wait::Seconds(3580)
+        );
+    }
+
+    /// Random charges, holds and refusals under windows from 1 s to a day: nothing admitted
+    /// ever takes spent + held past the cap; every Retry-After is at most the window; and with
+    /// nothing held, the refused request is admitted at exactly its Retry-After, and refused a
+    /// second before it.
+    #[test]
+    fn retry_after_is_never_longer_than_the_window_and_admits_at_that_second() {
+        let mut seed = 0x51_7cc1_b727_220au64;
+        let mut next = move |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m.max(1)
+        };
+        for window in [1u64, 7, 30, 60, 61, 100, 3540, 3600, 86_400] {
+            // Holds outlive every step: a request settling after its hold expired is the
+            // guarantee's stated exception.
+            let shape = Shape::new(window, 2 * window + 1000);
+            let cap = 1000;
+            let c = caps(cap);
+            let mut l = Ledger::new(&shape);
+            let mut holds: Vec<(Hold, u64)> = Vec::new();
+            let mut now = next(window * 1000);
+            for _ in 0..400 {
+                now += next(window * 1000 / 8 + 2);
+                if !holds.is_empty() && next(2) == 0 {
+                    let (h, _) = holds.swap_remove(next(holds.len() as u64) as usize);
+                    l.settle(
+                        &shape,
+                        Some(&h),
+                        Amount::new(next(h.amount.tokens + 1), 0),
+                        now,
+                    );
+                }
+                let want = Amount::new(next(400) + 1, 0);
+                match l.try_reserve(&shape, &c, want, now) {
+                    Ok(h) => holds.push((h, now)),
+                    Err(Wait::Never) => unreachable!("every request fits the cap alone"),
+                    Err(Wait::Seconds(w)) => {
+                        assert!((1..=window).contains(&w), "window {window}: wait {w}");
+                        // Every request in flight ends now: what is left in the way is spending.
+                        for (h, _) in holds.drain(..) {
+                            let used = Amount::new(next(h.amount.tokens + 1), 0);
+                            l.settle(&shape, Some(&h), used, now);
+                        }
+                        if let Err(Wait::Seconds(w)) = l.check(&shape, &c, want, now) {
+                            assert!((1..=window).contains(&w), "window {window}: wait {w}");
+                            let at = now + w * 1000;
+                            assert!(
+                                l.clone().try_reserve(&shape, &c, want, at).is_ok(),
+                                "window {window}: not admitted at its Retry-After {w}"
+                            );
+                            if w > 1 {
+                                assert!(
+                                    l.clone().try_reserve(&shape, &c, want, at - 1000).is_err(),
+                                    "window {window}: admitted a second before {w}"
+                                );
+                            }
+                        }
+                    }
+                }
+                let used = l.spent(&shape, now).plus(l.held(&shape, now));
+                assert!(used.tokens <= cap, "window {window}: {used:?} over {cap}");
+            }
+        }
     }
 
     #[test]
@@ -622,9 +761,14 @@ mod tests {
         // Rolls off exactly when it would have: 70 at 1 s counts until 2 s + 60 s.
         assert_eq!(l.spent(&shape, 61_999).tokens, 70);
         assert_eq!(l.spent(&shape, 62_000).tokens, 0);
-        // 70 + 300 + 631 > 1000: the old hold still counts.
+        // 70 + 300 + 631 > 1000: the old hold still counts (and is all that is in the way).
         assert_eq!(
             l.check(&shape, &c, Amount::new(631, 0), now),
+            Err(Wait::Seconds(1))
+        );
+        // Spending in the way: the version-1 bucket is taken to end with its bucket, at 2 s.
+        assert_eq!(
+            l.check(&shape, &c, Amount::new(931, 0), now),
             Err(Wait::Seconds(32))
         );
         l.release(&shape, &hold, now);
@@ -645,11 +789,57 @@ mod tests {
             &mut other,
         );
         let l = Ledger::decode(&other, &shape, now).unwrap();
-        // Buckets 0..=14 are in the ring; [0 s, 2 s) ended at 2 s and is gone by 62 s.
+        // Buckets 0..=14 are in the ring; [0 s, 2 s) was charged by 1.999 s at the latest and
+        // is gone at 61.999 s.
         assert_eq!(l.spent(&shape, now).tokens, 9 * 15);
-        assert_eq!(l.spent(&shape, 61_999).tokens, 9 * 15);
-        assert_eq!(l.spent(&shape, 62_000).tokens, 9 * 14);
+        assert_eq!(l.spent(&shape, 61_998).tokens, 9 * 15);
+        assert_eq!(l.spent(&shape, 61_999).tokens, 9 * 14);
         assert_eq!(l.spent(&shape, now + 60_000).tokens, 0);
+        for cut in 1..old.len() {
+            assert!(
+                Ledger::decode(&old[..cut], &shape, now).is_err(),
+                "cut {cut}"
+            );
+        }
+    }
+
+    /// Version 3's bytes as version 2 wrote them: 16-byte cells, no latest charge time.
+    fn as_v2(l: &Ledger, shape: &Shape) -> Vec<u8> {
+        let mut out = vec![V2];
+        out.extend_from_slice(&l.as_bytes()[1..HEADER]);
+        for (at, g) in [(spent_at(), &shape.window), (held_at(shape), &shape.hold)] {
+            let ring = &l.as_bytes()[at..at + ring_len(g)];
+            out.extend_from_slice(&ring[..RING_HEADER]);
+            for cell in ring[RING_HEADER..].chunks_exact(CELL) {
+                out.extend_from_slice(&cell[..16]);
+            }
+        }
+        out
+    }
+
+    /// A ledger of version 2 (shared data outlives a hot reload) keeps its spending and holds,
+    /// each bucket counting until its bucket's end plus the window (never early), and its seq.
+    #[test]
+    fn a_ledger_of_version_2_keeps_its_spending_holds_and_seq() {
+        let shape = Shape::new(60, 900);
+        let c = caps(1000);
+        let mut l = Ledger::new(&shape);
+        l.settle(&shape, None, Amount::new(70, 3), 1_200);
+        let hold = l
+            .try_reserve(&shape, &c, Amount::new(300, 0), 2_000)
+            .unwrap();
+        let old = as_v2(&l, &shape);
+        let now = 30_000;
+        let mut back = Ledger::decode(&old, &shape, now).unwrap();
+        assert_eq!(back.seq(), l.seq());
+        assert_eq!(back.spent(&shape, now), Amount::new(70, 3));
+        assert_eq!(back.held(&shape, now).tokens, 300);
+        // Charged in [1 s, 2 s), time unknown: counts until the bucket's end + 60 s.
+        assert_eq!(back.spent(&shape, 61_999).tokens, 70);
+        assert_eq!(back.spent(&shape, 62_000).tokens, 0);
+        back.release(&shape, &hold, now);
+        assert_eq!(back.held(&shape, now).tokens, 0);
+        assert_eq!(back.as_bytes()[0], VERSION);
         for cut in 1..old.len() {
             assert!(
                 Ledger::decode(&old[..cut], &shape, now).is_err(),
@@ -673,9 +863,9 @@ mod tests {
         let new = Shape::new(120, 900);
         let l2 = reread(&l, &new, 30_000);
         assert_eq!(l2.spent(&new, 30_000), Amount::new(70, 5));
-        // Charged at 1 s, 2 s buckets: counts until 2 s + 120 s, not 30 s + 120 s.
-        assert_eq!(l2.spent(&new, 121_999), Amount::new(70, 5), "never early");
-        assert_eq!(l2.spent(&new, 122_000), Amount::ZERO);
+        // Charged at 1 s: counts until 1 s + 120 s, not 30 s + 120 s.
+        assert_eq!(l2.spent(&new, 120_999), Amount::new(70, 5), "never early");
+        assert_eq!(l2.spent(&new, 121_000), Amount::ZERO);
     }
 
     /// What had rolled off under the old window (its cell not yet reused) stays off.
@@ -701,9 +891,9 @@ mod tests {
         let now = 1_010_000;
         let l2 = reread(&l, &new, now);
         assert_eq!(l2.spent(&new, now).tokens, 25);
-        // The old bucket [960 s, 1020 s) has not ended: the charge may be from `now`.
-        assert_eq!(l2.spent(&new, now + 60_999).tokens, 25, "never early");
-        assert_eq!(l2.spent(&new, now + 61_000).tokens, 0);
+        // Charged at 1000 s: counts the new window from then.
+        assert_eq!(l2.spent(&new, 1_059_999).tokens, 25, "never early");
+        assert_eq!(l2.spent(&new, 1_060_000).tokens, 0);
     }
 
     /// A hold TTL change keeps live holds held (never early) and does not bring back dead ones.
@@ -719,8 +909,9 @@ mod tests {
         let new = Shape::new(60, 900);
         let l2 = reread(&l, &new, 20_000);
         assert_eq!(l2.held(&new, 20_000).tokens, 7);
-        // Reserved by 14 s at the latest: held 900 s from then.
-        assert_eq!(l2.held(&new, 14_000 + 900_000 - 1).tokens, 7);
+        // Reserved at 12.5 s: held 900 s from then.
+        assert_eq!(l2.held(&new, 12_500 + 900_000 - 1).tokens, 7);
+        assert_eq!(l2.held(&new, 12_500 + 900_000).tokens, 0);
     }
 
     /// Random charges under one window, read under another: every charge that still counted at

@@ -1,9 +1,13 @@
-//! The client-facing answers of budgets (interface: 429 `budget_exceeded`, 503
-//! `budget_store_unavailable`), as `ApiError`s with the `Retry-After` that goes with them.
+//! The client-facing answers of budgets (interface: 429 `budget_exceeded`, 429
+//! `budget_request_over_cap` with `x-should-retry: false`, 503 `budget_store_unavailable`), as
+//! `ApiError`s with the `Retry-After` that goes with them.
 
 use crate::errors::{ApiError, API_ERROR};
 
 pub const RATE_LIMIT: &str = "rate_limit_error";
+
+/// The code of a refusal no waiting can turn into an admission.
+pub const OVER_CAP: &str = "budget_request_over_cap";
 
 /// A refusal and the `Retry-After` header value that goes with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,23 +15,33 @@ pub struct Refused {
     pub error: ApiError,
     /// Whole seconds, at least 1.
     pub retry_after_s: u64,
+    /// The request alone is over a cap: no retry can succeed. Answered with
+    /// `x-should-retry: false` (which the OpenAI and Anthropic SDKs obey) and no `Retry-After`.
+    pub never: bool,
 }
 
 /// 429: `budgets` (names, with `/team` for team ledgers) have no room for this request.
-/// `never`: the request alone is over a cap, so the message says what to change.
+/// `never`: the request alone is over a cap, so it has a code of its own and the message says
+/// what to lower.
 pub fn exceeded(budgets: &[String], retry_after_s: u64, never: bool) -> Refused {
     let retry_after_s = retry_after_s.max(1);
     let names = budgets.join(", ");
     let plural = if budgets.len() > 1 { "s" } else { "" };
-    let message = if never {
-        format!(
-            "the most this request may use is over the cap of budget{plural} {names}; \
-             lower max_tokens (or the prompt) to fit"
-        )
-    } else {
-        format!("budget{plural} {names} exhausted; retry after {retry_after_s} s")
-    };
-    refused(message, retry_after_s)
+    if never {
+        let message = format!(
+            "the most this request may use (its prompt plus max_tokens, or the backend's context \
+             length when max_tokens is not set) is over the cap of budget{plural} {names}, so it \
+             can never be admitted; set or lower max_tokens (or shorten the prompt) to fit"
+        );
+        let mut r = refused(message, retry_after_s);
+        r.error.code = OVER_CAP;
+        r.never = true;
+        return r;
+    }
+    refused(
+        format!("budget{plural} {names} exhausted; retry after {retry_after_s} s"),
+        retry_after_s,
+    )
 }
 
 fn refused(message: String, retry_after_s: u64) -> Refused {
@@ -40,6 +54,7 @@ fn refused(message: String, retry_after_s: u64) -> Refused {
             message,
         },
         retry_after_s: retry_after_s.max(1),
+        never: false,
     }
 }
 
@@ -90,6 +105,9 @@ mod tests {
         );
         let never = exceeded(&["small".into()], 60, true);
         assert!(never.error.message.contains("lower max_tokens"));
+        assert!(never.never);
+        assert_eq!(body(&never.error)["error"]["code"], OVER_CAP);
+        assert!(!r.never);
         let full = teams_full("teams", 1024, 30);
         assert!(full.error.message.contains("1024 active teams"));
         assert_eq!(full.retry_after_s, 30);

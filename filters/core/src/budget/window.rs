@@ -1,14 +1,18 @@
 //! Rolling windows as bucketed counters that never expire a charge early.
 //!
 //! A window of `L` ms is cut into buckets of `width` ms; a charge at time `t` lands in bucket
-//! `t / width` and counts until that bucket's *end* plus `L` has passed. So every charge counts for
-//! at least `L` (never early) and at most `L + width` (late by less than one bucket). With at most
-//! [`WINDOW_SLOTS`] buckets per window, windows up to 60 s are kept to the second; longer ones
-//! expire up to `windowSeconds / 60` late. The same ring, with a coarser width, holds reservations
-//! until their time-to-live passes, so a reservation whose request never finished cannot leak.
+//! `t / width`, and each bucket keeps the time of its latest charge: the bucket counts until that
+//! time plus `L`. So every charge counts for at least `L` (never early), and a bucket is gone
+//! at most `L` after its last charge: a refusal's wait is never longer than the window. (A
+//! charge made early in a bucket that is charged again later is kept for as long as the later
+//! one: late by less than one bucket.) With at most [`WINDOW_SLOTS`] buckets per window the ring
+//! is a fixed size. The same ring, with a coarser width, holds reservations until their
+//! time-to-live passes, so a reservation whose request never finished cannot leak.
 //!
-//! Bucket `k` is live at `now` iff `now < (k + 1) × width + L`. At most `ceil(L / width) + 1`
-//! buckets are live at once, which is the ring's size: a bucket's cell is reused only after it died.
+//! Bucket `k` is live at `now` iff `now < last(k) + L`, where `last(k) < (k + 1) × width` (a
+//! bucket whose latest charge time is unknown, written by an older layout, is taken to end
+//! with its bucket). At most `ceil(L / width) + 1` buckets are live at once, which is the
+//! ring's size: a bucket's cell is reused only after it died.
 
 /// Most buckets a budget window is cut into (plus one, see the module doc).
 pub const WINDOW_SLOTS: u64 = 60;
@@ -74,7 +78,8 @@ impl Geometry {
     pub fn bucket(&self, now_ms: u64) -> u64 {
         now_ms / self.width_ms
     }
-    /// When everything charged into bucket `k` has rolled off.
+    /// When everything charged into bucket `k` has rolled off at the latest (whatever the
+    /// time of its last charge): the bucket's end plus the lifetime.
     pub fn expires_at(&self, k: u64) -> u64 {
         (k + 1)
             .saturating_mul(self.width_ms)
@@ -88,8 +93,9 @@ impl Geometry {
 /// Bytes of a ring's header: bucket width in seconds (u32), cell count (u32), `head` (u64),
 /// then the running totals of every cell (tokens, pico; u128 each, so they never saturate).
 pub(crate) const RING_HEADER: usize = 48;
-/// Bytes per cell: tokens, pico (u64 each).
-pub(crate) const CELL: usize = 16;
+/// Bytes per cell: tokens, pico, and the time of the bucket's latest charge in ms plus one
+/// (0: unknown, the bucket's end is taken), u64 each.
+pub(crate) const CELL: usize = 24;
 
 /// Bytes of a ring of `g`.
 pub(crate) const fn ring_len(g: &Geometry) -> usize {
@@ -200,6 +206,27 @@ impl<B: AsRef<[u8]>> Ring<B> {
         Amount::new(get_u64(self.bytes(), at), get_u64(self.bytes(), at + 8))
     }
 
+    /// The time of bucket `k`'s latest charge, if it was recorded.
+    fn last(&self, k: u64) -> Option<u64> {
+        let at = RING_HEADER + CELL * (k % self.slots()) as usize + 16;
+        get_u64(self.bytes(), at).checked_sub(1)
+    }
+
+    /// When bucket `k` rolls off: its latest charge plus the lifetime, and never later than
+    /// the bucket's end plus the lifetime.
+    pub fn expires(&self, g: &Geometry, k: u64) -> u64 {
+        let end = g.expires_at(k);
+        match self.last(k) {
+            Some(t) => t.saturating_add(g.lifetime_ms).min(end),
+            None => end,
+        }
+    }
+
+    /// Bucket `k` still counts at `now`.
+    pub fn live(&self, g: &Geometry, k: u64, now_ms: u64) -> bool {
+        now_ms < self.expires(g, k)
+    }
+
     /// Every cell's amount added up (dead ones included, until the ring moves past them).
     pub(crate) fn total(&self) -> (u128, u128) {
         (
@@ -219,11 +246,17 @@ impl<B: AsRef<[u8]>> Ring<B> {
     }
 
     /// Everything still counting at `now`: the totals less the cells of buckets that died
-    /// (the oldest ones; a bucket `k` is live iff `k >= (now - lifetime) / width`).
+    /// (the oldest ones: every bucket before `(now - lifetime) / width` has ended its
+    /// lifetime, and of the rest only that first one can be dead by its latest charge, since
+    /// the next one's charges are all after its end).
     pub fn sum(&self, g: &Geometry, now_ms: u64) -> Amount {
         let first_live = now_ms.saturating_sub(g.lifetime_ms) / g.width_ms;
         let (mut t, mut p) = self.total();
-        let dead_end = first_live.min(self.head().saturating_add(1));
+        let head = self.head();
+        let mut dead_end = first_live.min(head.saturating_add(1));
+        if first_live <= head && first_live >= self.first() && !self.live(g, first_live, now_ms) {
+            dead_end = first_live + 1;
+        }
         for k in self.first()..dead_end {
             let c = self.cell(k);
             // Saturating: bytes another writer got wrong must not panic the filter.
@@ -240,10 +273,10 @@ impl<B: AsRef<[u8]>> Ring<B> {
     /// rolled off, or `None` if less than `need` is in the ring at all.
     pub fn freed_by(&self, g: &Geometry, now_ms: u64, need: Amount) -> Option<u64> {
         let mut freed = Amount::ZERO;
-        for (k, c) in self.entries().filter(|&(k, _)| g.live(k, now_ms)) {
+        for (k, c) in self.entries().filter(|&(k, _)| self.live(g, k, now_ms)) {
             freed = freed.plus(c);
             if freed.tokens >= need.tokens && freed.pico >= need.pico {
-                return Some(g.expires_at(k));
+                return Some(self.expires(g, k));
             }
         }
         None
@@ -252,8 +285,8 @@ impl<B: AsRef<[u8]>> Ring<B> {
     /// When the ring will be empty (`now` if it already is).
     pub fn quiet_at(&self, g: &Geometry, now_ms: u64) -> u64 {
         self.entries()
-            .filter(|&(k, c)| g.live(k, now_ms) && !c.is_zero())
-            .map(|(k, _)| g.expires_at(k))
+            .filter(|&(k, c)| self.live(g, k, now_ms) && !c.is_zero())
+            .map(|(k, _)| self.expires(g, k))
             .max()
             .unwrap_or(now_ms)
     }
@@ -265,6 +298,23 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Ring<B> {
         let b = self.b.as_mut();
         put_u64(b, at, c.tokens);
         put_u64(b, at + 8, c.pico);
+    }
+
+    /// Records a charge made at `at_ms` in bucket `k` (at least the bucket's start: a clock
+    /// that stepped back charges the newest bucket, which then counts from its own start).
+    fn charged_at(&mut self, g: &Geometry, k: u64, at_ms: u64) {
+        let t = at_ms
+            .max(k.saturating_mul(g.width_ms))
+            .min(g.expires_at(k).saturating_sub(g.lifetime_ms + 1))
+            .max(self.last(k).unwrap_or(0));
+        let at = RING_HEADER + CELL * (k % self.slots()) as usize + 16;
+        put_u64(self.b.as_mut(), at, t.saturating_add(1));
+    }
+
+    /// Forgets bucket `k`'s latest charge time (its cell is reused for a new bucket).
+    fn clear_last(&mut self, k: u64) {
+        let at = RING_HEADER + CELL * (k % self.slots()) as usize + 16;
+        put_u64(self.b.as_mut(), at, 0);
     }
 
     /// Replaces bucket `k`'s cell, keeping the totals the sum of all cells.
@@ -289,6 +339,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Ring<B> {
         let steps = (target - head).min(self.slots());
         for k in (target + 1 - steps)..=target {
             self.replace(k, Amount::ZERO);
+            self.clear_last(k);
         }
         put_u64(self.b.as_mut(), HEAD, target);
     }
@@ -300,20 +351,22 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Ring<B> {
         let k = self.head();
         let c = self.cell(k).plus(a);
         self.replace(k, c);
+        self.charged_at(g, k, now_ms);
         k
     }
 
-    /// Adds `a` to bucket `k` (an earlier bucket than `now`'s: a charge made then and written
-    /// now, by a worker lease's report), so it rolls off when it would have had it been written
-    /// at once. A bucket that already died adds nothing (it would have rolled off by now); one
-    /// past `now`'s bucket (another worker's clock) lands in `now`'s: later, never earlier.
-    pub fn add_to(&mut self, g: &Geometry, now_ms: u64, k: u64, a: Amount) {
+    /// Adds `a` as charged at `at_ms` (earlier than `now`: a charge made then and written now,
+    /// by a worker lease's report), so it rolls off when it would have had it been written at
+    /// once. A charge that already rolled off adds nothing; one after `now`'s bucket (another
+    /// worker's clock) lands in `now`'s: later, never earlier.
+    pub fn add_at(&mut self, g: &Geometry, now_ms: u64, at_ms: u64, a: Amount) {
         self.advance(g, now_ms);
         let head = self.head();
-        let k = k.min(head);
-        if k + self.slots() > head && g.live(k, now_ms) {
+        let k = g.bucket(at_ms).min(head);
+        if k + self.slots() > head && now_ms < at_ms.saturating_add(g.lifetime_ms) {
             let c = self.cell(k).plus(a);
             self.replace(k, c);
+            self.charged_at(g, k, at_ms);
         }
     }
 
@@ -337,11 +390,23 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Ring<B> {
             if c.is_zero() || dead_before <= now_ms {
                 continue;
             }
+            // The latest instant its charges can have been made: its recorded last charge, or
+            // its old bucket's last millisecond.
             let end = k.saturating_add(1).saturating_mul(old_width);
-            let to = (end.saturating_sub(1) / g.width_ms).min(now_k);
-            if g.live(to, now_ms) && to <= head && to + self.slots() > head {
+            let last = old
+                .last(k)
+                .unwrap_or(end.saturating_sub(1))
+                .min(now_ms)
+                .min(end.saturating_sub(1));
+            let to = (last / g.width_ms).min(now_k);
+            if g.live(to, now_ms)
+                && now_ms < last.saturating_add(g.lifetime_ms)
+                && to <= head
+                && to + self.slots() > head
+            {
                 let sum = self.cell(to).plus(c);
                 self.replace(to, sum);
+                self.charged_at(g, to, last);
             }
         }
     }
@@ -351,7 +416,7 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> Ring<B> {
     pub fn take(&mut self, g: &Geometry, now_ms: u64, k: u64, a: Amount) {
         self.advance(g, now_ms);
         let head = self.head();
-        if k <= head && k + self.slots() > head && g.live(k, now_ms) {
+        if k <= head && k + self.slots() > head && self.live(g, k, now_ms) {
             let c = self.cell(k).minus(a);
             self.replace(k, c);
         }
@@ -403,12 +468,12 @@ mod tests {
     fn cells_are_reused_only_after_their_bucket_died() {
         let g = Geometry::window(10);
         let mut r = Ring::new(&g);
-        // One charge per second for 100 s: the charge from exactly 10 s ago still counts (its
-        // bucket ends half a second later), older ones do not.
+        // One charge per second for 100 s: the charge from exactly 10 s ago has just rolled
+        // off, the nine after it count.
         for s in 0..100u64 {
             r.add(&g, s * 1000 + 500, t(1));
             let sum = r.sum(&g, s * 1000 + 500).tokens;
-            assert_eq!(sum, (s + 1).min(11), "at {s}s");
+            assert_eq!(sum, (s + 1).min(10), "at {s}s");
         }
         // Long idle: everything gone, even with the head far behind.
         assert_eq!(r.sum(&g, 10_000_000).tokens, 0);
@@ -472,7 +537,7 @@ mod tests {
                 for at in [now, now + next(2 * g.lifetime_ms)] {
                     let plain = r
                         .entries()
-                        .filter(|&(k, _)| g.live(k, at))
+                        .filter(|&(k, _)| r.live(&g, k, at))
                         .fold(Amount::ZERO, |acc, (_, c)| acc.plus(c));
                     assert_eq!(r.sum(&g, at), plain, "{g:?} at {at}");
                 }
@@ -486,10 +551,11 @@ mod tests {
         let mut r = Ring::new(&g);
         r.add(&g, 1_200, t(3));
         r.add(&g, 4_700, t(4));
-        assert_eq!(r.freed_by(&g, 5_000, t(2)), Some(12_000));
-        assert_eq!(r.freed_by(&g, 5_000, t(5)), Some(15_000));
+        // Each rolls off the window after its charge, not after its bucket's end.
+        assert_eq!(r.freed_by(&g, 5_000, t(2)), Some(11_200));
+        assert_eq!(r.freed_by(&g, 5_000, t(5)), Some(14_700));
         assert_eq!(r.freed_by(&g, 5_000, t(8)), None);
-        assert_eq!(r.quiet_at(&g, 5_000), 15_000);
+        assert_eq!(r.quiet_at(&g, 5_000), 14_700);
         assert_eq!(Ring::new(&g).quiet_at(&g, 5_000), 5_000);
     }
 }

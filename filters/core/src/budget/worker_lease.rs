@@ -51,7 +51,8 @@ pub struct WorkerLease {
     /// Σ bounds of the requests admitted on the lease that have not ended.
     admitted: Amount,
     /// Charges settled on the lease and not yet reported, by window bucket of their settle.
-    used: Vec<(u64, Amount)>,
+    /// (window bucket, time of its latest settle, amount).
+    used: Vec<(u64, u64, Amount)>,
     used_total: Amount,
     /// Σ bounds admitted since the last renewal: the next lease's size.
     demand: Amount,
@@ -157,16 +158,19 @@ impl WorkerLease {
     }
 
     /// A request of bound `b` admitted on the lease ended, charged `actual` (zero: released) at
-    /// a time in window bucket `bucket`.
-    pub fn end(&mut self, b: Amount, actual: Amount, bucket: u64) {
+    /// `at_ms`, a time in window bucket `bucket`.
+    pub fn end(&mut self, b: Amount, actual: Amount, bucket: u64, at_ms: u64) {
         self.admitted = self.admitted.minus(b);
         if actual.is_zero() {
             return;
         }
         self.used_total = self.used_total.plus(actual);
         match self.used.last_mut() {
-            Some((k, a)) if *k == bucket => *a = a.plus(actual),
-            _ => self.used.push((bucket, actual)),
+            Some((k, t, a)) if *k == bucket => {
+                *a = a.plus(actual);
+                *t = (*t).max(at_ms);
+            }
+            _ => self.used.push((bucket, at_ms, actual)),
         }
     }
 
@@ -188,8 +192,8 @@ impl WorkerLease {
         if let Some(h) = &self.hold {
             l.release(shape, h, now_ms);
         }
-        for &(k, a) in &self.used {
-            l.charge_at(shape, k, a, now_ms);
+        for &(_, t, a) in &self.used {
+            l.charge_at(shape, t, a, now_ms);
         }
         // Both holds land in the held ring's newest bucket (same `now`): one hold of their sum.
         let mut held = self.admitted;
@@ -319,7 +323,7 @@ impl Leases {
             return false;
         };
         let bucket = l.shape.window.bucket(now_ms);
-        l.lease.end(b, actual, bucket);
+        l.lease.end(b, actual, bucket, now_ms);
         l.lease.is_exact()
     }
 

@@ -207,15 +207,15 @@ fn late_reported_charges_keep_the_second_they_were_settled_in() {
     // Settled in bucket 1 (1.5 s), reported on a tick in bucket 2.
     leases.end(NAMES[0], t(80), t(80), 1_500);
     tick(&data, &mut leases, 2_050);
-    // Bucket 1 rolls off at 62 s: from 2.1 s that is 59.9 s, so 60.
+    // Settled at 1.5 s, it rolls off at 61.5 s: from 2.1 s that is 59.4 s, so 60.
     assert_eq!(
         admit(&data, &caps, &mut leases, &[key(0)], 80, 2_100),
         Err(Wait::Seconds(60))
     );
-    assert_eq!(ledger(&data, &caps, 0, 61_999).0, 80);
-    assert_eq!(ledger(&data, &caps, 0, 62_000).0, 0);
+    assert_eq!(ledger(&data, &caps, 0, 61_499).0, 80);
+    assert_eq!(ledger(&data, &caps, 0, 61_500).0, 0);
     assert_eq!(
-        admit(&data, &caps, &mut leases, &[key(0)], 80, 62_000),
+        admit(&data, &caps, &mut leases, &[key(0)], 80, 61_500),
         Ok(())
     );
 }
@@ -231,10 +231,10 @@ fn a_refusal_before_the_report_counts_from_the_workers_own_use() {
     let mut leases = Leases::default();
     admit(&data, &caps, &mut leases, &[key(0)], 80, 500).unwrap();
     leases.end(NAMES[0], t(80), t(80), 1_500);
-    // Bucket 1 rolls off at 62 s: from 1.6 s that is 60.4 s, so 61.
+    // Settled at 1.5 s, it rolls off at 61.5 s: from 1.6 s that is 59.9 s, so 60.
     assert_eq!(
         admit(&data, &caps, &mut leases, &[key(0)], 80, 1_600),
-        Err(Wait::Seconds(61))
+        Err(Wait::Seconds(60))
     );
     assert_eq!(ledger(&data, &caps, 0, 1_600), (80, 0));
 }

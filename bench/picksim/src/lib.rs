@@ -8,6 +8,7 @@
 //! oracle that sees every pod's true cache and queue and picks the earliest first token.
 //! Every replica reads the pods' vLLM gauges once a second, as the filter does on a timer.
 
+pub mod family;
 pub mod workload;
 
 use workload::Shape;
@@ -28,14 +29,22 @@ pub enum Policy {
     LeastLoaded,
     Picker,
     Oracle,
+    /// Knows every pod's cache exactly and picks the longest cached prefix among the pods
+    /// whose requests in flight (running and queued) are within [`PREFIX_ORACLE_SLACK`] of the
+    /// least loaded; ties to the less loaded. The reference of the workload family.
+    PrefixOracle,
 }
 
+/// How many more requests in flight than the least loaded pod the prefix oracle accepts.
+pub const PREFIX_ORACLE_SLACK: usize = 4;
+
 impl Policy {
-    pub const ALL: [Policy; 4] = [
+    pub const ALL: [Policy; 5] = [
         Policy::RoundRobin,
         Policy::LeastLoaded,
         Policy::Picker,
         Policy::Oracle,
+        Policy::PrefixOracle,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -43,6 +52,7 @@ impl Policy {
             Policy::LeastLoaded => "least-loaded",
             Policy::Picker => "picker",
             Policy::Oracle => "oracle",
+            Policy::PrefixOracle => "prefix-oracle",
         }
     }
 }
@@ -100,6 +110,8 @@ pub struct Report {
     pub hit_rate: f64,
     pub ttft_mean_ms: f64,
     pub ttft_p99_ms: f64,
+    /// p99 of the time from arrival to the full response (the last token).
+    pub e2e_p99_ms: f64,
     /// Max over mean of computed (prefill) blocks per pod.
     pub imbalance: f64,
     /// Requests the router had no pod for.
@@ -133,6 +145,8 @@ struct World {
     flights: Vec<Option<Flight>>,
     events: BinaryHeap<Reverse<(u64, Ev)>>,
     ttft: Vec<u64>,
+    /// Arrival to full response, per request.
+    e2e: Vec<u64>,
     prompt_tokens: u64,
     cached_tokens: u64,
     slots: usize,
@@ -184,7 +198,7 @@ fn picker_config(policy: Policy, s: &Setup) -> Config {
             c.prefix = None;
             c.session = None;
         }
-        Policy::Picker | Policy::Oracle => {
+        Policy::Picker | Policy::Oracle | Policy::PrefixOracle => {
             c.mode = Mode::LoadAware;
             if c.session.is_none() {
                 c.session = Some(SessionAffinity {
@@ -229,6 +243,7 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         flights: (0..reqs.len()).map(|_| None).collect(),
         events: BinaryHeap::new(),
         ttft: Vec::with_capacity(reqs.len()),
+        e2e: Vec::with_capacity(reqs.len()),
         prompt_tokens: 0,
         cached_tokens: 0,
         slots,
@@ -270,6 +285,7 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                             computed_tokens: Some(
                                 (pod.engine.prompt_tokens - pod.engine.cached_tokens) as f64,
                             ),
+                            cache_tokens: Some(pod.engine.cache_tokens() as f64),
                             at_ns: next_scrape[r],
                         },
                     );
@@ -286,6 +302,7 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                 w.pods[p].ends.swap_remove(k);
             }
             if let Some(f) = w.flights[r].take() {
+                w.e2e.push(now - f.arrive);
                 if let Some(t) = f.ticket {
                     pickers[f.replica].release(
                         t,
@@ -305,7 +322,9 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         let replica = i % pickers.len();
         let json: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
         let rendered = render_prompt("/v1/chat/completions", &json).into_bytes();
-        let (pod, ticket) = if policy == Policy::Oracle {
+        let (pod, ticket) = if policy == Policy::PrefixOracle {
+            (prefix_oracle(&mut w.pods, &rendered), None)
+        } else if policy == Policy::Oracle {
             (
                 oracle(
                     &mut w.pods,
@@ -421,6 +440,12 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
     let mut ttft = std::mem::take(&mut w.ttft);
     ttft.sort_unstable();
     let n = ttft.len().max(1);
+    let mut e2e = std::mem::take(&mut w.e2e);
+    e2e.sort_unstable();
+    let e2e_p99 = e2e
+        .get((e2e.len() * 99 / 100).min(e2e.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0);
     let computed: Vec<f64> = w.pods.iter().map(|p| p.computed as f64).collect();
     let mean = computed.iter().sum::<f64>() / computed.len().max(1) as f64;
     let max = computed.iter().copied().fold(0.0, f64::max);
@@ -429,9 +454,32 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         hit_rate: w.cached_tokens as f64 / w.prompt_tokens.max(1) as f64,
         ttft_mean_ms: ttft.iter().sum::<u64>() as f64 / n as f64 / 1e6,
         ttft_p99_ms: ttft.get((n * 99 / 100).min(n - 1)).copied().unwrap_or(0) as f64 / 1e6,
+        e2e_p99_ms: e2e_p99 as f64 / 1e6,
         imbalance: if mean > 0.0 { max / mean } else { 1.0 },
         unplaced,
     }
+}
+
+/// [`Policy::PrefixOracle`]'s pick.
+fn prefix_oracle(pods: &mut [Pod], rendered: &[u8]) -> usize {
+    let flight = |p: &Pod| p.queue.len() + p.busy;
+    let least = pods.iter().map(flight).min().unwrap_or(0);
+    let mut best = (0u64, Reverse(usize::MAX), Reverse(usize::MAX));
+    for (i, pod) in pods.iter_mut().enumerate() {
+        let f = flight(pod);
+        if f > least + PREFIX_ORACLE_SLACK {
+            continue;
+        }
+        let key = (
+            pod.engine.cached_prefix_blocks(rendered),
+            Reverse(f),
+            Reverse(i),
+        );
+        if best.2 .0 == usize::MAX || key > best {
+            best = key;
+        }
+    }
+    best.2 .0.min(pods.len().saturating_sub(1))
 }
 
 /// The pod with the earliest first token, knowing every cache and queue exactly: the slots'
@@ -678,5 +726,45 @@ pub fn judge(s: &Setup, shape: Shape, like_envoy: bool, seeds: &[u64]) -> Judged
         p99_3_vs_oracle: Spread::of(&f[10]),
         vs_ceiling: Spread::of(&f[11]),
         ceiling_vs_round_robin: Spread::of(&f[12]),
+    }
+}
+
+/// Sets one of the picker's parameters from `name=value` (`--set`); exits on a bad one.
+pub fn set(c: &mut Config, kv: &str) {
+    let Some((k, v)) = kv.split_once('=') else {
+        eprintln!("--set wants name=value, got {kv}");
+        std::process::exit(2);
+    };
+    let Ok(n) = v.parse::<u64>() else {
+        eprintln!("--set {k}: {v} is not a number");
+        std::process::exit(2);
+    };
+    match k {
+        "unseen_load_percent" => c.unseen_load_percent = n,
+        "balance_percent" => c.balance_percent = n,
+        "known_balance_percent" => c.known_balance_percent = n,
+        "recent_from_usage" => c.recent_from_usage = n != 0,
+        "spread_bytes" => c.spread_bytes = n,
+        "shared_known_balance_percent" => c.shared_known_balance_percent = n,
+        "shared_balance_percent" => c.shared_balance_percent = n,
+        "shared_unseen_load_percent" => c.shared_unseen_load_percent = n,
+        "request_cost_bytes" => c.request_cost_bytes = n,
+        "lone_least_work" => c.lone_least_work = n != 0,
+        "start_cost_bytes" => c.start_cost_bytes = n,
+        "lone_total_half_life_s" => c.lone_total_half_life_ns = n * 1_000_000_000,
+        "lone_move_percent" => c.lone_move_percent = n,
+        "lone_move_max_bytes" => c.lone_move_max_bytes = n,
+        "lone_move_reuse" => c.lone_move_reuse = n != 0,
+        "confirm_alone" => c.confirm_alone = n != 0,
+        "engine_count_when_waiting" => c.engine_count_when_waiting = n != 0,
+        "shared_start_percent" => c.shared_start_percent = n,
+        "shared_unseen_weight_percent" => c.shared_unseen_weight_percent = n,
+        "shared_weight_prior_bytes" => c.shared_weight_prior_bytes = n,
+        "start_half_life_s" => c.start_half_life_ns = n * 1_000_000_000,
+        "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,
+        _ => {
+            eprintln!("--set: unknown parameter {k}");
+            std::process::exit(2);
+        }
     }
 }

@@ -30,7 +30,6 @@ const SWEEP: &[(&str, &str)] = &[
     ("lone: recent prefill only", "start_cost_bytes=0"),
     ("lone: 16 KiB per start", "start_cost_bytes=16384"),
     ("lone: starts' half-life 60 s", "start_half_life_s=60"),
-    ("lone: sessions move at 120 %", "session_move_percent=120"),
     ("known shed at 130 %", "known_balance_percent=130"),
     (
         "known at 130 %, lone bounds among replicas",
@@ -49,7 +48,6 @@ const SWEEP: &[(&str, &str)] = &[
     ("known never shed", "known_balance_percent=0"),
     ("predicted work only", "recent_from_usage=0"),
     ("unseen load bound 400 %", "unseen_load_percent=400"),
-    ("engine counts", "engine_counts=1"),
     ("spread 1 KiB", "spread_bytes=1024"),
     ("half-life 30 s", "half_life_s=30"),
 ];
@@ -69,7 +67,7 @@ fn main() {
     for (i, a) in args.iter().enumerate() {
         if a == "--set" {
             if let Some(kv) = args.get(i + 1) {
-                set(&mut base.picker, kv);
+                picksim::set(&mut base.picker, kv);
             }
         }
     }
@@ -240,7 +238,7 @@ fn sweep_table(base: &Setup, shapes: &[Shape], le: bool, seeds: &[u64], list: &[
     for (name, assignments) in list {
         let mut s = base.clone();
         for kv in assignments.split(',').filter(|kv| !kv.is_empty()) {
-            set(&mut s.picker, kv);
+            picksim::set(&mut s.picker, kv);
         }
         for &shape in shapes {
             let j = judge(&s, shape, le, seeds);
@@ -263,50 +261,6 @@ fn sweep_table(base: &Setup, shapes: &[Shape], le: bool, seeds: &[u64], list: &[
 }
 
 /// Sets one picker parameter from `name=value` (`--set`, for trying settings by hand).
-fn set(c: &mut router_core::pick::Config, kv: &str) {
-    let Some((k, v)) = kv.split_once('=') else {
-        eprintln!("--set wants name=value, got {kv}");
-        std::process::exit(2);
-    };
-    let Ok(n) = v.parse::<u64>() else {
-        eprintln!("--set {k}: {v} is not a number");
-        std::process::exit(2);
-    };
-    match k {
-        "engine_counts" => c.engine_counts = n != 0,
-        "unseen_load_percent" => c.unseen_load_percent = n,
-        "balance_percent" => c.balance_percent = n,
-        "known_balance_percent" => c.known_balance_percent = n,
-        "recent_from_usage" => c.recent_from_usage = n != 0,
-        "spread_bytes" => c.spread_bytes = n,
-        "shared_known_balance_percent" => c.shared_known_balance_percent = n,
-        "shared_balance_percent" => c.shared_balance_percent = n,
-        "shared_unseen_load_percent" => c.shared_unseen_load_percent = n,
-        "request_cost_bytes" => c.request_cost_bytes = n,
-        "lone_least_work" => c.lone_least_work = n != 0,
-        "session_move_percent" => c.session_move_percent = n,
-        "start_cost_bytes" => c.start_cost_bytes = n,
-        "lone_total_half_life_s" => c.lone_total_half_life_ns = n * 1_000_000_000,
-        "lone_move_percent" => c.lone_move_percent = n,
-        "lone_known_move_percent" => c.lone_known_move_percent = n,
-        "lone_move_max_bytes" => c.lone_move_max_bytes = n,
-        "lone_move_reuse" => c.lone_move_reuse = n != 0,
-        "shared_unless_alone" => c.shared_unless_alone = n != 0,
-        "confirm_alone" => c.confirm_alone = n != 0,
-        "engine_count_when_waiting" => c.engine_count_when_waiting = n != 0,
-        "shared_unseen_slack_prompt" => c.shared_unseen_slack_prompt = n != 0,
-        "shared_start_percent" => c.shared_start_percent = n,
-        "shared_unseen_weight_percent" => c.shared_unseen_weight_percent = n,
-        "shared_weight_prior_bytes" => c.shared_weight_prior_bytes = n,
-        "start_half_life_s" => c.start_half_life_ns = n * 1_000_000_000,
-        "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,
-        _ => {
-            eprintln!("--set: unknown parameter {k}");
-            std::process::exit(2);
-        }
-    }
-}
-
 /// The number after `name`, if given.
 fn flag(args: &[String], name: &str) -> Option<u64> {
     let i = args.iter().position(|a| a == name)?;

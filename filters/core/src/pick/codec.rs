@@ -10,7 +10,7 @@
 //!   most recently sent first. 12 + 8 × count bytes after the header.
 //! - loads (kind `L`, v2): pods u16, then per pod [`BUCKETS`] × (epoch u64, requests u32, work
 //!   u64) and the gauges: flag u8, waiting f64, running f64, kv_usage f64, at u64, computed
-//!   tokens f64 (NaN: not reported).
+//!   tokens f64, cache tokens f64 (NaN: not reported).
 //! - sessions (kind `S`, v2): count u32, then count × (key u64, pod u16, last u64).
 
 use super::load::{Bucket, EngineMetrics, PodLoad, BUCKETS};
@@ -18,8 +18,8 @@ use super::session::{Sessions, MAX_SESSIONS};
 use super::table::{BlockTable, MAX_CAPACITY};
 use super::MAX_PODS;
 
-/// 2: the loads' gauges carry the engine's computed-token counter.
-pub const VERSION: u8 = 2;
+/// 2: the loads' gauges carry the engine's computed-token counter; 3: and its cache capacity.
+pub const VERSION: u8 = 3;
 const TABLE: u8 = b'T';
 const LOADS: u8 = b'L';
 const SESSIONS: u8 = b'S';
@@ -121,11 +121,12 @@ pub fn encode_loads(loads: &[PodLoad]) -> Vec<u8> {
         }
         out.extend_from_slice(&m.at_ns.to_le_bytes());
         out.extend_from_slice(&m.computed_tokens.unwrap_or(f64::NAN).to_le_bytes());
+        out.extend_from_slice(&m.cache_tokens.unwrap_or(f64::NAN).to_le_bytes());
     }
     out
 }
 
-const LOAD_BYTES: usize = BUCKETS * 20 + 1 + 40;
+const LOAD_BYTES: usize = BUCKETS * 20 + 1 + 48;
 
 pub fn decode_loads(b: &[u8], pods: usize) -> Option<Vec<PodLoad>> {
     let mut r = Reader::open(b, LOADS)?;
@@ -149,15 +150,22 @@ pub fn decode_loads(b: &[u8], pods: usize) -> Option<Vec<PodLoad>> {
             running: r.f64()?,
             kv_usage: r.f64()?,
             at_ns: r.u64()?,
-            computed_tokens: match f64::from_bits(r.u64()?) {
-                c if c.is_nan() => None,
-                c => Some(c).filter(|c| c.is_finite() && *c >= 0.0).map(Some)?,
-            },
+            computed_tokens: optional(r.u64()?)?,
+            cache_tokens: optional(r.u64()?)?,
         };
         l.metrics = (has == 1).then_some(m);
         loads.push(l);
     }
     Some(loads)
+}
+
+/// An optional counter's bits: NaN is "not reported"; anything else must be a finite
+/// non-negative number (`None`: refuse the value).
+fn optional(bits: u64) -> Option<Option<f64>> {
+    match f64::from_bits(bits) {
+        c if c.is_nan() => Some(None),
+        c => Some(c).filter(|c| c.is_finite() && *c >= 0.0).map(Some),
+    }
 }
 
 pub fn encode_sessions(s: &Sessions) -> Vec<u8> {
@@ -241,6 +249,7 @@ mod tests {
             running: 5.0,
             kv_usage: 0.5,
             computed_tokens: Some(640.0),
+            cache_tokens: Some(4096.0),
             at_ns: 77,
         });
         let raw = encode_loads(&loads);

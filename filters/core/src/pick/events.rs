@@ -132,7 +132,7 @@ impl Picker {
 const MAGIC: [u8; 2] = *b"LE";
 /// 2: `Metrics` carries the engine's computed-token counter. 3: `Charged` says whether the
 /// request started a conversation (bit 1 of its flags byte).
-const VERSION: u8 = 3;
+const VERSION: u8 = 4;
 
 /// `backend` (an index into the router's backends) and the event, as bytes.
 pub fn encode(backend: u16, e: &Event) -> Vec<u8> {
@@ -204,6 +204,7 @@ pub fn encode(backend: u16, e: &Event) -> Vec<u8> {
                     metrics.at_ns,
                     // NaN's bits, never a valid count, say "not reported".
                     metrics.computed_tokens.unwrap_or(f64::NAN).to_bits(),
+                    metrics.cache_tokens.unwrap_or(f64::NAN).to_bits(),
                 ],
             );
         }
@@ -276,6 +277,10 @@ pub fn decode(raw: &[u8]) -> Option<(u16, Event)> {
                 kv_usage: gauge(r.u64()?)?,
                 at_ns: r.u64()?,
                 computed_tokens: match f64::from_bits(r.u64()?) {
+                    c if c.is_nan() => None,
+                    c => Some(gauge(c.to_bits())?),
+                },
+                cache_tokens: match f64::from_bits(r.u64()?) {
                     c if c.is_nan() => None,
                     c => Some(gauge(c.to_bits())?),
                 },
@@ -393,6 +398,7 @@ mod tests {
                 running: 3.0,
                 kv_usage: 0.5,
                 computed_tokens: Some(1234.0),
+                cache_tokens: Some(65536.0),
                 at_ns: 9,
             },
         };

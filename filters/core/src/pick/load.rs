@@ -32,6 +32,9 @@ pub struct EngineMetrics {
     /// Prompt tokens the engine computed since it started (vLLM's prefix-cache queries minus
     /// hits, both counters), when it reports both.
     pub computed_tokens: Option<f64>,
+    /// The engine's KV-cache capacity in tokens (`vllm:cache_config_info`'s `num_gpu_blocks`
+    /// times `block_size`), when it reports it.
+    pub cache_tokens: Option<f64>,
     pub at_ns: u64,
 }
 
@@ -226,7 +229,8 @@ pub const MAX_METRICS_BYTES: usize = 1 << 20;
 /// Reads vLLM's gauges from its Prometheus text page: `vllm:num_requests_waiting`,
 /// `vllm:num_requests_running`, and `vllm:gpu_cache_usage_perc` (or its newer name
 /// `vllm:kv_cache_usage_perc`), and the counters `vllm:prefix_cache_queries_total` and
-/// `vllm:prefix_cache_hits_total` (their difference is the prompt tokens computed). Series with
+/// `vllm:prefix_cache_hits_total` (their difference is the prompt tokens computed), and the KV-cache
+/// capacity from the labels of `vllm:cache_config_info` (`num_gpu_blocks` × `block_size`). Series with
 /// several label sets (one per model) are summed, the usage is the largest. `None` when neither
 /// request gauge is present (not a vLLM page).
 pub fn parse_vllm_metrics(text: &[u8], at_ns: u64) -> Option<EngineMetrics> {
@@ -252,6 +256,16 @@ pub fn parse_vllm_metrics(text: &[u8], at_ns: u64) -> Option<EngineMetrics> {
             b"vllm:gpu_cache_usage_perc" | b"vllm:kv_cache_usage_perc" => 2,
             b"vllm:prefix_cache_queries_total" => 3,
             b"vllm:prefix_cache_hits_total" => 4,
+            b"vllm:cache_config_info" => {
+                let rest = &line[name_end..];
+                if let (Some(n), Some(b)) = (
+                    label_value(rest, b"num_gpu_blocks"),
+                    label_value(rest, b"block_size"),
+                ) {
+                    m.cache_tokens = Some(n * b).filter(|c| c.is_finite() && *c > 0.0);
+                }
+                continue;
+            }
             _ => continue,
         };
         let Some(v) = sample_value(&line[name_end..]) else {
@@ -275,6 +289,22 @@ pub fn parse_vllm_metrics(text: &[u8], at_ns: u64) -> Option<EngineMetrics> {
         m.computed_tokens = Some((q - h).max(0.0));
     }
     seen.then_some(m)
+}
+
+/// The number in label `key="..."` of a sample line after its name (`{a="1",b="2"} 1`).
+fn label_value(rest: &[u8], key: &[u8]) -> Option<f64> {
+    let body = rest.strip_prefix(b"{")?;
+    let end = body.iter().position(|&b| b == b'}')?;
+    body[..end].split(|&b| b == b',').find_map(|pair| {
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        if pair[..eq].trim_ascii() != key {
+            return None;
+        }
+        let v = pair[eq + 1..].trim_ascii();
+        let v = v.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\""))?;
+        let v: f64 = std::str::from_utf8(v).ok()?.parse().ok()?;
+        (v.is_finite() && v >= 0.0).then_some(v)
+    })
 }
 
 /// The value of a sample line after its name: skip `{labels}` (quoted values may hold braces),
@@ -355,6 +385,25 @@ vllm:prompt_tokens_total 12345\n";
         let bad = b"vllm:num_requests_waiting{x=\"unterminated 5\nvllm:num_requests_running NaN\nvllm:num_requests_running -3\nvllm:num_requests_running 2\n";
         let m = parse_vllm_metrics(bad, 0).unwrap();
         assert_eq!((m.waiting, m.running), (0.0, 2.0));
+    }
+
+    #[test]
+    fn cache_capacity_is_num_gpu_blocks_times_block_size() {
+        let page = b"vllm:num_requests_running 0\n\
+vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",num_gpu_blocks=\"2048\"} 1.0\n";
+        assert_eq!(
+            parse_vllm_metrics(page, 0).unwrap().cache_tokens,
+            Some(32768.0)
+        );
+        // Missing or unreadable labels: not reported.
+        for bad in [
+            &b"vllm:num_requests_running 0\nvllm:cache_config_info{block_size=\"16\"} 1.0\n"[..],
+            b"vllm:num_requests_running 0\nvllm:cache_config_info{block_size=\"x\",num_gpu_blocks=\"9\"} 1\n",
+            b"vllm:num_requests_running 0\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"0\"} 1\n",
+            b"vllm:num_requests_running 0\nvllm:cache_config_info 1\n",
+        ] {
+            assert_eq!(parse_vllm_metrics(bad, 0).unwrap().cache_tokens, None);
+        }
     }
 
     #[test]

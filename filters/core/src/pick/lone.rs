@@ -45,9 +45,8 @@ impl Picker {
     }
 
     /// Where a lone gateway moves the conversation of a request whose prefix `home` holds, if
-    /// it does. `cached[i]` is the bytes of the request pod `i` holds; `session` says which
-    /// threshold applies (`lone_move_percent` for sessions, `lone_known_move_percent`, if set,
-    /// for a prefix a pod holds). It moves when `home`'s work to come is past that percentage
+    /// it does. `cached[i]` is the bytes of the request pod `i` holds. It moves when `home`'s
+    /// work to come is past `lone_move_percent`
     /// of the eligible pods' mean and some other pod, charged the re-prefill (what `home`
     /// holds of the request beyond what that pod holds) and a conversation's share, would
     /// still be below `home`; it goes to the pod where that charge is least. So a move never
@@ -58,15 +57,11 @@ impl Picker {
         &self,
         home: usize,
         cached: &[u64],
-        session: bool,
         avoid: Option<usize>,
         now: u64,
     ) -> Move {
         let c = &self.cfg;
-        let percent = match session {
-            false if c.lone_known_move_percent > 0 => c.lone_known_move_percent,
-            _ => c.lone_move_percent,
-        };
+        let percent = c.lone_move_percent;
         if c.lone_move_percent == 0 || !self.eligible(home, now, avoid) {
             return Move::Stay;
         }

@@ -150,10 +150,6 @@ pub struct Config {
     /// piles up where chats were placed, and a lone gateway has no replica to agree with.
     /// Needs `balance_percent` on; while others send, or with no counters, rendezvous as before.
     pub lone_least_work: bool,
-    /// A lone gateway also moves a session whose pod was recently sent more than this
-    /// percentage of the mean prefill work (plus this prompt) to the pod with the least, and
-    /// it stays there. 0: a session moves only when its pod queues and is clearly busier.
-    pub session_move_percent: u64,
     /// Half-life of the conversations started per pod (what a lone gateway places new ones by):
     /// about a chat's life, so an ended chat stops counting and a live one still does.
     pub start_half_life_ns: u64,
@@ -170,10 +166,6 @@ pub struct Config {
     /// lightest pod would stay lighter even after re-prefilling what the move leaves behind
     /// (see `lone.rs`). 0: conversations stay (sessions move only when their pod queues).
     pub lone_move_percent: u64,
-    /// The same for a conversation without a session (a prompt whose prefix a pod holds, such
-    /// as an agent loop) when not 0. Such a move re-prefills the whole held prefix (an agent's
-    /// tool set and history) and is paid in that request's time to first token.
-    pub lone_known_move_percent: u64,
     /// At most this many bytes of re-prefill per move (what the old pod holds of the request
     /// beyond what the new one holds). 0: no bound.
     pub lone_move_max_bytes: u64,
@@ -182,11 +174,6 @@ pub struct Config {
     /// charged is what that pod lacks. Off: the pod with the least work to come, charged all
     /// that the old pod held.
     pub lone_move_reuse: bool,
-    /// Until the engines' counters show this gateway alone (`Company::Unknown`, the first
-    /// second or so before two scrapes), balance with the `shared_*` bounds. Off: measured
-    /// +0.014 of the 4-pod shared-prompt 3-replica ratio for -0.006 of one replica's hit rate
-    /// (docs/endpoint-picking.md, "Replica settings tried").
-    pub shared_unless_alone: bool,
     /// This gateway reads itself alone only once the engines' counters said so at two
     /// consecutive scrapes of one pod (see [`Picker::company`]). In the first seconds a
     /// replica's own picks not yet in the engines' counters can make one scrape read a share
@@ -200,11 +187,6 @@ pub struct Config {
     /// engine reports requests waiting (queueing, which other replicas' traffic may cause);
     /// otherwise this gateway's own count. Off: the larger of the two whenever fresh.
     pub engine_count_when_waiting: bool,
-    /// While others send, the load bound for a prompt no pod holds gets this prompt's bytes of
-    /// slack (one prefill in flight on the home at light load no longer turns a new prefix
-    /// away). Off: +0.02 of the 4-pod shared-prompt 3-replica ratio, but heavy unique traffic
-    /// among replicas waits 1.17x longer (same page).
-    pub shared_unseen_slack_prompt: bool,
     /// While others send, a request without a session that has whole blocks of tools or a
     /// top-level system prompt and an own block after them, and of which this gateway knows no
     /// more than that head (a conversation starting on a known tool set, or one whose earlier
@@ -223,12 +205,6 @@ pub struct Config {
     /// the first few prompts' noise does not swing the weights (and move the homes of the
     /// prefixes placed so far).
     pub shared_weight_prior_bytes: u64,
-    /// Count load and prefill work as the engines report them (scraped, so every gateway
-    /// replica reads the same numbers) plus this gateway's own changes since the scrape,
-    /// instead of this gateway's own traffic, so independent replicas bound alike. Off: in the
-    /// simulation it did not raise 3-replica agreement and it raised one replica's imbalance
-    /// (docs/endpoint-picking.md, "Engine counts").
-    pub engine_counts: bool,
     /// Engine gauges older than this are ignored.
     pub metrics_max_age_ns: u64,
     /// Seeds the block chain (one per backend).
@@ -254,22 +230,17 @@ impl Default for Config {
             shared_unseen_load_percent: 110,
             shared_known_balance_percent: 200,
             lone_least_work: true,
-            session_move_percent: 0,
             start_half_life_ns: 30_000_000_000,
             start_cost_bytes: 4096,
             lone_total_half_life_ns: 300_000_000_000,
             lone_move_percent: 120,
-            lone_known_move_percent: 0,
             lone_move_max_bytes: 18_432,
             lone_move_reuse: true,
-            shared_unless_alone: false,
             confirm_alone: true,
             engine_count_when_waiting: true,
-            shared_unseen_slack_prompt: false,
             shared_start_percent: 50,
             shared_unseen_weight_percent: 150,
             shared_weight_prior_bytes: 65_536,
-            engine_counts: false,
             metrics_max_age_ns: 5_000_000_000,
             seed: 0,
         }
@@ -452,8 +423,8 @@ impl Picker {
 
     /// Pod `i`'s load in prompt bytes: uncached bytes in flight plus a request cost for each
     /// request running or queued there. With fresh gauges the count is the engine's (it also
-    /// sees other replicas' requests) moved by what this gateway started and ended since
-    /// (`engine_counts`), or the larger of the engine's and this gateway's.
+    /// sees other replicas' requests) while it reports requests waiting, the larger of the
+    /// engine's and this gateway's.
     pub fn load_bytes(&self, i: usize, now: u64) -> u64 {
         let Some(l) = self.loads.get(i) else {
             return u64::MAX;
@@ -466,16 +437,7 @@ impl Picker {
             // second old, says nothing another replica would read alike (docs, "Why Envoy
             // reads lower than the simulation").
             Some(m) if self.cfg.engine_count_when_waiting && m.waiting <= 0.0 => own,
-            Some(m) => {
-                let engine = (m.running + m.waiting).min(1e9) as u64;
-                if self.cfg.engine_counts {
-                    (engine + own)
-                        .saturating_sub(l.scrape.requests_then as u64)
-                        .max(own)
-                } else {
-                    own.max(engine)
-                }
-            }
+            Some(m) => own.max((m.running + m.waiting).min(1e9) as u64),
         };
         l.work(e)
             .saturating_add(requests.saturating_mul(self.cfg.request_cost_bytes))
@@ -552,18 +514,14 @@ impl Picker {
                             > m.saturating_mul(2)
                                 .saturating_add(self.cfg.request_cost_bytes)
                     });
-                    let move_at = self.cfg.session_move_percent;
-                    let heavy = lone
-                        && move_at > 0
-                        && self.over_balance(move_at, prompt_bytes, now, req.avoid)[b];
-                    let verdict = match lone && !heavy {
-                        true => self.lone_move(b, &cached, true, req.avoid, now),
+                    let verdict = match lone {
+                        true => self.lone_move(b, &cached, req.avoid, now),
                         false => Move::Stay,
                     };
                     if let Move::To(t) = verdict {
                         moved_to = Some(t);
                     }
-                    if heavy || verdict != Move::Stay {
+                    if verdict != Move::Stay {
                         leaving = Some(b);
                     } else if !(busier && self.queuing(b, now)) {
                         return Choice::Pod(self.charge_at(b, &matched, req, k, false, now));
@@ -572,8 +530,7 @@ impl Picker {
             }
         }
 
-        let shared = company == Company::Others
-            || (self.cfg.shared_unless_alone && company == Company::Unknown && block > 0);
+        let shared = company == Company::Others;
         let (balance, unseen_percent) = match shared {
             true => (
                 nonzero_or(self.cfg.shared_balance_percent, self.cfg.balance_percent),
@@ -638,12 +595,8 @@ impl Picker {
         // not loaded past `unseen_load_percent` of the mean a candidate. The bound is loose on
         // purpose: replicas see different loads, and only a loose bound lets them agree.
         let unseen = block > 0 && known == 0 && !blocks.is_empty();
-        let slack = match shared && self.cfg.shared_unseen_slack_prompt {
-            true => prompt_bytes,
-            false => 0,
-        };
         let bound = unseen.then(|| self.load_bound(&costs, None, unseen_percent, now));
-        let fits = |i: usize, b: u64| self.load_bytes(i, now) <= b.saturating_add(slack);
+        let fits = |i: usize, b: u64| self.load_bytes(i, now) <= b;
         // The candidate with the highest rendezvous weight.
         let rank = |candidate: &dyn Fn(usize, u64) -> bool| {
             let mut chosen: Option<(u64, usize)> = None;
@@ -675,7 +628,7 @@ impl Picker {
                 .filter(|&i| matched[i] == known && costs[i] != u64::MAX)
                 .min_by_key(|&i| costs[i]);
             if let Some(h) = home {
-                match self.lone_move(h, &cached, false, req.avoid, now) {
+                match self.lone_move(h, &cached, req.avoid, now) {
                     Move::Stay => {}
                     Move::To(t) => (leaving, moved_to) = (Some(h), Some(t)),
                     Move::Away => leaving = Some(h),
@@ -855,23 +808,11 @@ impl Picker {
         if percent == 0 {
             return vec![false; n];
         }
-        // The engines' computed prompt bytes (every replica's) plus this gateway's uncached
-        // bytes in flight (queued ones are not computed yet), when every eligible pod reports
-        // them freshly; else this gateway's own recent sends.
-        let max_age = self.cfg.metrics_max_age_ns;
-        let engine = self.cfg.engine_counts
-            && (0..n).filter(|&i| self.eligible(i, now, avoid)).all(|i| {
-                let l = &self.loads[i];
-                l.scrape.computed.is_some() && l.fresh_metrics(now, max_age).is_some()
-            });
+        // This gateway's own recent sends, usage-corrected.
         let recent: Vec<Option<f64>> = (0..n)
             .map(|i| {
-                let l = &self.loads[i];
                 self.eligible(i, now, avoid)
-                    .then(|| match l.scrape.computed {
-                        Some(c) if engine => c.at(now, h) + l.work(self.epoch(now)) as f64,
-                        _ => l.recent.at(now, h),
-                    })
+                    .then(|| self.loads[i].recent.at(now, h))
             })
             .collect();
         let live = recent.iter().flatten().count().max(1) as f64;

@@ -288,6 +288,7 @@ fn a_session_stays_moves_only_when_its_pod_queues_and_is_clearly_busier_then_sta
             running: 1.0,
             kv_usage: 0.5,
             computed_tokens: None,
+            cache_tokens: None,
             at_ns: 0,
         },
     );
@@ -303,6 +304,7 @@ fn a_session_stays_moves_only_when_its_pod_queues_and_is_clearly_busier_then_sta
             running: 4.0,
             kv_usage: 0.5,
             computed_tokens: None,
+            cache_tokens: None,
             at_ns: S,
         },
     );
@@ -317,6 +319,7 @@ fn a_session_stays_moves_only_when_its_pod_queues_and_is_clearly_busier_then_sta
             running: 4.0,
             kv_usage: 0.9,
             computed_tokens: None,
+            cache_tokens: None,
             at_ns: S,
         },
     );
@@ -503,97 +506,6 @@ fn home_of(c: &Config, pr: &Prompt) -> usize {
     let h = t.pod();
     probe.release(t, done(), 0);
     h
-}
-
-/// With fresh gauges, a pod's request count is the engine's (every replica's requests) moved by
-/// what this gateway started and ended since the scrape, not the larger of a stale engine count
-/// and this gateway's own.
-#[test]
-fn the_engine_count_moves_with_what_this_gateway_did_since_the_scrape() {
-    let run = |engine_counts: bool| {
-        let c = Config {
-            engine_counts,
-            engine_count_when_waiting: false,
-            ..cfg()
-        };
-        let cost = c.request_cost_bytes;
-        let mut p = Picker::new(c, &pods(1));
-        let pr = prompt(&text("short", 100), 256);
-        let mine = pod(p.pick(&req(&pr), 0));
-        // The engine runs ours and two from other replicas.
-        p.set_metrics(0, gauges(3.0, 0.0, S));
-        assert_eq!(p.load_bytes(0, S), 3 * cost + mine.work);
-        p.release(mine, done(), S);
-        p.load_bytes(0, S) / cost
-    };
-    assert_eq!(run(true), 2, "the other replicas' two are left");
-    assert_eq!(run(false), 3, "the stale count");
-}
-
-/// Two replicas that sent the same unseen prefix's home different amounts of prefill work
-/// themselves still place the next unseen prefix alike, because both bound prefill work by what
-/// the engines computed for everyone (plus their own in flight), with `engine_counts` on.
-#[test]
-fn replicas_bound_prefill_work_alike_by_the_engines_counters() {
-    let run = |engine_counts: bool| {
-        let c = Config {
-            engine_counts,
-            ..cfg()
-        };
-        let pr = prompt(&text("a new tenant", 3000), 256);
-        let home = home_of(&c, &pr);
-        let (mut a, mut b) = (
-            Picker::new(c.clone(), &pods(4)),
-            Picker::new(c.clone(), &pods(4)),
-        );
-        // Replica a alone sent the home a lot of prefill; the engines computed alike overall.
-        a.loads[home].sent(0, 200_000, c.recent_half_life_ns);
-        for k in [1u64, 2] {
-            for i in 0..4 {
-                let m = gauges(0.0, k as f64 * 60_000.0, k * S);
-                a.set_metrics(i, m);
-                b.set_metrics(i, m);
-            }
-        }
-        let ta = pod(a.pick(&req(&pr), 2 * S));
-        let tb = pod(b.pick(&req(&pr), 2 * S));
-        assert_eq!(tb.pod(), home);
-        let agree = ta.pod() == tb.pod();
-        a.release(ta, done(), 2 * S);
-        b.release(tb, done(), 2 * S);
-        agree
-    };
-    assert!(run(true), "both bound by the engines' counters");
-    assert!(!run(false), "a bounds by its own sends");
-}
-
-/// Without fresh counters from every pod, prefill work is this gateway's own again.
-#[test]
-fn prefill_work_falls_back_to_own_sends_without_every_pods_counters() {
-    let c = Config {
-        engine_counts: true,
-        ..cfg()
-    };
-    let pr = prompt(&text("a new tenant", 3000), 256);
-    let mut a = Picker::new(c.clone(), &pods(4));
-    let home = home_of(&c, &pr);
-    a.loads[home].sent(0, 200_000, c.recent_half_life_ns);
-    for k in [1u64, 2] {
-        // One pod is not vLLM (no counters).
-        for i in 0..3 {
-            a.set_metrics(i, gauges(0.0, k as f64 * 60_000.0, k * S));
-        }
-        a.set_metrics(
-            3,
-            EngineMetrics {
-                at_ns: k * S,
-                ..EngineMetrics::default()
-            },
-        );
-    }
-    let t = pod(a.pick(&req(&pr), 2 * S));
-    assert_ne!(t.pod(), home, "its own sends bound the home");
-    a.release(t, done(), 2 * S);
 }
 
 /// When a request ends, its prefill work counts as what the engine says it computed, not as
@@ -903,52 +815,6 @@ fn one_scrape_reading_alone_is_not_trusted_two_are() {
     let broken = after_scrapes(on, &[1.0, 3.0, 0.0]);
     assert_eq!(broken.reading(2 * S + S / 2), Company::Alone);
     assert_eq!(broken.company(2 * S + S / 2), Company::Unknown, "broken");
-}
-
-/// With `session_move_percent`, a lone gateway moves a session whose pod was sent far more
-/// prefill than the mean to the pod with the least work to come, and the session stays there
-/// once the old pod is light again. Off (the default), it stays on its heavy but idle pod.
-#[test]
-fn a_lone_gateway_moves_a_session_off_a_pod_with_far_more_prefill_then_it_stays() {
-    let run = |session_move_percent: u64| {
-        // Known prefixes never shed, so only the session rule can move it.
-        let c = with_sessions(Config {
-            session_move_percent,
-            known_balance_percent: 0,
-            // The lone moves (on by default) would move it too: this is the session rule's test.
-            lone_move_percent: 0,
-            ..cfg()
-        });
-        let h = c.recent_half_life_ns;
-        let mut p = with_company(c, 1.0);
-        let pr = prompt(&text("a chat", 1500), 256);
-        let s = Request {
-            session: Some(7),
-            ..req(&pr)
-        };
-        let t = pod(p.pick(&s, 2 * S));
-        let first = t.pod();
-        p.release(t, done(), 2 * S);
-        p.loads[first].sent(2 * S, 60_000, h);
-        let t = pod(p.pick(&s, 2 * S + 1));
-        let second = t.pod();
-        p.release(t, done(), 2 * S + 1);
-        // The old pod's work gone (five minutes later, within the idle timeout, with fresh
-        // gauges): the session stays put.
-        let later = 300 * S;
-        let mut counters = [0.0; 4];
-        computed_since(&mut p, &mut counters, &[0.0; 4], later - S);
-        computed_since(&mut p, &mut counters, &[0.0; 4], later);
-        let t = pod(p.pick(&s, later));
-        let third = t.pod();
-        p.release(t, done(), later);
-        (first, second, third)
-    };
-    let (first, second, third) = run(150);
-    assert_ne!(first, second, "moved");
-    assert_eq!(second, third, "and stays");
-    let (first, second, third) = run(0);
-    assert!(first == second && second == third);
 }
 
 /// A lone gateway's move of a conversation whose prefix a heavy pod holds (an agent loop: a

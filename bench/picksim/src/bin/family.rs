@@ -1,0 +1,55 @@
+//! The workload family: `cargo run --release -p picksim --bin family [-- --held-out K]
+//! [--tuning K] [--seed HEX] [--set name=value]...`.
+//!
+//! Draws K held-out workloads (32 by default; `--tuning K` draws from the tuning seeds
+//! instead), runs round-robin, the picker (one replica and the draw's replicas) and the prefix
+//! oracle on each, and prints a Markdown table with the worst draw of each target.
+use picksim::family::{evaluate, held_out_seeds, table, tuning_seeds, Draw};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let count = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    let seeds = if let Some(s) = args
+        .iter()
+        .position(|a| a == "--seed")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| u64::from_str_radix(v, 16).ok())
+    {
+        vec![s]
+    } else if let Some(k) = count("--tuning") {
+        tuning_seeds(k)
+    } else {
+        held_out_seeds(count("--held-out").unwrap_or(32))
+    };
+    let mut rows = Vec::new();
+    for seed in seeds {
+        let d = Draw::new(seed);
+        let m = evaluate(&d, &|s| {
+            for (i, a) in args.iter().enumerate() {
+                if a == "--set" {
+                    if let Some(kv) = args.get(i + 1) {
+                        picksim::set(&mut s.picker, kv);
+                    }
+                }
+            }
+        });
+        eprintln!(
+            "{seed:x} {}: rr {:.3} picker {:.3} x{} {:.3} oracle {:.3}; p99 {:.0} / {:.0} ms",
+            d.label(),
+            m.round_robin.hit_rate,
+            m.picker.hit_rate,
+            d.replicas,
+            m.replicas.hit_rate,
+            m.oracle.hit_rate,
+            m.picker.e2e_p99_ms,
+            m.oracle.e2e_p99_ms
+        );
+        rows.push(m);
+    }
+    print!("{}", table(&rows));
+}

@@ -39,6 +39,24 @@ struct File {
     /// Answer as an Inference Extension endpoint picker (see `epp.rs`).
     #[serde(default)]
     endpoint_picker: Option<crate::epp::SettingsFile>,
+    /// Deadline for the next message while a request is incomplete.
+    #[serde(default)]
+    stream_idle_timeout_ms: Option<u64>,
+    /// Deadline for a whole request, from its stream's start to its decision.
+    #[serde(default)]
+    request_timeout_ms: Option<u64>,
+    /// Streams whose request is incomplete; the other slots stay for complete ones.
+    #[serde(default)]
+    max_uploading_streams: Option<usize>,
+    /// Request bytes held across all streams.
+    #[serde(default)]
+    memory_budget_bytes: Option<usize>,
+    /// How long SIGTERM waits for the streams in flight.
+    #[serde(default)]
+    drain_timeout_ms: Option<u64>,
+    /// The gateway's limit on request headers (Envoy's `max_request_headers_count`).
+    #[serde(default)]
+    max_request_headers: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -97,12 +115,21 @@ pub struct Config {
     pub max_callout_response_bytes: usize,
     pub metrics: Option<SocketAddr>,
     pub endpoint_picker: Option<crate::epp::Settings>,
+    pub deadlines: crate::service::Deadlines,
+    pub max_uploading_streams: usize,
+    pub memory_budget_bytes: usize,
+    pub drain_timeout: Duration,
+    pub max_request_headers: usize,
 }
 
 /// A callout's timeout when its cluster names none.
 const DEFAULT_CALLOUT_TIMEOUT_MS: u64 = 5_000;
 const DEFAULT_MAX_CALLS_IN_FLIGHT: usize = 256;
 const DEFAULT_MAX_CALLOUT_RESPONSE_BYTES: usize = 1 << 20;
+
+pub const DEFAULT_STREAM_IDLE_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 25_000;
 
 /// What the Envoy target's plugin config says when it says nothing (8 MiB).
 const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
@@ -189,6 +216,45 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
     let max_callout_response_bytes = file
         .max_callout_response_bytes
         .unwrap_or(DEFAULT_MAX_CALLOUT_RESPONSE_BYTES);
+    let millis = |field: &str, v: Option<u64>, default: u64| {
+        let ms = v.unwrap_or(default);
+        if ms == 0 {
+            bail!("{field}: must be at least 1");
+        }
+        Ok(Duration::from_millis(ms))
+    };
+    let deadlines = crate::service::Deadlines {
+        idle: millis(
+            "stream_idle_timeout_ms",
+            file.stream_idle_timeout_ms,
+            DEFAULT_STREAM_IDLE_TIMEOUT_MS,
+        )?,
+        request: millis(
+            "request_timeout_ms",
+            file.request_timeout_ms,
+            DEFAULT_REQUEST_TIMEOUT_MS,
+        )?,
+    };
+    let drain_timeout = millis(
+        "drain_timeout_ms",
+        file.drain_timeout_ms,
+        DEFAULT_DRAIN_TIMEOUT_MS,
+    )?;
+    // A quarter of the slots stay for streams whose request is complete.
+    let max_uploading_streams = file
+        .max_uploading_streams
+        .unwrap_or((max_streams - max_streams / 4).max(1));
+    if max_uploading_streams == 0 || max_uploading_streams > max_streams {
+        bail!("max_uploading_streams: {max_uploading_streams} is not between 1 and max_streams ({max_streams})");
+    }
+    let memory_budget_bytes = file
+        .memory_budget_bytes
+        .unwrap_or_else(crate::admission::default_memory_budget);
+    if memory_budget_bytes <= max_body_bytes {
+        bail!(
+            "memory_budget_bytes: {memory_budget_bytes} cannot hold one request of plugin_config.max_body_bytes ({max_body_bytes}) and a byte"
+        );
+    }
     let metrics = file
         .metrics
         .map(|m| {
@@ -211,6 +277,11 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
         max_callout_response_bytes,
         metrics,
         endpoint_picker: file.endpoint_picker.map(crate::epp::SettingsFile::settings),
+        deadlines,
+        max_uploading_streams,
+        memory_budget_bytes,
+        drain_timeout,
+        max_request_headers: file.max_request_headers.unwrap_or(100),
     })
 }
 

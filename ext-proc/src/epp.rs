@@ -75,28 +75,6 @@ impl Default for Settings {
     }
 }
 
-/// Serves one ext_proc stream in picker mode until the proxy ends it (or aborts it), then ends
-/// the filter's stream, which releases the pod's ticket.
-pub async fn run(
-    pool: &crate::pool::Pool,
-    settings: &Settings,
-    max_body_bytes: usize,
-    mut inbound: tonic::Streaming<ProcessingRequest>,
-    tx: tokio::sync::mpsc::Sender<Result<ProcessingResponse, tonic::Status>>,
-) {
-    use tokio_stream::StreamExt;
-    let mut picker = Picker::new(Exchange::new(pool), settings, max_body_bytes);
-    'stream: while let Some(msg) = inbound.next().await {
-        let Ok(msg) = msg else { break };
-        for answer in picker.handle(msg).await {
-            if tx.send(Ok(answer)).await.is_err() {
-                break 'stream;
-            }
-        }
-    }
-    picker.finish();
-}
-
 /// One EPP stream around the filter's own exchange.
 pub struct Picker<'p> {
     inner: Exchange<'p>,
@@ -123,6 +101,11 @@ impl<'p> Picker<'p> {
             subset: None,
             answered: false,
         }
+    }
+
+    /// An immediate response went out: nothing more of the request is awaited.
+    pub fn answered(&self) -> bool {
+        self.answered || self.inner.answered()
     }
 
     /// The answers to one message: none while the body is held, two (headers, then body) when

@@ -2,13 +2,16 @@
 //! runs the project's filter module on the wasm runtime, for gateways without a wasm runtime
 //! and for any ext_proc client.
 
+mod admission;
 mod callout;
 mod config;
 mod epp;
 mod grpc_callout;
+mod health;
 mod metrics;
 mod phases;
 mod pool;
+mod replies;
 mod service;
 
 use llmkube_wasm_runtime::{SharedStore, StderrLogs, SystemClock, VmOptions, WasmModule};
@@ -89,11 +92,13 @@ fn main() -> ExitCode {
 fn run(args: Args) -> anyhow::Result<()> {
     let cfg = config::load(&args.config)?;
     let module = WasmModule::compile(&cfg.wasm)?;
-    let mut limits = llmkube_wasm_runtime::Limits::default();
-    // Room for the filter's own limit to answer 413 itself, and not a byte more per stream.
-    limits.max_buffered_body = cfg.max_body_bytes.saturating_add(64 * 1024);
-    limits.max_streams = cfg.max_streams;
-    limits.max_pending_calls = cfg.max_calls_in_flight;
+    let limits = llmkube_wasm_runtime::Limits {
+        // Room for the filter's own limit to answer 413 itself, and not a byte more per stream.
+        max_buffered_body: cfg.max_body_bytes.saturating_add(64 * 1024),
+        max_streams: cfg.max_streams,
+        max_pending_calls: cfg.max_calls_in_flight,
+        ..Default::default()
+    };
     let opts = VmOptions {
         vm_id: cfg.vm_id.clone(),
         root_id: cfg.root_id.clone(),

@@ -10,7 +10,9 @@
 //! (`_sum`, `_count`). Names are the module's with every character Prometheus does not allow
 //! turned into `_` (`llmkube.sensitive_violations` → `llmkube_sensitive_violations`).
 
+use crate::admission::Admission;
 use crate::callout::Transport;
+use crate::health::Health;
 use crate::pool::Pool;
 use llmkube_wasm_runtime::{Metric, MetricKind};
 use std::collections::BTreeMap;
@@ -19,7 +21,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::Semaphore;
 
 /// Bytes of a scrape request we read before answering.
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
@@ -28,22 +29,94 @@ const MAX_REQUEST_BYTES: usize = 8 * 1024;
 pub struct Sources {
     pub pool: Arc<Pool>,
     pub transport: Arc<Transport>,
-    pub streams: Arc<Semaphore>,
-    pub max_streams: usize,
+    pub admission: Arc<Admission>,
+    pub health: Arc<Health>,
 }
 
 impl Sources {
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let in_flight = self
-            .max_streams
-            .saturating_sub(self.streams.available_permits());
-        let own: [(&str, &str, &str, u64); 4] = [
+        let a = &self.admission;
+        let c = &a.counters;
+        let n = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+        let own: [(&str, &str, &str, u64); 16] = [
             (
                 "llmkube_ext_proc_streams_in_flight",
                 "gauge",
                 "ext_proc streams being served",
-                in_flight as u64,
+                a.in_flight() as u64,
+            ),
+            (
+                "llmkube_ext_proc_streams_uploading",
+                "gauge",
+                "streams whose request is not complete yet",
+                a.uploading() as u64,
+            ),
+            (
+                "llmkube_ext_proc_max_streams",
+                "gauge",
+                "stream slots (max_streams)",
+                a.max_streams() as u64,
+            ),
+            (
+                "llmkube_ext_proc_buffered_request_bytes",
+                "gauge",
+                "request bytes charged to the memory budget",
+                a.buffered_bytes() as u64,
+            ),
+            (
+                "llmkube_ext_proc_memory_budget_bytes",
+                "gauge",
+                "the memory budget for request bytes",
+                a.memory_budget() as u64,
+            ),
+            (
+                "llmkube_ext_proc_refused_streams_total",
+                "counter",
+                "streams answered 503 because every slot was taken",
+                n(&c.refused_streams),
+            ),
+            (
+                "llmkube_ext_proc_refused_memory_total",
+                "counter",
+                "streams answered 503 because the memory budget could not hold their request",
+                n(&c.refused_memory),
+            ),
+            (
+                "llmkube_ext_proc_evicted_total",
+                "counter",
+                "stalled uploads answered 408 to make room for a new stream",
+                n(&c.evicted),
+            ),
+            (
+                "llmkube_ext_proc_idle_timeouts_total",
+                "counter",
+                "requests answered 408 because their next part did not arrive in time",
+                n(&c.idle_timeouts),
+            ),
+            (
+                "llmkube_ext_proc_request_timeouts_total",
+                "counter",
+                "requests answered 408 because the whole request did not arrive in time",
+                n(&c.request_timeouts),
+            ),
+            (
+                "llmkube_ext_proc_too_many_headers_total",
+                "counter",
+                "requests answered 431: too many headers for the gateway to take the routing headers",
+                n(&c.too_many_headers),
+            ),
+            (
+                "llmkube_ext_proc_serving",
+                "gauge",
+                "1 while the watchdog's request succeeds and the server is not stopping",
+                u64::from(self.health.serving()),
+            ),
+            (
+                "llmkube_ext_proc_watchdog_failures_total",
+                "counter",
+                "watchdog requests that failed or overran their deadline",
+                n(&self.health.failures),
             ),
             (
                 "llmkube_ext_proc_instance_traps_total",

@@ -88,6 +88,11 @@ impl<'p> Exchange<'p> {
         Some(r.unwrap_or_else(|why| self.fail_closed(&why)))
     }
 
+    /// An immediate response went out: nothing more of the request is awaited.
+    pub fn answered(&self) -> bool {
+        self.answered
+    }
+
     /// Ends the filter's stream (access log, teardown).
     pub fn finish(mut self) {
         if let Some(lease) = self.lease.take() {
@@ -133,7 +138,7 @@ impl<'p> Exchange<'p> {
             wake.as_mut().await;
             wake.set(settled.notified());
             wake.as_mut().enable();
-            (out, pending) = self.pool.with(&lease, &outcome).map_err(pool_error)?;
+            (out, pending) = self.pool.with(&lease, outcome).map_err(pool_error)?;
         }
         let forwarded = self
             .pool
@@ -190,9 +195,7 @@ impl<'p> Exchange<'p> {
             processing_response::Response::RequestHeaders(HeadersResponse {
                 response: Some(response),
             }),
-            out.forwarded_headers
-                .as_ref()
-                .and_then(|h| decision_metadata(h)),
+            out.forwarded_headers.as_ref().and_then(decision_metadata),
         ))
     }
 

@@ -16,6 +16,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{mpsc, Notify};
 
+/// The path of the watchdog's request: not an inference or models path, so the filter passes it.
+pub const WATCHDOG_PATH: &str = "/llmkube-ext-proc/watchdog";
+
+const WATCHDOG_REQUEST: &[(&str, &str)] = &[
+    (":method", "GET"),
+    (":path", WATCHDOG_PATH),
+    (":authority", "llmkube-ext-proc"),
+    (":scheme", "http"),
+];
+
 pub struct Pool {
     module: WasmModule,
     opts: VmOptions,
@@ -218,6 +228,38 @@ impl Pool {
             generation: inst.generation,
             id,
         })
+    }
+
+    /// Runs the watchdog's request (a `GET` of [`WATCHDOG_PATH`], which the routing filter
+    /// passes without auditing) through every instance in turn: the proof that each instance
+    /// takes its lock, runs a callback and answers. An instance that traps is replaced, and the
+    /// probe fails this once.
+    pub fn probe(&self) -> Result<(), String> {
+        for s in &self.slots {
+            let mut inst = lock(&s.vm);
+            self.replace_if_dead(&mut inst);
+            let run = |vm: &mut Vm| -> Result<bool, HostError> {
+                let id = vm.new_http_stream()?;
+                vm.request_headers(id, WATCHDOG_REQUEST, true)?;
+                let out = vm.request_outcome(id)?;
+                vm.log_and_done(id)?;
+                Ok(out.forwarded_headers.is_some() || out.local_response.is_some())
+            };
+            match run(&mut inst.vm) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(format!(
+                        "instance {} neither passed nor answered the watchdog request",
+                        inst.slot
+                    ))
+                }
+                Err(e) => {
+                    let slot = inst.slot;
+                    return Err(format!("instance {slot}: {}", self.failed(&mut inst, e)));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Runs `f` on the stream's instance. A trap replaces the instance.

@@ -132,6 +132,26 @@ impl Process {
         self.log.lock().unwrap().clone()
     }
 
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Waits (up to a minute) for the process to exit; its exit code.
+    pub fn wait_exit(&mut self) -> Option<i32> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "did not exit:\n{}",
+                self.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     /// Waits (up to a minute) until `needle` is in the log `times` times.
     pub fn wait_log(&self, needle: &str, times: usize) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);

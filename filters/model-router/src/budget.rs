@@ -17,7 +17,7 @@
 //! its old team's ledger has fully rolled off, so a reused slot's ledger is already empty.
 
 use crate::budget_lease::{LeaseHold, Leases};
-use crate::budget_remote::{Remote, RemoteHold};
+use crate::budget_remote::{PendingEnd, Remote, RemoteHold};
 use crate::metrics::BudgetStats;
 use filter_edge::{self as edge, table::HostStore, Buffer, Level, Map};
 use router_core::audit::{AuditRecord, AuditTokens};
@@ -122,6 +122,9 @@ pub(crate) struct Metered {
     lease: Option<LeaseHold>,
     /// The holds are on this worker's leases of the embedded ledgers: they end in its memory.
     on_worker_lease: bool,
+    /// The settle this request sent the shared ledger itself, by call token: the last response
+    /// chunk waits for its answer.
+    ending: Option<(u32, PendingEnd)>,
 }
 
 impl Metered {
@@ -679,7 +682,7 @@ impl Budgets {
                 // A reserve that timed out here may still be applied there: release its id
                 // (a release that arrives first leaves nothing for the reserve to hold).
                 let keys = h.keys.clone();
-                self.end_remote(m, None);
+                self.end_remote(m, None, false);
                 self.store_unavailable(remote, &keys, &why, audit)
             }
         })
@@ -822,14 +825,20 @@ impl Budgets {
 
     /// Ends the request's remote reservation: settles `charge`, or releases (`None`). A
     /// reservation whose answer is still out (the client left first) is released by its id.
-    fn end_remote(&self, m: &mut Metered, charge: Option<Amount>) {
+    /// `now`: sent from the request, which waits for the answer (`Metered::ending`); else
+    /// queued for the root.
+    fn end_remote(&self, m: &mut Metered, charge: Option<Amount>, now: bool) {
         if let (Some(l), Some(h)) = (&self.leases, m.lease.take()) {
             l.end(&h, charge);
         }
         let (LedgerBackend::Remote(remote), Some(h)) = (&self.ledgers, m.remote.take()) else {
             return;
         };
-        remote.end(&self.compiled, &h.keys, &h.reservation, charge);
+        if now && h.pending.is_none() {
+            m.ending = remote.end_now(&self.compiled, &h.keys, &h.reservation, charge);
+        } else {
+            remote.end(&self.compiled, &h.keys, &h.reservation, charge);
+        }
     }
 
     fn refusal(&self, refusal: &Refusal) -> Answer {
@@ -870,7 +879,8 @@ impl Budgets {
     }
 
     /// A piece of the response body (`size` bytes, as Envoy hands it over: this chunk only).
-    /// Returns `true` when the request settled.
+    /// Returns `true` when this chunk must wait: the request settled on the shared ledger and
+    /// the answer is out ([`Budgets::settle_answered`] resumes it).
     pub fn on_response_body(
         &self,
         m: &mut Metered,
@@ -909,24 +919,57 @@ impl Budgets {
         }
         match usage {
             Some(u) => {
-                self.settle(m, u, audit);
-                true
+                self.settle(m, u, audit, true);
+                m.ending.is_some()
             }
             None => false,
         }
     }
 
-    /// The response ended without a body.
-    pub fn on_response_end(&self, m: &mut Metered, audit: &mut AuditRecord) {
+    /// The response ended without a body. `true`: the response headers wait for the shared
+    /// ledger's answer to the settle, as [`Budgets::on_response_body`]'s last chunk does.
+    pub fn on_response_end(&self, m: &mut Metered, audit: &mut AuditRecord) -> bool {
         if m.reader.is_some() {
-            self.settle(m, Usage::default(), audit);
+            self.settle(m, Usage::default(), audit, true);
         }
+        m.ending.is_some()
+    }
+
+    /// The answer to the settle the request sent itself (its `on_http_call_response`). `true`:
+    /// it was that call, and the response goes on (answered, or queued for the root's retries).
+    pub fn settle_answered(
+        &self,
+        m: &mut Metered,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+    ) -> bool {
+        let LedgerBackend::Remote(remote) = &self.ledgers else {
+            return false;
+        };
+        if m.ending.as_ref().is_none_or(|(t, _)| *t != token) {
+            return false;
+        }
+        let Some((_, end)) = m.ending.take() else {
+            return false;
+        };
+        if let Some(answer) = remote.end_answered(end, num_headers, body_size) {
+            self.stats.record_all(&router_core::budget::remote::gauges(
+                &self.compiled,
+                &answer.ledgers,
+            ));
+        }
+        true
     }
 
     /// The request ended (`on_log`) with holds left: a served response cut short is charged its
     /// estimate; anything else (refused locally, failed upstream, client gone before an answer)
     /// releases.
     pub fn end(&self, m: &mut Metered, audit: &mut AuditRecord) {
+        if let (LedgerBackend::Remote(remote), Some((_, end))) = (&self.ledgers, m.ending.take()) {
+            // Its answer would come to a context that is going: the root sends it again.
+            remote.requeue(end);
+        }
         if m.held.is_empty() && m.remote.is_none() && m.lease.is_none() {
             return;
         }
@@ -938,10 +981,10 @@ impl Budgets {
                 .as_mut()
                 .map(|r| r.finish(&mut sink))
                 .unwrap_or_default();
-            self.settle(m, usage, audit);
+            self.settle(m, usage, audit, false);
             return;
         }
-        self.end_remote(m, None);
+        self.end_remote(m, None, false);
         if self.end_on_worker_lease(m, Amount::ZERO) {
             return;
         }
@@ -961,7 +1004,9 @@ impl Budgets {
         }
     }
 
-    fn settle(&self, m: &mut Metered, usage: Usage, audit: &mut AuditRecord) {
+    /// Charges the request. `now`: the request is still there to wait for the shared ledger's
+    /// answer (its last response chunk), so the settle goes out at once instead of being queued.
+    fn settle(&self, m: &mut Metered, usage: Usage, audit: &mut AuditRecord, now: bool) {
         let content = m.reader.as_ref().map_or(0, |r| r.content_bytes());
         let c: Charge = charge(usage, m.request_bytes, content);
         let price = m
@@ -981,7 +1026,7 @@ impl Budgets {
                 self.stats.estimated(h.key.budget);
             }
         }
-        self.end_remote(m, Some(amount));
+        self.end_remote(m, Some(amount), now);
         if !self.end_on_worker_lease(m, amount) {
             self.settle_in_ledgers(std::mem::take(&mut m.held), amount);
         }
@@ -1078,6 +1123,7 @@ fn admitted(
             remote,
             lease: None,
             on_worker_lease: false,
+            ending: None,
         },
         splice,
     }

@@ -1,12 +1,14 @@
 //! Ledgers kept by the shared budget service `llmkube-budgets` (`--budgets-service`): one
 //! ledger set for every gateway replica, surviving restarts. The request reserves by an HTTP
-//! callout and stays paused until the answer; settling and releasing are queued for the
-//! worker's root context, which sends them on its next tick.
+//! callout and stays paused until the answer. A served request settles by a callout of its own
+//! on its last response chunk, which it holds until the answer, so its hold is gone before the
+//! client has the last byte ([`Remote::end_now`]). Everything else (a release, a settle decided
+//! in `on_log`, an end that got no answer in time) is queued for the worker's root context,
+//! which sends it on its next tick.
 //!
-//! Why the root: Envoy cancels a context's callouts when the context is destroyed, and a
-//! request's context is destroyed right after `on_log`, where most settles and releases are
-//! decided. The root lives as long as the VM, so its calls complete and their failures are
-//! logged. A settle or release that gets no answer, or the service's 5xx, is sent again on
+//! Why the root for those: Envoy cancels a context's callouts when the context is destroyed,
+//! and a request's context is destroyed right after `on_log`. The root lives as long as the
+//! VM, so its calls complete and their failures are logged. A settle or release that gets no answer, or the service's 5xx, is sent again on
 //! later ticks (backing off, until the hold's TTL has passed): the service applies a settle
 //! once however often it arrives, so a settle outlives a restart of the service. One that
 //! never arrives (the queue full, Envoy stopping) is bounded: the service drops the hold at
@@ -55,6 +57,22 @@ struct End {
     next_ms: u64,
     /// Past this (the hold's TTL after the request ended) it is not sent again.
     give_up_ms: u64,
+}
+
+/// An end a request sent itself and waits for ([`Remote::end_now`]).
+pub(crate) struct PendingEnd(End);
+
+/// The status and body of the callout answer being delivered (status 0: none, the call failed
+/// or timed out); `ends` results at most (a batch's answer is one result per end).
+fn read_call_answer(num_headers: usize, body_size: usize, ends: usize) -> (u32, Vec<u8>) {
+    if num_headers == 0 {
+        // Envoy delivers a failed or timed-out call with no headers at all.
+        return (0, Vec::new());
+    }
+    let headers = edge::call_response_headers().unwrap_or_default();
+    let most = MAX_REPLY_BYTES.saturating_mul(ends.max(1));
+    let body = edge::call_response_body(body_size.min(most)).unwrap_or_default();
+    (edge::response_status(&headers), body)
 }
 
 /// The shared ledger as one worker reaches it.
@@ -148,15 +166,75 @@ impl Remote {
         reservation: &str,
         charge: Option<Amount>,
     ) {
+        let end = self.end_of(c, keys, reservation, charge);
+        self.queue(end);
+    }
+
+    fn end_of(
+        &self,
+        c: &CompiledBudgets,
+        keys: &[LedgerKey],
+        reservation: &str,
+        charge: Option<Amount>,
+    ) -> End {
         let (path, body) = remote::end_call(&self.router, c, keys, reservation, charge);
         let now = now_ms();
-        self.queue(End {
+        End {
             path,
             body,
             sends: 0,
             next_ms: now,
             give_up_ms: now.saturating_add(self.hold_ttl_ms),
-        });
+        }
+    }
+
+    /// Sends the settle or release of `reservation` at once, from the request's own context,
+    /// which holds its last response bytes until the answer ([`Remote::end_answered`]): the
+    /// hold is gone from the ledger before the client has the whole response, so the client's
+    /// next request never meets it. `None`: it could not be sent, and is queued for the root.
+    pub fn end_now(
+        &self,
+        c: &CompiledBudgets,
+        keys: &[LedgerKey],
+        reservation: &str,
+        charge: Option<Amount>,
+    ) -> Option<(u32, PendingEnd)> {
+        let mut end = self.end_of(c, keys, reservation, charge);
+        end.sends = 1;
+        match self.send(end.path, &end.body) {
+            Ok(token) => Some((token, PendingEnd(end))),
+            Err(why) => {
+                self.failed(end, &why, true, now_ms());
+                None
+            }
+        }
+    }
+
+    /// The answer to an end a request sent itself ([`Remote::end_now`]): the ledgers as it left
+    /// them, or `None` when it failed or timed out, and then it is queued for the root's
+    /// retries (the service applies a settle once, however often it arrives).
+    pub fn end_answered(
+        &self,
+        end: PendingEnd,
+        num_headers: usize,
+        body_size: usize,
+    ) -> Option<SettleResponse> {
+        let (status, body) = read_call_answer(num_headers, body_size, 1);
+        match remote::read_end(status, &body) {
+            Ok(answer) => Some(answer),
+            Err(f) => {
+                self.failed(end.0, &f.why, f.retry, now_ms());
+                None
+            }
+        }
+    }
+
+    /// The request ends while its own end's answer is still out (the client left): Envoy
+    /// cancels the request's callouts, so the root sends it again.
+    pub fn requeue(&self, end: PendingEnd) {
+        let mut end = end.0;
+        end.next_ms = now_ms();
+        self.queue(end);
     }
 
     fn queue(&self, end: End) {
@@ -258,15 +336,7 @@ impl Remote {
             };
             sent.swap_remove(i).1
         };
-        let (status, body) = if num_headers == 0 {
-            (0, Vec::new())
-        } else {
-            let headers = edge::call_response_headers().unwrap_or_default();
-            // A batch's answer is one result per end: allow each its share.
-            let most = MAX_REPLY_BYTES.saturating_mul(ends.len().max(1));
-            let body = edge::call_response_body(body_size.min(most)).unwrap_or_default();
-            (edge::response_status(&headers), body)
-        };
+        let (status, body) = read_call_answer(num_headers, body_size, ends.len());
         let now = now_ms();
         let results = if ends.len() == 1 {
             remote::read_end(status, &body).map(|a| vec![Ok(a)])

@@ -137,7 +137,12 @@ impl Request {
         self.settle(outcome);
         let body = err.body_in(self.shape, self.audit.request_id.as_deref());
         let retry_after = retry_after.map(|s| s.to_string());
-        self.reply(err.status, &body, err.code, retry_after.as_deref())
+        self.reply(
+            err.status,
+            &body,
+            err.code,
+            retry_after.as_deref().map(|s| ("retry-after", s)),
+        )
     }
 
     fn refuse(&mut self, refusal: Refusal) -> Action {
@@ -164,15 +169,13 @@ impl Request {
         status: u32,
         body: &[u8],
         details: &str,
-        retry_after: Option<&str>,
+        extra: Option<(&'static str, &str)>,
     ) -> Action {
         self.phase = Phase::Answered;
         self.audit.status = status;
         let mut headers = vec![("content-type", "application/json")];
         headers.extend(self.id_headers());
-        if let Some(s) = retry_after {
-            headers.push(("retry-after", s));
-        }
+        headers.extend(extra);
         if let Err(e) = edge::respond(status, &headers, body, details) {
             edge::log(
                 Level::Error,
@@ -462,17 +465,28 @@ impl Request {
 
     /// A budget refusal: 429 with `Retry-After`, or 503 when the ledgers cannot be reached.
     fn answer_budget(&mut self, answer: &budget::Answer) -> Action {
-        let (err, retry_after) = match answer {
-            budget::Answer::Refused(r) => (&r.error, Some(r.retry_after_s.to_string())),
-            budget::Answer::Unavailable(e) => (e, None),
+        let (err, retry_after, refused) = match answer {
+            // No waiting admits a request over a cap on its own: tell clients not to retry.
+            budget::Answer::Refused(r) if r.never => (&r.error, None, true),
+            budget::Answer::Refused(r) => (&r.error, Some(r.retry_after_s.to_string()), true),
+            budget::Answer::Unavailable(e) => (e, None, false),
         };
-        self.settle(if retry_after.is_some() {
+        self.settle(if refused {
             Outcome::BudgetExceeded
         } else {
             Outcome::FailClosedRuntime
         });
         let body = err.body_in(self.shape, self.audit.request_id.as_deref());
-        self.reply(err.status, &body, err.code, retry_after.as_deref())
+        match (&retry_after, refused) {
+            (Some(s), _) => self.reply(err.status, &body, err.code, Some(("retry-after", s))),
+            (None, true) => self.reply(
+                err.status,
+                &body,
+                err.code,
+                Some(("x-should-retry", "false")),
+            ),
+            (None, false) => self.reply(err.status, &body, err.code, None),
+        }
     }
 
     /// A request whose last attempt failed in a way that leaves its backends ejected by Envoy:
@@ -598,6 +612,16 @@ impl Context for Request {
         let (Some(budgets), Some(m)) = (&worker.budgets, self.budget.as_mut()) else {
             return;
         };
+        if budgets.settle_answered(m, token, num_headers, body_size) {
+            // The last response bytes waited for the settle: the hold is gone, send them.
+            if let Err(e) = edge::resume(edge::Stream::Response) {
+                edge::log(
+                    Level::Error,
+                    &format!("model-router: budgets: resuming the response: {e}"),
+                );
+            }
+            return;
+        }
         match budgets.answered(m, token, num_headers, body_size, &mut self.audit) {
             None => {}
             Some(Ok(())) => {
@@ -763,8 +787,8 @@ impl HttpContext for Request {
         self.settle(verdict.outcome);
         if let (Some(budgets), Some(m)) = (&worker.budgets, self.budget.as_mut()) {
             budgets.on_response_headers(m, head.status, head.streaming, self.backend_index);
-            if end_of_stream {
-                budgets.on_response_end(m, &mut self.audit);
+            if end_of_stream && budgets.on_response_end(m, &mut self.audit) {
+                return Action::Pause;
             }
         }
         Action::Continue
@@ -779,7 +803,10 @@ impl HttpContext for Request {
         }
         if let (Some(worker), Some(m)) = (&self.worker, self.budget.as_mut()) {
             if let Some(budgets) = &worker.budgets {
-                budgets.on_response_body(m, body_size, end_of_stream, &mut self.audit);
+                if budgets.on_response_body(m, body_size, end_of_stream, &mut self.audit) {
+                    // Until the shared ledger has the settle (`settle_answered` resumes).
+                    return Action::Pause;
+                }
             }
         }
         Action::Continue

@@ -370,3 +370,28 @@ fn a_team_given_another_slot_is_charged_on_that_slots_ledger() {
     after_a_tick(&mut b);
     assert_eq!(gauge(&b, "t.team.blue.tokens_used"), 60);
 }
+
+/// A request whose bound alone is over a cap can never be admitted: it gets a code of its own
+/// and `x-should-retry: false` (which the OpenAI and Anthropic SDKs obey), no `Retry-After`, and
+/// a message saying what to lower; one that only has to wait gets `budget_exceeded` and
+/// `Retry-After` as before.
+#[test]
+fn a_request_over_a_cap_on_its_own_is_told_not_to_retry() {
+    // A hold is 81 + 256 + 100 = 437 tokens, over a cap of 400 on its own.
+    let mut h = with_budgets(
+        json!([{"name": "small", "scope": "router", "max_tokens": 400, "window_s": 60}]),
+    );
+    let r = post(&mut h, &[], BODY);
+    assert_eq!(error_of(&r), (429, "budget_request_over_cap".into()));
+    let reply = r.local_response.as_ref().unwrap();
+    assert_eq!(reply.header("x-should-retry"), Some("false"));
+    assert_eq!(reply.header("retry-after"), None);
+    let v: Value = serde_json::from_slice(&reply.body).unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_tokens") && m.contains("small")),
+        "{v}"
+    );
+    h.log_and_done(r.stream).unwrap();
+}

@@ -200,3 +200,64 @@ fn settles_due_on_one_tick_go_out_in_one_batch() {
     h.tick().unwrap();
     assert!(h.pending_http_calls().is_empty(), "nothing more is sent");
 }
+
+/// A served request settles from its own context on its last response chunk and holds that
+/// chunk until the service answers: the client gets the last byte only once the hold is gone
+/// from the shared ledger, and nothing is left for the worker's tick. A settle that gets no
+/// answer in time (the call fails) lets the chunk go and is queued for the tick.
+#[test]
+fn the_last_chunk_waits_for_the_settle_and_a_failed_one_goes_to_the_tick() {
+    let shared = SharedStore::new();
+    let mut h = worker(&shared);
+    let answered = [true, false];
+    for answer in answered {
+        let req = post(&mut h, &[], BODY);
+        let reserve = only_pending(&h);
+        let admitted = json!({"admitted": true, "reservation": "r", "ledgers": []});
+        h.reply_http_call(reserve, HttpCallReply::new(200, admitted.to_string()))
+            .unwrap();
+        let body = br#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20}}"#;
+        let out = h
+            .run_response(
+                req.stream,
+                &[(":status", "200"), ("content-type", "application/json")],
+                body,
+                0,
+            )
+            .unwrap();
+        assert!(!out.complete, "the last chunk waits for the settle");
+        let settle = only_pending(&h);
+        let call = h.http_calls().into_iter().last().unwrap();
+        assert_eq!(call.header(":path"), Some("/v1/settle"));
+        if answer {
+            settled(&mut h, settle, ledger(30, Some(5)));
+        } else {
+            h.fail_http_call(settle).unwrap();
+        }
+        let out = h.response_outcome(req.stream).unwrap();
+        assert!(
+            out.complete,
+            "the response goes on once the settle is answered"
+        );
+        assert_eq!(out.forwarded_body, body.to_vec());
+        h.log_and_done(req.stream).unwrap();
+        // Past the retry's back-off.
+        h.advance_clock(std::time::Duration::from_millis(500))
+            .unwrap();
+        h.tick().unwrap();
+        if answer {
+            assert_eq!(gauge(&[&h]), 30);
+            assert!(
+                h.pending_http_calls().is_empty(),
+                "nothing left for the tick"
+            );
+        } else {
+            let again = only_pending(&h);
+            let resent = h.http_calls().into_iter().last().unwrap();
+            assert_eq!(resent.header(":path"), Some("/v1/settle"));
+            assert_eq!(resent.body, call.body, "the same settle, sent again");
+            settled(&mut h, again, ledger(60, Some(6)));
+            assert_eq!(gauge(&[&h]), 60);
+        }
+    }
+}

@@ -379,12 +379,12 @@ mod v2 {
     /// Bytes per cell in version 2.
     const CELL_V2: usize = 16;
 
-    /// The ring at `at`, its geometry as written, and where the next starts.
-    fn ring(
-        b: &[u8],
-        at: usize,
-        g: &Geometry,
-    ) -> Result<((bool, Ring<Vec<u8>>), usize), CodecError> {
+    /// A ring read, whether it was written under the current geometry, and where the next
+    /// ring starts.
+    type Read = ((bool, Ring<Vec<u8>>), usize);
+
+    /// The ring at `at`, in the geometry it was written under.
+    fn ring(b: &[u8], at: usize, g: &Geometry) -> Result<Read, CodecError> {
         let head_bytes = b.get(at..at + RING_HEADER).ok_or(CodecError::Truncated)?;
         let width_s = u64::from(get_u32(head_bytes, 0));
         let slots = u64::from(get_u32(head_bytes, 4));

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A stand-in for an OpenAI-compatible engine (vLLM, LiteLLM): answers every POST with a chat
 completion that names this server and echoes the model it was sent, so the example can show where
-each request went. Usage: mock_engine.py NAME PORT"""
+each request went; GET /health answers 200 once it listens (run.sh waits on it).
+Usage: mock_engine.py NAME PORT"""
 import json
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -10,6 +11,11 @@ NAME, PORT = sys.argv[1], int(sys.argv[2])
 
 
 class Engine(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("content-length") or 0))
         try:

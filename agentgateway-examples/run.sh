@@ -2,7 +2,9 @@
 # The local example: agentgateway in front of llmkube-ext-proc (the model-router filter on
 # wasmtime) and three mock engines. Builds the filters, the server and the generator, compiles
 # agentgateway-examples/router.yaml with --target agentgateway, starts everything on loopback,
-# sends a few requests and prints which engine served each. Needs AGENTGATEWAY_BIN.
+# waits until each component says it is ready, sends a few requests and prints which engine
+# served each. Needs AGENTGATEWAY_BIN. LLMKUBE_EXT_PROC_BIN / LLMKUBE_GEN_BIN use binaries built
+# already (CI passes its debug builds) instead of release builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${AGENTGATEWAY_BIN:-}" ] || [ ! -x "${AGENTGATEWAY_BIN}" ]; then
@@ -16,25 +18,56 @@ MSG
 fi
 rustup target add wasm32-wasip1 >/dev/null 2>&1 || true
 cargo build -q --release --target wasm32-wasip1 -p llmkube-model-router
-cargo build -q --release -p llmkube-ext-proc -p llmkube-gen
+ext_proc_bin=${LLMKUBE_EXT_PROC_BIN:-}
+gen_bin=${LLMKUBE_GEN_BIN:-}
+release=()
+[ -n "$ext_proc_bin" ] || { release+=(-p llmkube-ext-proc); ext_proc_bin=target/release/llmkube-ext-proc; }
+[ -n "$gen_bin" ] || { release+=(-p llmkube-gen); gen_bin=target/release/llmkube-gen; }
+[ ${#release[@]} = 0 ] || cargo build -q --release "${release[@]}"
+
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
+
+# Waits until `probe` (a command) succeeds, up to 60 s; gives up at once when the component's
+# process is gone. Prints the component's log when it never becomes ready.
+wait_ready() { # name pid log probe...
+  local name=$1 pid=$2 log=$3; shift 3
+  local deadline=$((SECONDS + 60))
+  until "$@" >/dev/null 2>&1; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "$name exited before it was ready:"; tail -20 "$log"; exit 1
+    fi
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "$name was not ready after 60 s:"; tail -20 "$log"; exit 1
+    fi
+    sleep 0.1
+  done
+  echo "ready: $name"
+}
+
 # LiteLLM's in-cluster URL becomes a local mock for this run.
 sed 's#http://litellm.llm.svc:4000#http://127.0.0.1:18003#' agentgateway-examples/router.yaml >"$work/router.yaml"
-target/release/llmkube-gen compile --target agentgateway -f "$work/router.yaml" -o "$work/out" \
+"$gen_bin" compile --target agentgateway -f "$work/router.yaml" -o "$work/out" \
   --listen 127.0.0.1:14000 --ext-proc 127.0.0.1:19997 --max-body-bytes 65536 \
   --resolve qwen3-8b=127.0.0.1:18001 --resolve llama-3-70b=127.0.0.1:18002
-python3 agentgateway-examples/mock_engine.py qwen3-8b 18001 & pids+=($!)
-python3 agentgateway-examples/mock_engine.py llama-3-70b 18002 & pids+=($!)
-python3 agentgateway-examples/mock_engine.py litellm 18003 & pids+=($!)
-target/release/llmkube-ext-proc --listen 127.0.0.1:19997 --config "$work/out/ext-proc.yaml" >"$work/ext-proc.log" 2>&1 & pids+=($!)
-"$AGENTGATEWAY_BIN" -f "$work/out/agentgateway.yaml" >"$work/agentgateway.log" 2>&1 & pids+=($!)
-for _ in $(seq 100); do
-  curl -s -o /dev/null http://127.0.0.1:14000/ && break
-  sleep 0.2
+
+# Mock engines: each answers GET /health once it listens.
+for engine in qwen3-8b:18001 llama-3-70b:18002 litellm:18003; do
+  name=${engine%%:*} port=${engine##*:}
+  python3 agentgateway-examples/mock_engine.py "$name" "$port" >"$work/$name.log" 2>&1 & pids+=($!)
+  wait_ready "mock engine $name" "$!" "$work/$name.log" curl -sf "http://127.0.0.1:$port/health"
 done
+# llmkube-ext-proc logs one line once its listener is bound and the module instantiated.
+"$ext_proc_bin" --listen 127.0.0.1:19997 --config "$work/out/ext-proc.yaml" >"$work/ext-proc.log" 2>&1 & pids+=($!)
+wait_ready llmkube-ext-proc "$!" "$work/ext-proc.log" grep -q 'llmkube-ext-proc: ready on' "$work/ext-proc.log"
+# agentgateway's readiness endpoint answers 200 once its config is loaded and its binds listen;
+# its admin, stats and readiness servers stay on loopback (the defaults bind every address).
+ADMIN_ADDR=127.0.0.1:14900 STATS_ADDR=127.0.0.1:14901 READINESS_ADDR=127.0.0.1:14902 \
+  "$AGENTGATEWAY_BIN" -f "$work/out/agentgateway.yaml" >"$work/agentgateway.log" 2>&1 & pids+=($!)
+wait_ready agentgateway "$!" "$work/agentgateway.log" curl -sf http://127.0.0.1:14902/healthz/ready
+
 fail=0
 ask() { # expected substring, model, extra curl args...
   local want=$1 model=$2; shift 2

@@ -372,6 +372,7 @@ impl Request {
         if let Some(action) = self.budget_step(worker, &mut forward, body, body_len, fields) {
             return action;
         }
+        self.note_failover_skipped(worker, forward.decision.order.len(), body_len);
         self.phase = Phase::Forwarded(Routed {
             judge: forward.judge,
             served: None,
@@ -389,6 +390,16 @@ impl Request {
             return Action::Pause;
         }
         self.pick_pod(worker, pick, now)
+    }
+
+    /// A body over the gateway's replay limit gets one attempt (`router_core::replay`): counted
+    /// and audited, so the trade the router was compiled with shows per request.
+    fn note_failover_skipped(&mut self, worker: &Worker, order_len: usize, body_len: usize) {
+        let limit = worker.router.config.failover_replay_limit;
+        if router_core::replay::failover_skipped(limit, order_len, body_len as u64) {
+            self.audit.failover_skipped = true;
+            worker.metrics.failover_skipped();
+        }
     }
 
     /// The pick, once the request is admitted: charge a pod and name it for Envoy.

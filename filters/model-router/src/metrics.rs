@@ -19,6 +19,8 @@ pub(crate) struct Metrics {
     backend_names: Vec<String>,
     ids: RefCell<CounterIds>,
     violations: Option<u32>,
+    /// `llmkube.failover_skipped`, defined only under a replay limit.
+    failover_skipped: Option<u32>,
 }
 
 impl Metrics {
@@ -33,6 +35,10 @@ impl Metrics {
             ids: RefCell::new(FnvHashMap::default()),
             violations: edge::define_metric(MetricKind::Counter, "llmkube.sensitive_violations")
                 .ok(),
+            failover_skipped: router
+                .config
+                .failover_replay_limit
+                .and_then(|_| counter("llmkube.failover_skipped")),
         }
     }
 
@@ -63,6 +69,13 @@ impl Metrics {
 
     pub fn violation(&self) {
         if let Some(id) = self.violations {
+            edge::increment_metric(id, 1);
+        }
+    }
+
+    /// A request served by its first backend only, its body over the replay limit.
+    pub fn failover_skipped(&self) {
+        if let Some(id) = self.failover_skipped {
             edge::increment_metric(id, 1);
         }
     }

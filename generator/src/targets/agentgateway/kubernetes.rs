@@ -153,9 +153,15 @@ fn server_named(ir: &Ir, opts: &AgentgatewayOptions, name: &str, config: &Value)
                         "image": opts.image,
                         "args": ["--listen", format!("0.0.0.0:{EXT_PROC_PORT}"), "--config", format!("{CONFIG_DIR}/{CONFIG_FILE}")],
                         "ports": [{"name": "grpc", "containerPort": EXT_PROC_PORT}],
-                        "readinessProbe": {"tcpSocket": {"port": EXT_PROC_PORT}, "periodSeconds": 5},
+                        // grpc.health.v1, served from a watchdog that runs a request through
+                        // every module instance: readiness takes a stuck or draining pod out of
+                        // service, liveness restarts one stuck for 30 s.
+                        "readinessProbe": {"grpc": {"port": EXT_PROC_PORT}, "periodSeconds": 5, "failureThreshold": 1},
+                        "livenessProbe": {"grpc": {"port": EXT_PROC_PORT}, "initialDelaySeconds": 10, "periodSeconds": 10, "failureThreshold": 3},
+                        "resources": ext_proc::resources(ir),
                         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": true}],
                     }],
+                    "terminationGracePeriodSeconds": ext_proc::TERMINATION_GRACE_SECONDS,
                     "volumes": [{"name": "config", "configMap": {"name": name}}],
                 },
             },
@@ -170,7 +176,17 @@ fn server_named(ir: &Ir, opts: &AgentgatewayOptions, name: &str, config: &Value)
             "ports": [{"name": "grpc", "port": EXT_PROC_PORT, "targetPort": EXT_PROC_PORT, "appProtocol": "kubernetes.io/h2c"}],
         }),
     );
-    vec![configmap, deployment, service]
+    // agentgateway's deadline on its calls to the server (see `ext_proc::CALL_TIMEOUT`).
+    let call_timeout = object(
+        AGW_API,
+        "AgentgatewayPolicy",
+        metadata(&format!("{name}-call-timeout"), ns, ir),
+        json!({
+            "targetRefs": [{"group": "", "kind": "Service", "name": name}],
+            "backend": {"http": {"requestTimeout": ext_proc::CALL_TIMEOUT}},
+        }),
+    );
+    vec![configmap, deployment, service, call_timeout]
 }
 
 /// The PreRouting policy on the Gateway (and a ReferenceGrant when the server lives in another

@@ -44,6 +44,7 @@ pub(super) fn config(ir: &Ir, opts: &AgentgatewayOptions) -> Value {
                     "host": host_port(host, *port),
                     "failureMode": "failClosed",
                     "processingOptions": processing_options(ir),
+                    "policies": {"http": {"requestTimeout": super::ext_proc::CALL_TIMEOUT}},
                 }},
                 "routes": routes,
             }],

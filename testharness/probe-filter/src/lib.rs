@@ -262,6 +262,11 @@ impl Context for ProbeHttp {
 
 impl HttpContext for ProbeHttp {
     fn on_http_request_headers(&mut self, nheaders: usize, eos: bool) -> Action {
+        // llmkube-ext-proc's health watchdog runs this request through every instance; like the
+        // routing filter, the probe passes it untouched (no callout, no counting, no log line).
+        if self.get_http_request_header(":path").as_deref() == Some("/llmkube-ext-proc/watchdog") {
+            return Action::Continue;
+        }
         self.cfg.panic_on("headers");
         log(
             LogLevel::Info,

@@ -106,7 +106,7 @@ fn over_several_seeds_the_defaults_bound_the_prefill_imbalance() {
     assert!(old_agent.imbalance.mean > 1.6, "{old_agent:?}");
 }
 
-/// Issue 12's replica target, judged over 16 seeds of `pick_envoy`'s shape with the known-prefix
+/// The replica target, judged over 16 seeds of `pick_envoy`'s shape with the known-prefix
 /// bound at 130 %: three replicas that share nothing keep at least 90 % of one replica's hit
 /// rate on shared prompts, because a replica that sees the engines compute far more than it
 /// sent keeps a prompt new to it on its rendezvous home up to the looser shared bound (where
@@ -139,7 +139,7 @@ fn three_replicas_keep_ninety_percent_of_the_shared_prompt_hits() {
     );
 }
 
-/// Issue 12's imbalance target on 8 pods, multi-turn, judged over 16 seeds of `pick_envoy`'s
+/// The imbalance target on 8 pods, multi-turn, judged over 16 seeds of `pick_envoy`'s
 /// shape: about 43 chats are placed in the first 10 s and stay on their pods, so where they
 /// start decides the prefill. A lone gateway places each new chat on the pod with the least
 /// work to come (recent prefill plus a share per conversation started there), which keeps the
@@ -165,7 +165,7 @@ fn a_lone_gateway_spreads_the_chats_it_starts_by_the_work_to_come() {
     assert!(least.ratio.mean >= 0.95, "replicas unchanged: {least:?}");
 }
 
-/// Issue 12, session chats: `pick_envoy`'s own 8-pod multi-turn workload over 16 draws of pod
+/// Session chats: `pick_envoy`'s own 8-pod multi-turn workload over 16 draws of pod
 /// addresses (each run through Envoy is another draw). A lone gateway that weighs each pod's
 /// long memory of prefill and moves a conversation off a pod past 120 % of the mean work to
 /// come keeps every draw within 1.3 and the mean within 1.2, at most a point and a half of hit
@@ -197,7 +197,7 @@ fn a_lone_gateway_moves_conversations_so_every_address_draw_stays_within_the_bou
     assert!(old_imb.max > 1.4, "{old_imb:?}");
 }
 
-/// Issue 12, session pick: agent loops within both the p99 and the balance targets at 4 and 8
+/// Session pick: agent loops within both the p99 and the balance targets at 4 and 8
 /// pods, judged over 16 seeds of `pick_envoy`'s shape. A lone gateway's move is paid by the
 /// request that moves (its time to first token carries the re-prefill), so a move goes where
 /// the loop's tool set already is and re-prefills at most `lone_move_max_bytes`: the loops

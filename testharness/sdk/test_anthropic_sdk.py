@@ -54,5 +54,7 @@ def test_budget_refusal_is_rate_limit_error(gateway):
     with pytest.raises(anthropic.RateLimitError) as e:
         c.messages.create(model="qwen3-8b", max_tokens=5000, messages=HELLO)
     assert e.value.type == "rate_limit_error"
-    assert e.value.error_code == "budget_exceeded"
-    assert int(e.value.response.headers["retry-after"]) >= 1
+    # max_tokens alone is over the team's cap: no waiting admits it.
+    assert e.value.error_code == "budget_request_over_cap"
+    assert e.value.response.headers["x-should-retry"] == "false"
+    assert "retry-after" not in e.value.response.headers

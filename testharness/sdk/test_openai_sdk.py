@@ -72,12 +72,15 @@ def test_errors_carry_code_and_request_id(gateway):
     assert "retry-after" not in e.value.response.headers
 
 
-def test_budget_refusal_is_a_rate_limit_error_with_retry_after(gateway):
+def test_a_request_over_the_cap_on_its_own_is_a_rate_limit_error_not_retried(gateway):
+    # max_tokens alone is over the team's cap: no waiting admits it, so the answer tells the
+    # SDK not to retry (its default client would otherwise sleep and try again).
     c = client(gateway, max_retries=0, default_headers={"x-demo-team": "sdk-openai"})
     with pytest.raises(openai.RateLimitError) as e:
         c.chat.completions.create(model="qwen3-8b", messages=HELLO, max_tokens=5000)
-    assert e.value.code == "budget_exceeded"
-    assert int(e.value.response.headers["retry-after"]) >= 1
+    assert e.value.code == "budget_request_over_cap"
+    assert e.value.response.headers["x-should-retry"] == "false"
+    assert "retry-after" not in e.value.response.headers
     assert e.value.request_id
 
 

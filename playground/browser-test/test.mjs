@@ -41,7 +41,8 @@ await page.goto(url);
 await page.waitForSelector("body[data-ready=true]");
 
 await check("the example router is valid and explains the default body", async () => {
-  assert.equal((await text("#problems")).trim(), "valid");
+  // No errors; warnings (such as a local backend whose served model name is unknown) may follow.
+  assert.match((await text("#problems")).trim(), /^valid(\s+warning: [^\n]+)*$/);
   assert.match(await text("#answer"), /^200: served by backend gpt \(rule cloud-models\)/);
 });
 

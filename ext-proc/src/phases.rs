@@ -458,7 +458,7 @@ fn refs(headers: &Headers) -> Vec<(&str, &str)> {
         .collect()
 }
 
-fn option(key: &str, value: &str, append_action: i32) -> HeaderValueOption {
+pub fn option(key: &str, value: &str, append_action: i32) -> HeaderValueOption {
     HeaderValueOption {
         header: Some(HeaderValue {
             key: key.to_string(),

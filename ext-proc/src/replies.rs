@@ -2,7 +2,7 @@
 //! an ext_proc `immediate_response`, so the gateway answers the client with a status it can act
 //! on instead of turning a gRPC error into a 500.
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
+use envoy_types::pb::envoy::config::core::v3::HeaderValueOption;
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_response, HeaderMutation, ImmediateResponse, ProcessingResponse,
@@ -130,15 +130,9 @@ impl Reply {
     }
 }
 
+/// A header of an immediate response (the append action does not matter there).
 fn header(key: &str, value: &str) -> HeaderValueOption {
-    HeaderValueOption {
-        header: Some(HeaderValue {
-            key: key.into(),
-            value: String::new(),
-            raw_value: value.as_bytes().to_vec(),
-        }),
-        ..Default::default()
-    }
+    crate::phases::option(key, value, 0)
 }
 
 #[cfg(test)]

@@ -389,6 +389,9 @@ pub async fn serve(
     })
     .max_decoding_message_size(max_message)
     .max_encoding_message_size(max_message);
+    // The handler is installed before "ready" is printed: a SIGTERM that arrives right after
+    // readiness must drain, not kill the process with the default disposition.
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     eprintln!(
         "llmkube-ext-proc: ready on {bound}: {} ({} instances of root_id {}, up to {} streams ({} uploading), memory budget {} bytes, {} callout clusters){}{metrics_line}",
         cfg.module_path.display(),
@@ -404,11 +407,9 @@ pub async fn serve(
         let stopping_tx = stopping_tx.clone();
         let health = health.clone();
         async move {
-            let mut term =
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(s) => s,
-                    Err(_) => return std::future::pending().await,
-                };
+            let Some(mut term) = term else {
+                return std::future::pending().await;
+            };
             tokio::select! {
                 _ = term.recv() => {}
                 _ = tokio::signal::ctrl_c() => {}

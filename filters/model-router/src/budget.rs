@@ -4,10 +4,12 @@
 //! and settle at the serving backend's price; release what never settled, in `on_log`.
 //! `router_core::budget` decides every step; this module moves bytes.
 //!
-//! Ledgers are reached through [`LedgerBackend`]. `Local` keeps them in this Envoy's shared
-//! data (exact across workers by compare-and-swap, `router_core::budget::shared`). Another kind
-//! (the shared `llmkube-budgets` service) implements the same three operations — reserve all,
-//! settle, release — by callout.
+//! One mode per router ([`Ledgers`], from `router_core::budget::config::Mode`) behind one
+//! interface the filter calls: reserve ([`Budgets::admit`]), settle (on the last response
+//! chunk), release ([`Budgets::end`]) and tick ([`Budgets::flush`]). An admitted request carries
+//! what its mode holds ([`Holding`]). Embedded modes keep the ledgers in this Envoy's shared
+//! data (exact across workers by compare-and-swap, `router_core::budget::shared`); the shared
+//! mode keeps them in `llmkube-budgets` and reaches them by callout.
 //!
 //! Shared-data keys (`<prefix>` = `llmkube.budget|<router>|`): `<prefix><budget>` for router and
 //! rule budgets; for a team budget a table `<prefix><budget>|teams` (team → slot,
@@ -23,7 +25,7 @@ use filter_edge::{self as edge, table::HostStore, Buffer, Level, Map};
 use router_core::audit::{AuditRecord, AuditTokens};
 use router_core::budget::admit::{admit_all, LedgerKey, LedgerStore, Refusal, Scope};
 use router_core::budget::bound::request_facts;
-use router_core::budget::config::CompiledBudgets;
+use router_core::budget::config::{CompiledBudgets, Mode, UnsafeMode};
 use router_core::budget::inject::{edits, stream_needs_asking, Splice};
 use router_core::budget::ledger::{Hold, Shape, Wait};
 use router_core::budget::money::format_usd;
@@ -57,18 +59,27 @@ struct Known {
     name: Rc<str>,
 }
 
-/// Where ledgers live.
-pub(crate) enum LedgerBackend {
-    /// This Envoy's shared data, shared by its workers.
-    Local(HostStore),
-    /// `llmkube-budgets` (`budgets.service`), shared by every gateway replica.
-    Remote(Remote),
+/// Where this router's ledgers live and how its requests are admitted on them. One per router
+/// and worker, so the size of its largest variant costs nothing per request.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Ledgers {
+    /// This Envoy's shared data: one reserve and one settle per request. `hold: false` is the
+    /// test-only charge-after control, which checks and holds nothing.
+    PerRequest { hold: bool },
+    /// This Envoy's shared data, admitted on this worker's leases of it.
+    WorkerLeases(RefCell<WorkerLeases>),
+    /// `llmkube-budgets`, shared by every gateway replica; with `leases`, admitted first on this
+    /// gateway's leases held there.
+    Shared {
+        remote: Remote,
+        leases: Option<Leases>,
+    },
 }
 
 /// The budgets of one router, per worker VM.
 pub(crate) struct Budgets {
     compiled: CompiledBudgets,
-    ledgers: LedgerBackend,
+    ledgers: Ledgers,
     prefix: String,
     /// Per budget, the shared-data key of its ledger (router and rule budgets; a team budget's
     /// ledgers are per slot): built at configuration, so a request's holds share it.
@@ -81,10 +92,6 @@ pub(crate) struct Budgets {
     /// The team slots this worker knows, so a request of a known team neither reads nor writes
     /// the team table ([`Budgets::team_slot`]).
     slots: RefCell<SlotCache>,
-    /// Lease mode of the shared ledger (`budgets.service.lease`).
-    leases: Option<Leases>,
-    /// This worker's leases on the embedded ledgers (the default; not with `budgets.per_request`).
-    worker: Option<RefCell<WorkerLeases>>,
 }
 
 /// What the client gets instead of an upstream answer.
@@ -100,15 +107,32 @@ struct Held {
     key: LedgerKey,
     /// The shared-data key of its ledger (for a team: of its slot).
     shared: Rc<str>,
-    /// `None` in charge-after mode, which holds nothing.
+    /// `None` under the charge-after control, which holds nothing.
     hold: Option<Hold>,
     /// For a team ledger: until when the team table keeps this slot the team's.
     owned_until: u64,
 }
 
+/// What an admitted request holds, in its router's mode, until it settles or releases.
+enum Holding {
+    /// Holds in the embedded ledgers themselves, one per ledger (per request).
+    Ledgers(Vec<Held>),
+    /// Holds on this worker's leases of the embedded ledgers: they end in its memory.
+    WorkerLeases(Vec<Held>),
+    /// A reservation on `llmkube-budgets` (its answer may still be out).
+    Remote(RemoteHold),
+    /// Admitted on this gateway's leases of the shared ledger.
+    Lease(LeaseHold),
+    /// The settle this request sent the shared ledger itself, by call token: the last response
+    /// chunk waits for its answer.
+    Settling(u32, PendingEnd),
+    /// Nothing left: settled or released.
+    Ended,
+}
+
 /// An admitted request, from admission to settlement.
 pub(crate) struct Metered {
-    held: Vec<Held>,
+    holding: Holding,
     request_bytes: u64,
     /// The gateway added `include_usage`: the usage-only chunk is not the client's.
     strip: bool,
@@ -116,21 +140,29 @@ pub(crate) struct Metered {
     /// The backend whose response headers came through with a 2xx.
     served: Option<usize>,
     out: Vec<u8>,
-    /// The reservation on `llmkube-budgets` (remote ledgers only).
-    remote: Option<RemoteHold>,
-    /// Admitted on this gateway's leases instead (lease mode).
-    lease: Option<LeaseHold>,
-    /// The holds are on this worker's leases of the embedded ledgers: they end in its memory.
-    on_worker_lease: bool,
-    /// The settle this request sent the shared ledger itself, by call token: the last response
-    /// chunk waits for its answer.
-    ending: Option<(u32, PendingEnd)>,
 }
 
 impl Metered {
     /// The reservation was sent and its answer is still out: the request waits for it.
     pub fn awaiting(&self) -> bool {
-        self.remote.as_ref().is_some_and(|h| h.pending.is_some())
+        matches!(&self.holding, Holding::Remote(h) if h.pending.is_some())
+    }
+
+    /// Its settle went to the shared ledger and the answer is still out.
+    fn settling(&self) -> bool {
+        matches!(self.holding, Holding::Settling(..))
+    }
+
+    /// The budgets whose ledgers it holds.
+    fn budgets(&self) -> Vec<usize> {
+        match &self.holding {
+            Holding::Ledgers(held) | Holding::WorkerLeases(held) => {
+                held.iter().map(|h| h.key.budget).collect()
+            }
+            Holding::Remote(h) => h.keys.iter().map(|k| k.budget).collect(),
+            Holding::Lease(h) => h.budgets().to_vec(),
+            Holding::Settling(..) | Holding::Ended => Vec::new(),
+        }
     }
 }
 
@@ -190,34 +222,32 @@ impl Budgets {
             .collect();
         let prefix = format!("llmkube.budget|{}|", router.config.router);
         let stats = BudgetStats::new(&compiled.budgets);
+        let ledgers = match &compiled.mode {
+            Mode::WorkerLeases => Ledgers::WorkerLeases(RefCell::new(WorkerLeases::default())),
+            Mode::Unsafe(UnsafeMode::WorkerLeasesUnheld) => {
+                Ledgers::WorkerLeases(RefCell::new(WorkerLeases::unsafe_unheld()))
+            }
+            Mode::PerRequest => Ledgers::PerRequest { hold: true },
+            Mode::Unsafe(UnsafeMode::ChargeAfter) => Ledgers::PerRequest { hold: false },
+            Mode::Shared { service, lease } => Ledgers::Shared {
+                remote: Remote::new(&router.config.router, service, compiled.hold_ttl_s),
+                leases: lease.as_ref().and_then(|lease| {
+                    Leases::configure(&compiled, lease, &router.config.router, service.timeout_ms)
+                }),
+            },
+        };
         let mut budgets = Budgets {
             fixed: Vec::new(),
             shapes: Vec::new(),
-            stats: match &config.service {
-                Some(_) => stats.shared_by_workers(format!("{prefix}gauge|"), compiled.max_teams),
-                None => stats,
+            stats: match &ledgers {
+                Ledgers::Shared { .. } => {
+                    stats.shared_by_workers(format!("{prefix}gauge|"), compiled.max_teams)
+                }
+                _ => stats,
             },
             prefix,
-            ledgers: match &config.service {
-                Some(service) => LedgerBackend::Remote(Remote::new(
-                    &router.config.router,
-                    service,
-                    compiled.hold_ttl_s,
-                )),
-                None => LedgerBackend::Local(HostStore),
-            },
+            ledgers,
             attempts,
-            leases: config
-                .service
-                .as_ref()
-                .and_then(|s| Leases::configure(&compiled, &router.config.router, s.timeout_ms)),
-            worker: compiled.worker_leases.then(|| {
-                RefCell::new(if compiled.worker_leases_unheld {
-                    WorkerLeases::unsafe_unheld()
-                } else {
-                    WorkerLeases::default()
-                })
-            }),
             compiled,
             slots: RefCell::new(SlotCache::default()),
         };
@@ -231,19 +261,16 @@ impl Budgets {
         budgets.fixed = (0..budgets.compiled.budgets.len())
             .map(|i| Rc::from(budgets.ledger_name(i, None)))
             .collect();
-        if matches!(budgets.ledgers, LedgerBackend::Local(_)) {
+        if budgets.compiled.mode.embedded() {
             budgets.create_keys()?;
         }
         Ok(Some(budgets))
     }
 
-    fn data(&self) -> &HostStore {
-        match &self.ledgers {
-            LedgerBackend::Local(store) => store,
-            // Remote ledgers never reach shared data; the same (stateless) handle serves the
-            // paths both kinds share, which then find no local ledgers.
-            LedgerBackend::Remote(_) => &HostStore,
-        }
+    /// This Envoy's shared data (the embedded ledgers, the team tables, the shared ledger's
+    /// gauges).
+    fn data(&self) -> &'static HostStore {
+        &HostStore
     }
 
     fn ledger_name(&self, budget: usize, slot: Option<usize>) -> String {
@@ -478,17 +505,11 @@ impl Budgets {
         };
         // Before any hold: a body that cannot be edited holds nothing.
         let splice = self.splice(r, &facts, &p)?;
-        if let LedgerBackend::Remote(remote) = &self.ledgers {
+        if let Ledgers::Shared { remote, leases } = &self.ledgers {
             audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
-            if let Some(hold) = self
-                .leases
-                .as_ref()
-                .and_then(|l| l.admit(&p.keys, p.amount))
-            {
+            if let Some(hold) = leases.as_ref().and_then(|l| l.admit(&p.keys, p.amount)) {
                 // Covered by this gateway's leases: no callout.
-                let mut a = admitted(&facts, splice, Vec::new(), None);
-                a.metered.lease = Some(hold);
-                return Ok(Some(a));
+                return Ok(Some(admitted(&facts, splice, Holding::Lease(hold))));
             }
             let id = remote.new_id();
             let pending = match remote.reserve(&self.compiled, &p.keys, p.amount, &id) {
@@ -503,7 +524,7 @@ impl Budgets {
                         .map(|()| None);
                 }
             };
-            return Ok(Some(admitted(&facts, splice, Vec::new(), Some(pending))));
+            return Ok(Some(admitted(&facts, splice, Holding::Remote(pending))));
         }
         let now = now_ms();
         // Per key of `p.keys`, in its order: the ledger's shared-data name and until when the
@@ -521,8 +542,8 @@ impl Budgets {
         }
         audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
         let mut store = self.store(|k| named(&p.keys, &names, k), now);
-        let admitted_holds = match &self.worker {
-            Some(worker) => {
+        let admitted_holds = match &self.ledgers {
+            Ledgers::WorkerLeases(worker) => {
                 let mut leases = worker.borrow_mut();
                 let mut leased = LeasedLedgers {
                     shared: store,
@@ -539,8 +560,10 @@ impl Budgets {
                 store = leased.shared;
                 r
             }
-            None if self.compiled.charge_after => charge_after_check(&mut store, &p.keys, p.amount),
-            None => admit_all(&mut store, &p.keys, p.amount),
+            Ledgers::PerRequest { hold: false } => {
+                charge_after_check(&mut store, &p.keys, p.amount)
+            }
+            _ => admit_all(&mut store, &p.keys, p.amount),
         };
         let holds = match admitted_holds.map_err(|e| unavailable(&e))? {
             Ok(holds) => holds,
@@ -573,9 +596,11 @@ impl Budgets {
                 owned_until,
             })
             .collect();
-        let mut a = admitted(&facts, splice, held, None);
-        a.metered.on_worker_lease = self.worker.is_some();
-        Ok(Some(a))
+        let holding = match &self.ledgers {
+            Ledgers::WorkerLeases(_) => Holding::WorkerLeases(held),
+            _ => Holding::Ledgers(held),
+        };
+        Ok(Some(admitted(&facts, splice, holding)))
     }
 
     /// The body edits admission makes (ask the stream for usage; cap the completion when
@@ -657,7 +682,8 @@ impl Budgets {
         body_size: usize,
         audit: &mut AuditRecord,
     ) -> Option<Result<(), Answer>> {
-        let (LedgerBackend::Remote(remote), Some(h)) = (&self.ledgers, m.remote.as_mut()) else {
+        let (Ledgers::Shared { remote, .. }, Holding::Remote(h)) = (&self.ledgers, &mut m.holding)
+        else {
             return None;
         };
         if h.pending != Some(token) {
@@ -675,14 +701,14 @@ impl Budgets {
                 for k in &h.keys {
                     self.stats.refused(k.budget);
                 }
-                m.remote = None;
+                m.holding = Holding::Ended;
                 Err(Answer::Refused(refused))
             }
             Admission::Unavailable { why } => {
                 // A reserve that timed out here may still be applied there: release its id
                 // (a release that arrives first leaves nothing for the reserve to hold).
                 let keys = h.keys.clone();
-                self.end_remote(m, None, false);
+                self.finish(m, None, false);
                 self.store_unavailable(remote, &keys, &why, audit)
             }
         })
@@ -692,15 +718,15 @@ impl Budgets {
     /// another worker's newer answer overtook (the root's tick).
     pub fn flush(&self) {
         match &self.ledgers {
-            LedgerBackend::Remote(remote) => {
+            Ledgers::Shared { remote, leases } => {
                 remote.flush();
-                if let Some(l) = &self.leases {
+                if let Some(l) = leases {
                     l.report(&self.compiled, remote);
                 }
                 self.stats
                     .republish(|_, key| router_core::budget::gauge::newest(&HostStore, key));
             }
-            LedgerBackend::Local(data) => {
+            Ledgers::PerRequest { .. } | Ledgers::WorkerLeases(_) => {
                 let now = now_ms();
                 self.report_worker_leases(now, false);
                 // The embedded ledgers this worker set gauges for, as they are now (their `seq`
@@ -711,7 +737,7 @@ impl Budgets {
                         .budgets
                         .get(k.budget)?
                         .shape(self.compiled.hold_ttl_s);
-                    let (bytes, _) = data.get(key)?;
+                    let (bytes, _) = self.data().get(key)?;
                     let l = router_core::budget::Ledger::from_vec(bytes, &shape, now).ok()?;
                     Some(router_core::budget::shared::reading(&l, &shape, now))
                 });
@@ -722,8 +748,11 @@ impl Budgets {
     /// The VM is stopping: releases this gateway's leases (lease mode). `true` when releases
     /// went out and the VM should wait for their answers.
     pub fn release_leases(&self) -> bool {
-        match (&self.ledgers, &self.leases) {
-            (LedgerBackend::Remote(remote), Some(l)) => l.release_all(&self.compiled, remote),
+        match &self.ledgers {
+            Ledgers::Shared {
+                remote,
+                leases: Some(l),
+            } => l.release_all(&self.compiled, remote),
             _ => {
                 // Embedded: synchronous, nothing to wait for.
                 self.report_worker_leases(now_ms(), true);
@@ -737,7 +766,7 @@ impl Budgets {
     /// sets the gauges of each from the state its renewal left. A team's lease is renewed only
     /// while its slot is still the team's (the table is pushed on as for a request).
     fn report_worker_leases(&self, now: u64, close: bool) {
-        let Some(worker) = &self.worker else {
+        let Ledgers::WorkerLeases(worker) = &self.ledgers else {
             return;
         };
         let report = worker
@@ -771,15 +800,14 @@ impl Budgets {
         }
     }
 
-    /// Ends the request's holds on this worker's leases, charging `amount` (zero: a release).
-    /// `false`: its holds are in the ledgers themselves.
-    fn end_on_worker_lease(&self, m: &mut Metered, amount: Amount) -> bool {
-        let Some(worker) = self.worker.as_ref().filter(|_| m.on_worker_lease) else {
-            return false;
+    /// Ends holds on this worker's leases, charging `amount` (zero: a release).
+    fn end_on_worker_lease(&self, held: Vec<Held>, amount: Amount) {
+        let Ledgers::WorkerLeases(worker) = &self.ledgers else {
+            return;
         };
         let now = now_ms();
         let mut leases = worker.borrow_mut();
-        for h in std::mem::take(&mut m.held) {
+        for h in held {
             let Some(hold) = &h.hold else { continue };
             // Near the cap a lease holds no spare room: the end is written at once, as a
             // per-request settle would be, so other workers see the room it frees.
@@ -790,16 +818,14 @@ impl Budgets {
                 self.recorded(&report);
             }
         }
-        true
     }
 
     /// A settle or release answered (the root's `on_http_call_response`): the gauges follow
     /// the ledgers it reports, each set once to its newest state in the call (a batch's ends
     /// mostly report the same few ledgers).
     pub fn ended(&self, token: u32, num_headers: usize, body_size: usize) {
-        if let LedgerBackend::Remote(remote) = &self.ledgers {
-            if let Some(state) = self
-                .leases
+        if let Ledgers::Shared { remote, leases } = &self.ledgers {
+            if let Some(state) = leases
                 .as_ref()
                 .and_then(|l| l.answered(token, num_headers, body_size))
             {
@@ -823,21 +849,41 @@ impl Budgets {
         }
     }
 
-    /// Ends the request's remote reservation: settles `charge`, or releases (`None`). A
+    /// Ends what the request holds, in its mode: settles `charge`, or releases (`None`). A
     /// reservation whose answer is still out (the client left first) is released by its id.
-    /// `now`: sent from the request, which waits for the answer (`Metered::ending`); else
-    /// queued for the root.
-    fn end_remote(&self, m: &mut Metered, charge: Option<Amount>, now: bool) {
-        if let (Some(l), Some(h)) = (&self.leases, m.lease.take()) {
-            l.end(&h, charge);
-        }
-        let (LedgerBackend::Remote(remote), Some(h)) = (&self.ledgers, m.remote.take()) else {
-            return;
-        };
-        if now && h.pending.is_none() {
-            m.ending = remote.end_now(&self.compiled, &h.keys, &h.reservation, charge);
-        } else {
-            remote.end(&self.compiled, &h.keys, &h.reservation, charge);
+    /// `now`: the request is still there to wait for the shared ledger's answer (its last
+    /// response chunk), so a shared settle goes out at once ([`Holding::Settling`]) instead of
+    /// being queued for the root.
+    fn finish(&self, m: &mut Metered, charge: Option<Amount>, now: bool) {
+        let amount = charge.unwrap_or(Amount::ZERO);
+        match std::mem::replace(&mut m.holding, Holding::Ended) {
+            Holding::Ledgers(held) => self.settle_in_ledgers(held, amount),
+            Holding::WorkerLeases(held) => self.end_on_worker_lease(held, amount),
+            Holding::Remote(h) => {
+                let Ledgers::Shared { remote, .. } = &self.ledgers else {
+                    return;
+                };
+                if now && h.pending.is_none() {
+                    if let Some((token, end)) =
+                        remote.end_now(&self.compiled, &h.keys, &h.reservation, charge)
+                    {
+                        m.holding = Holding::Settling(token, end);
+                    }
+                } else {
+                    remote.end(&self.compiled, &h.keys, &h.reservation, charge);
+                }
+            }
+            Holding::Lease(h) => {
+                if let Ledgers::Shared {
+                    leases: Some(l), ..
+                } = &self.ledgers
+                {
+                    l.end(&h, charge);
+                }
+            }
+            // Already ended; a settle still out stays this request's to wait for.
+            held @ Holding::Settling(..) => m.holding = held,
+            Holding::Ended => {}
         }
     }
 
@@ -920,7 +966,7 @@ impl Budgets {
         match usage {
             Some(u) => {
                 self.settle(m, u, audit, true);
-                m.ending.is_some()
+                m.settling()
             }
             None => false,
         }
@@ -932,7 +978,7 @@ impl Budgets {
         if m.reader.is_some() {
             self.settle(m, Usage::default(), audit, true);
         }
-        m.ending.is_some()
+        m.settling()
     }
 
     /// The answer to the settle the request sent itself (its `on_http_call_response`). `true`:
@@ -944,13 +990,13 @@ impl Budgets {
         num_headers: usize,
         body_size: usize,
     ) -> bool {
-        let LedgerBackend::Remote(remote) = &self.ledgers else {
+        let Ledgers::Shared { remote, .. } = &self.ledgers else {
             return false;
         };
-        if m.ending.as_ref().is_none_or(|(t, _)| *t != token) {
+        if !matches!(&m.holding, Holding::Settling(t, _) if *t == token) {
             return false;
         }
-        let Some((_, end)) = m.ending.take() else {
+        let Holding::Settling(_, end) = std::mem::replace(&mut m.holding, Holding::Ended) else {
             return false;
         };
         if let Some(answer) = remote.end_answered(end, num_headers, body_size) {
@@ -966,12 +1012,16 @@ impl Budgets {
     /// estimate; anything else (refused locally, failed upstream, client gone before an answer)
     /// releases.
     pub fn end(&self, m: &mut Metered, audit: &mut AuditRecord) {
-        if let (LedgerBackend::Remote(remote), Some((_, end))) = (&self.ledgers, m.ending.take()) {
-            // Its answer would come to a context that is going: the root sends it again.
-            remote.requeue(end);
-        }
-        if m.held.is_empty() && m.remote.is_none() && m.lease.is_none() {
-            return;
+        match std::mem::replace(&mut m.holding, Holding::Ended) {
+            Holding::Settling(_, end) => {
+                // Its answer would come to a context that is going: the root sends it again.
+                if let Ledgers::Shared { remote, .. } = &self.ledgers {
+                    remote.requeue(end);
+                }
+                return;
+            }
+            Holding::Ended => return,
+            held => m.holding = held,
         }
         let streamed = m.reader.as_ref().is_some_and(|r| r.content_bytes() > 0);
         if m.served.is_some() && streamed {
@@ -984,24 +1034,7 @@ impl Budgets {
             self.settle(m, usage, audit, false);
             return;
         }
-        self.end_remote(m, None, false);
-        if self.end_on_worker_lease(m, Amount::ZERO) {
-            return;
-        }
-        let now = now_ms();
-        let held = std::mem::take(&mut m.held);
-        let store = self.store(|k| held_name(&held, k), now);
-        for h in &held {
-            let Some(hold) = &h.hold else { continue };
-            // A settle of nothing: the hold goes, and the gauges get the ledger as it left it.
-            match store.settle(&h.key, Some(hold), Amount::ZERO) {
-                Ok(r) => self.stats.record_ledger(&h.key, &h.shared, r),
-                Err(e) => edge::log(
-                    Level::Error,
-                    &format!("model-router: budgets: release: {e:?}"),
-                ),
-            }
-        }
+        self.finish(m, None, false);
     }
 
     /// Charges the request. `now`: the request is still there to wait for the shared ledger's
@@ -1016,20 +1049,11 @@ impl Budgets {
             .unwrap_or_default();
         let amount = charged(&price, &c);
         if c.estimated {
-            for k in m.remote.iter().flat_map(|h| &h.keys) {
-                self.stats.estimated(k.budget);
-            }
-            for &b in m.lease.iter().flat_map(|h| h.budgets()) {
+            for b in m.budgets() {
                 self.stats.estimated(b);
             }
-            for h in &m.held {
-                self.stats.estimated(h.key.budget);
-            }
         }
-        self.end_remote(m, Some(amount), now);
-        if !self.end_on_worker_lease(m, amount) {
-            self.settle_in_ledgers(std::mem::take(&mut m.held), amount);
-        }
+        self.finish(m, Some(amount), now);
         audit.tokens = Some(AuditTokens {
             prompt: c.prompt,
             completion: c.completion,
@@ -1038,13 +1062,14 @@ impl Budgets {
         audit.usage_estimated = c.estimated;
     }
 
-    /// Settles the holds in the ledgers themselves (per-request mode): one compare-and-swap
-    /// each, and the gauges from the state it left.
+    /// Settles the holds in the ledgers themselves (per-request mode; a zero `amount` is a
+    /// release): one compare-and-swap each, and the gauges from the state it left.
     fn settle_in_ledgers(&self, held: Vec<Held>, amount: Amount) {
         let now = now_ms();
         let store = self.store(|k| held_name(&held, k), now);
         for h in &held {
-            if !self.slot_still_owned(h, now) {
+            // Charge-after holds nothing: a release has nothing to do.
+            if (h.hold.is_none() && amount == Amount::ZERO) || !self.slot_still_owned(h, now) {
                 continue;
             }
             match store.settle(&h.key, h.hold.as_ref(), amount) {
@@ -1105,25 +1130,20 @@ fn push_decimal(s: &mut String, mut v: u64) {
     }
 }
 
-/// An admitted request, its holds and its body edit.
+/// An admitted request, what it holds and its body edit.
 fn admitted(
     facts: &router_core::budget::bound::RequestFacts,
     splice: Option<Splice>,
-    held: Vec<Held>,
-    remote: Option<RemoteHold>,
+    holding: Holding,
 ) -> Admitted {
     Admitted {
         metered: Metered {
-            held,
+            holding,
             request_bytes: facts.body_bytes,
             strip: splice.as_ref().is_some_and(|s| s.asked),
             reader: None,
             served: None,
             out: Vec::new(),
-            remote,
-            lease: None,
-            on_worker_lease: false,
-            ending: None,
         },
         splice,
     }

@@ -91,8 +91,13 @@ fn now_ms() -> u64 {
 impl Leases {
     /// `None` when lease mode is off or no budget can be leased. Creates the lease keys that
     /// are missing (configuration time).
-    pub fn configure(c: &CompiledBudgets, router: &str, timeout_ms: u64) -> Option<Leases> {
-        let lease = c.lease?;
+    pub fn configure(
+        c: &CompiledBudgets,
+        lease: &Lease,
+        router: &str,
+        timeout_ms: u64,
+    ) -> Option<Leases> {
+        let lease = *lease;
         let max: Vec<Option<Amount>> = c
             .budgets
             .iter()

@@ -136,16 +136,47 @@ pub struct CompiledBudgets {
     pub hold_ttl_s: u64,
     pub default_max_tokens: u64,
     pub max_teams: usize,
-    /// See [`BudgetsConfig::unsafe_charge_after`].
-    pub charge_after: bool,
-    /// Requests are admitted on this worker's leases of the embedded ledgers: the default for
-    /// embedded ledgers, off with `per_request`, with `service` (its own lease mode) and with
-    /// `unsafe_charge_after` (the control admits without holding anything).
-    pub worker_leases: bool,
-    /// See [`BudgetsConfig::unsafe_worker_leases_unheld`].
-    pub worker_leases_unheld: bool,
-    /// Lease mode (`service.lease`), compiled.
-    pub lease: Option<super::lease::Lease>,
+    /// Where the ledgers live and how requests are admitted on them.
+    pub mode: Mode,
+}
+
+/// Where a router's ledgers live and how its requests are admitted on them: one mode per
+/// router, decided at configuration (docs/budgets.md "Modes").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// This gateway's shared data; each worker admits on its own leases of the ledgers (the
+    /// default for embedded ledgers).
+    WorkerLeases,
+    /// This gateway's shared data; one reserve and one settle in the ledger per request
+    /// (`per_request`).
+    PerRequest,
+    /// `llmkube-budgets` (`service`): one reservation call per request, or with `lease` first
+    /// against this gateway's leases held in Redis.
+    Shared {
+        service: ServiceConfig,
+        lease: Option<super::lease::Lease>,
+    },
+    /// Test-only controls that break the guarantee on purpose, so end-to-end tests can show
+    /// what reservation prevents. Never written by the generator outside its test options.
+    Unsafe(UnsafeMode),
+}
+
+/// The overshooting counterexamples ([`Mode::Unsafe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnsafeMode {
+    /// Admit by checking the embedded ledgers without holding anything; charge after the
+    /// response (`unsafe_charge_after`).
+    ChargeAfter,
+    /// Worker leases whose room is granted but not held in the ledger
+    /// (`unsafe_worker_leases_unheld`).
+    WorkerLeasesUnheld,
+}
+
+impl Mode {
+    /// The ledgers live in this gateway's shared data.
+    pub fn embedded(&self) -> bool {
+        !matches!(self, Mode::Shared { .. })
+    }
 }
 
 impl CompiledBudgets {
@@ -238,21 +269,63 @@ impl BudgetsConfig {
         if self.max_teams == 0 {
             return Err(err("max_teams".into(), "must be at least 1"));
         }
-        let lease = match self.service.as_ref().and_then(|s| s.lease.as_ref()) {
-            Some(l) => Some(l.compile().map_err(|(path, why)| err(path, why))?),
-            None => None,
-        };
+        let mode = self.mode()?;
         Ok(CompiledBudgets {
-            lease,
+            mode,
             budgets,
             prices,
             hold_ttl_s: self.hold_ttl_s,
             default_max_tokens: self.default_max_tokens.max(1),
             max_teams: self.max_teams,
-            charge_after: self.unsafe_charge_after,
-            worker_leases: !self.per_request && self.service.is_none() && !self.unsafe_charge_after,
-            worker_leases_unheld: self.unsafe_worker_leases_unheld,
         })
+    }
+
+    /// The one mode the flags name. The test-only controls apply to embedded ledgers only;
+    /// `per_request` is ignored with `service` (the shared ledger has its own lease option).
+    fn mode(&self) -> Result<Mode, ConfigError> {
+        if let Some(service) = &self.service {
+            if self.unsafe_charge_after || self.unsafe_worker_leases_unheld {
+                return Err(err(
+                    "service".into(),
+                    "unsafe_charge_after and unsafe_worker_leases_unheld are for embedded ledgers",
+                ));
+            }
+            let lease = match &service.lease {
+                Some(l) => Some(l.compile().map_err(|(path, why)| err(path, why))?),
+                None => None,
+            };
+            return Ok(Mode::Shared {
+                service: ServiceConfig {
+                    lease: None,
+                    ..service.clone()
+                },
+                lease,
+            });
+        }
+        Ok(
+            match (
+                self.unsafe_charge_after,
+                self.unsafe_worker_leases_unheld,
+                self.per_request,
+            ) {
+                (true, true, _) => {
+                    return Err(err(
+                        "unsafe_charge_after".into(),
+                        "one test control at a time",
+                    ))
+                }
+                (true, false, _) => Mode::Unsafe(UnsafeMode::ChargeAfter),
+                (false, true, false) => Mode::Unsafe(UnsafeMode::WorkerLeasesUnheld),
+                (false, true, true) => {
+                    return Err(err(
+                        "unsafe_worker_leases_unheld".into(),
+                        "only with worker leases (not per_request)",
+                    ))
+                }
+                (false, false, true) => Mode::PerRequest,
+                (false, false, false) => Mode::WorkerLeases,
+            },
+        )
     }
 }
 
@@ -359,15 +432,37 @@ mod tests {
     }
 
     /// Worker leases are what embedded ledgers get unless the configuration says `per_request`;
-    /// the shared ledger and the charge-after control never run on them.
+    /// the shared ledger and the test controls are modes of their own, and contradictory flags
+    /// are refused instead of one silently winning.
     #[test]
-    fn worker_leases_are_the_embedded_default() {
+    fn one_mode_per_router() {
         let b = r#""budgets":[{"name":"all","scope":"router","max_tokens":10,"window_s":60}]"#;
-        let leases = |extra: &str| parse(&format!("{{{b}{extra}}}")).unwrap().worker_leases;
-        assert!(leases(""));
-        assert!(!leases(r#","per_request":true"#));
-        assert!(leases(r#","per_request":false"#));
-        assert!(!leases(r#","service":{"cluster":"c"}"#));
-        assert!(!leases(r#","unsafe_charge_after":true"#));
+        let mode = |extra: &str| parse(&format!("{{{b}{extra}}}")).map(|c| c.mode);
+        assert_eq!(mode(""), Ok(Mode::WorkerLeases));
+        assert_eq!(mode(r#","per_request":true"#), Ok(Mode::PerRequest));
+        assert_eq!(mode(r#","per_request":false"#), Ok(Mode::WorkerLeases));
+        assert!(matches!(
+            mode(r#","service":{"cluster":"c"}"#),
+            Ok(Mode::Shared { lease: None, .. })
+        ));
+        assert!(matches!(
+            mode(r#","service":{"cluster":"c","lease":{"max_tokens":5}}"#),
+            Ok(Mode::Shared { lease: Some(_), .. })
+        ));
+        assert_eq!(
+            mode(r#","unsafe_charge_after":true"#),
+            Ok(Mode::Unsafe(UnsafeMode::ChargeAfter))
+        );
+        assert_eq!(
+            mode(r#","unsafe_worker_leases_unheld":true"#),
+            Ok(Mode::Unsafe(UnsafeMode::WorkerLeasesUnheld))
+        );
+        for bad in [
+            r#","service":{"cluster":"c"},"unsafe_charge_after":true"#,
+            r#","unsafe_charge_after":true,"unsafe_worker_leases_unheld":true"#,
+            r#","per_request":true,"unsafe_worker_leases_unheld":true"#,
+        ] {
+            assert!(mode(bad).is_err(), "{bad}");
+        }
     }
 }

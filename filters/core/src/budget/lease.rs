@@ -1061,7 +1061,11 @@ mod tests {
         .unwrap()
         .compile()
         .unwrap();
-        assert_eq!(c.lease.map(|l| l.max_tokens), Some(Some(300)));
+        let lease = match &c.mode {
+            crate::budget::config::Mode::Shared { lease, .. } => *lease,
+            _ => None,
+        };
+        assert_eq!(lease.map(|l| l.max_tokens), Some(Some(300)));
         let r = Pending {
             new_id: "w-2".into(),
             used: Amount::new(5, 7),

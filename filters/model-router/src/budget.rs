@@ -30,10 +30,12 @@ use router_core::budget::inject::{edits, stream_needs_asking, Splice};
 use router_core::budget::ledger::{Hold, Shape, Wait};
 use router_core::budget::money::format_usd;
 use router_core::budget::plan::{charged, plan, Attempt, BudgetPlan};
+use router_core::budget::ratelimit::{RateLimit, Seen};
 use router_core::budget::remote::Admission;
 use router_core::budget::reply::{self, Refused};
 use router_core::budget::shared::{
-    create_missing, SharedData, SharedError, SharedLedger, SharedLedgers,
+    compare_and_swap, create_missing, CasError, Seeing, SharedData, SharedError, SharedLedger,
+    SharedLedgers, Swap,
 };
 use router_core::budget::table::{TableError, TeamTable};
 use router_core::budget::usage::{charge, BodyKind, Charge, Usage, UsageReader};
@@ -140,6 +142,10 @@ pub(crate) struct Metered {
     /// The backend whose response headers came through with a 2xx.
     served: Option<usize>,
     out: Vec<u8>,
+    /// The room left on its budgets as admission saw it (embedded: in the reserve's own
+    /// compare-and-swap, or the worker's leases; shared: the reservation's answer), for the
+    /// rate-limit headers.
+    rate: Option<RateLimit>,
 }
 
 impl Metered {
@@ -348,28 +354,22 @@ impl Budgets {
             }
             let shape = b.shape(self.compiled.hold_ttl_s);
             let key = self.table_name(i);
-            for _ in 0..router_core::budget::shared::MAX_CAS_ATTEMPTS {
-                let Some((raw, cas)) = data.get(&key) else {
-                    break;
-                };
-                let Ok(mut table) = TeamTable::decode(&raw, self.compiled.max_teams) else {
-                    break;
-                };
+            // Best effort: a table that is absent, unreadable or contended is left as it is.
+            let _ = compare_and_swap(data, &key, None, |raw| -> Result<_, ()> {
+                let raw = raw.ok_or(())?;
+                let mut table = TeamTable::decode(&raw, self.compiled.max_teams).map_err(|_| ())?;
                 let changed = table.outlast(now, |slot| {
                     let (bytes, _) = data.get(&self.ledger_name(i, Some(slot)))?;
                     let l = router_core::budget::Ledger::from_vec(bytes, &shape, now).ok()?;
                     Some(l.quiet_at(&shape, now))
                 });
                 if !changed {
-                    break;
+                    return Ok(Swap::<(), Vec<u8>>::Keep(()));
                 }
                 let mut buf = Vec::new();
                 table.encode(&mut buf);
-                match data.set(&key, &buf, Some(cas)) {
-                    Err(router_core::budget::shared::SetError::CasMismatch) => continue,
-                    _ => break,
-                }
-            }
+                Ok(Swap::Write(buf, ()))
+            });
         }
     }
 
@@ -438,11 +438,8 @@ impl Budgets {
         let key = self.table_name(budget);
         let b = &self.compiled.budgets[budget];
         let max = self.compiled.max_teams;
-        let mut buf = Vec::new();
-        for _ in 0..router_core::budget::shared::MAX_CAS_ATTEMPTS {
-            let (raw, cas) = data
-                .get(&key)
-                .ok_or_else(|| unavailable(&SharedError::Missing(key.clone())))?;
+        let claimed = compare_and_swap(data, &key, None, |raw| {
+            let raw = raw.ok_or_else(|| unavailable(&SharedError::Missing(key.clone())))?;
             let mut table = TeamTable::decode(&raw, max)
                 .map_err(|_| unavailable(&SharedError::Corrupt(key.clone())))?;
             let slot = match table.admit(team, until, now_ms, max) {
@@ -450,22 +447,27 @@ impl Budgets {
                 Err(TableError::Full { max }) => {
                     let free_at = table.next_free_at().unwrap_or(now_ms);
                     let wait = free_at.saturating_sub(now_ms).div_ceil(1000);
-                    self.stats.refused(budget);
                     return Err(Answer::Refused(reply::teams_full(&b.name, max, wait)));
                 }
                 Err(TableError::Corrupt) => {
                     return Err(unavailable(&SharedError::Corrupt(key.clone())))
                 }
             };
-            buf.clear();
+            let mut buf = Vec::new();
             table.encode(&mut buf);
-            match data.set(&key, &buf, Some(cas)) {
-                Ok(()) => return Ok(slot.index),
-                Err(router_core::budget::shared::SetError::CasMismatch) => continue,
-                Err(_) => break,
+            Ok(Swap::Write(buf, slot.index))
+        });
+        claimed.map_err(|e| match e {
+            CasError::Step(answer) => {
+                if matches!(answer, Answer::Refused(_)) {
+                    self.stats.refused(budget);
+                }
+                answer
             }
-        }
-        Err(unavailable(&SharedError::Contended(key)))
+            CasError::Host | CasError::Contended => {
+                unavailable(&SharedError::Contended(key.clone()))
+            }
+        })
     }
 
     fn label(&self, key: &LedgerKey) -> String {
@@ -542,6 +544,7 @@ impl Budgets {
         }
         audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
         let mut store = self.store(|k| named(&p.keys, &names, k), now);
+        let mut rate = RateLimit::default();
         let admitted_holds = match &self.ledgers {
             Ledgers::WorkerLeases(worker) => {
                 let mut leases = worker.borrow_mut();
@@ -558,12 +561,28 @@ impl Budgets {
                     }
                 }
                 store = leased.shared;
+                for (shared, _) in &names {
+                    if let Some(seen) = leases.seen(shared, now) {
+                        rate.add(&seen);
+                    }
+                }
                 r
             }
             Ledgers::PerRequest { hold: false } => {
                 charge_after_check(&mut store, &p.keys, p.amount)
             }
-            _ => admit_all(&mut store, &p.keys, p.amount),
+            _ => {
+                let mut seeing = Seeing {
+                    store,
+                    seen: Vec::new(),
+                };
+                let r = admit_all(&mut seeing, &p.keys, p.amount);
+                for seen in &seeing.seen {
+                    rate.add(seen);
+                }
+                store = seeing.store;
+                r
+            }
         };
         let holds = match admitted_holds.map_err(|e| unavailable(&e))? {
             Ok(holds) => holds,
@@ -600,7 +619,9 @@ impl Budgets {
             Ledgers::WorkerLeases(_) => Holding::WorkerLeases(held),
             _ => Holding::Ledgers(held),
         };
-        Ok(Some(admitted(&facts, splice, holding)))
+        let mut a = admitted(&facts, splice, holding);
+        a.metered.rate = Some(rate);
+        Ok(Some(a))
     }
 
     /// The body edits admission makes (ask the stream for usage; cap the completion when
@@ -696,7 +717,10 @@ impl Budgets {
             &states,
         ));
         Some(match admission {
-            Admission::Admitted { .. } => Ok(()),
+            Admission::Admitted { .. } => {
+                m.rate = Some(self.rate_limit_of(&states));
+                Ok(())
+            }
             Admission::Refused(refused) => {
                 for k in &h.keys {
                     self.stats.refused(k.budget);
@@ -887,6 +911,25 @@ impl Budgets {
         }
     }
 
+    /// The rate-limit view of the ledger states in a shared-ledger answer. The service does not
+    /// say when a ledger's spend rolls off: the reset is its window, an upper bound.
+    fn rate_limit_of(&self, states: &[router_core::budget::wire::LedgerState]) -> RateLimit {
+        let mut rate = RateLimit::default();
+        for s in states {
+            let Some(b) = self.compiled.budgets.iter().find(|b| b.name == s.budget) else {
+                continue;
+            };
+            let pico = router_core::budget::money::parse_usd(&s.usd_used).unwrap_or(0);
+            rate.add(&Seen {
+                caps: b.caps,
+                spent: Amount::new(s.tokens_used, pico),
+                held: Amount::new(s.tokens_reserved, 0),
+                reset_ms: b.window_s.saturating_mul(1000),
+            });
+        }
+        rate
+    }
+
     fn refusal(&self, refusal: &Refusal) -> Answer {
         let names: Vec<String> = refusal.refused.iter().map(|k| self.label(k)).collect();
         let window = refusal
@@ -914,6 +957,9 @@ impl Budgets {
         served: Option<usize>,
     ) {
         if (200..300).contains(&status) {
+            if let Some(rate) = &m.rate {
+                crate::budget_headers::send(rate);
+            }
             m.served = served;
             let kind = if streaming {
                 BodyKind::EventStream
@@ -1144,6 +1190,7 @@ fn admitted(
             reader: None,
             served: None,
             out: Vec::new(),
+            rate: None,
         },
         splice,
     }

@@ -11,6 +11,7 @@
 )]
 
 mod budget;
+mod budget_headers;
 mod budget_lease;
 mod budget_remote;
 mod http;

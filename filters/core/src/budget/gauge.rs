@@ -20,7 +20,7 @@
 //! that recorded a state since overtaken sets the newest one on its next tick ([`newest`]), so
 //! every worker's last write to the gauge is the newest state within a tick.
 
-use super::shared::{SetError, SharedData, MAX_CAS_ATTEMPTS};
+use super::shared::{compare_and_swap, SharedData, Swap};
 use super::varint;
 use super::window::Amount;
 
@@ -73,23 +73,15 @@ impl Reading {
 pub fn publish<S: SharedData>(data: &S, key: &str, r: Reading) -> Reading {
     let mut buf = Vec::with_capacity(40);
     r.encode(&mut buf);
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let cas = match data.get(key) {
-            None => ABSENT,
-            Some((bytes, cas)) => match Reading::decode(&bytes) {
-                Some(held) if held.version > r.version => return held,
-                Some(held) if held == r => return r,
-                // Older, equal-versioned, or unreadable: replaced.
-                _ => cas,
-            },
-        };
-        match data.set(key, &buf, Some(cas)) {
-            Ok(()) => return r,
-            Err(SetError::CasMismatch) => continue,
-            Err(SetError::Host) => return r,
-        }
-    }
-    r
+    let kept = compare_and_swap(data, key, Some(ABSENT), |value| {
+        Ok::<_, ()>(match value.as_deref().map(Reading::decode) {
+            Some(Some(held)) if held.version > r.version => Swap::Keep(held),
+            Some(Some(held)) if held == r => Swap::Keep(r),
+            // Absent, older, equal-versioned, or unreadable: replaced.
+            _ => Swap::Write(&buf, r),
+        })
+    });
+    kept.unwrap_or(r)
 }
 
 /// What a worker's tick does with a ledger whose gauges it set from `set`, given the newest

@@ -15,7 +15,7 @@
 
 use super::ledger::Caps;
 use super::money::parse_usd;
-use super::shared::{SetError, SharedData, SharedError, MAX_CAS_ATTEMPTS};
+use super::shared::{compare_and_swap, SharedData, SharedError, Swap};
 use super::window::Amount;
 use serde::{Deserialize, Serialize};
 
@@ -596,26 +596,21 @@ pub fn update<S: SharedData, T>(
     key: &str,
     mut change: impl FnMut(&mut LeaseState) -> (bool, T),
 ) -> Result<T, SharedError> {
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let (mut state, cas) = match data.get(key) {
-            Some((bytes, cas)) if !bytes.is_empty() => (
-                LeaseState::decode(&bytes).map_err(|_| SharedError::Corrupt(key.to_string()))?,
-                Some(cas),
-            ),
-            Some((_, cas)) => (LeaseState::default(), Some(cas)),
-            None => (LeaseState::default(), None),
+    compare_and_swap(data, key, None, |value| {
+        let mut state = match value {
+            Some(bytes) if !bytes.is_empty() => {
+                LeaseState::decode(&bytes).map_err(|_| SharedError::Corrupt(key.to_string()))?
+            }
+            _ => LeaseState::default(),
         };
         let (changed, out) = change(&mut state);
-        if !changed {
-            return Ok(out);
-        }
-        match data.set(key, &state.encode(), cas) {
-            Ok(()) => return Ok(out),
-            Err(SetError::CasMismatch) => continue,
-            Err(SetError::Host) => return Err(SharedError::Contended(key.to_string())),
-        }
-    }
-    Err(SharedError::Contended(key.to_string()))
+        Ok(if changed {
+            Swap::Write(state.encode(), out)
+        } else {
+            Swap::Keep(out)
+        })
+    })
+    .map_err(|e| SharedError::from_cas(key, e))
 }
 
 /// What [`admit_all`] did.
@@ -728,26 +723,7 @@ pub fn settle_all<S: SharedData>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::RefCell;
-    use std::collections::HashMap;
-
-    #[derive(Default)]
-    struct Mem(RefCell<HashMap<String, (Vec<u8>, u32)>>);
-
-    impl SharedData for Mem {
-        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-            self.0.borrow().get(key).cloned()
-        }
-        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
-            let mut m = self.0.borrow_mut();
-            let cur = m.get(key).map(|(_, c)| *c);
-            if cas.is_some() && cas != cur {
-                return Err(SetError::CasMismatch);
-            }
-            m.insert(key.into(), (value.to_vec(), cur.unwrap_or(0) + 1));
-            Ok(())
-        }
-    }
+    use crate::budget::test_store::Envoyish as Mem;
 
     fn lease(granted: u64) -> LeaseState {
         LeaseState {

@@ -92,6 +92,13 @@ pub struct Ledger {
     b: Vec<u8>,
 }
 
+/// What shared data stores for it (its bytes as they are).
+impl AsRef<[u8]> for Ledger {
+    fn as_ref(&self) -> &[u8] {
+        &self.b
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CodecError {
     Truncated,
@@ -267,6 +274,12 @@ impl Ledger {
         self.spent_ring(shape)
             .quiet_at(&shape.window, now_ms)
             .max(self.held_ring(shape).quiet_at(&shape.hold, now_ms))
+    }
+
+    /// When everything spent has rolled off (now when nothing is): the whole cap is back once
+    /// the requests in flight end.
+    pub fn spent_quiet_at(&self, shape: &Shape, now_ms: u64) -> u64 {
+        self.spent_ring(shape).quiet_at(&shape.window, now_ms)
     }
 
     /// The bytes [`Ledger::encode`] writes for `shape` (every ledger of a shape is this long).

@@ -18,6 +18,7 @@
 //! - [`lease_slots`]: team leases: a fixed table of lease slots per team budget.
 //! - [`worker_lease`]: worker leases over the embedded ledgers: admission in a worker's memory.
 //! - [`reply`]: the 429 and 503 answers.
+//! - [`ratelimit`]: the `x-ratelimit-*` headers of budgeted responses.
 //! - [`plan`]: the budget step of one request: what to reserve where, what to charge.
 
 pub mod admit;
@@ -30,6 +31,7 @@ pub mod lease_slots;
 pub mod ledger;
 pub mod money;
 pub mod plan;
+pub mod ratelimit;
 pub mod remote;
 pub mod reply;
 pub mod shared;

@@ -12,6 +12,7 @@
 use super::admit::{LedgerKey, LedgerStore};
 use super::gauge::Reading;
 use super::ledger::{Caps, Hold, Ledger, Shape, Wait};
+use super::ratelimit::Seen;
 use super::window::Amount;
 
 /// Attempts per update before giving up: each failed CAS means another request's update went
@@ -24,6 +25,63 @@ pub trait SharedData {
     fn get(&self, key: &str) -> Option<(Vec<u8>, u32)>;
     /// Writes `value` if the key's token is still `cas` (`None`: unconditionally).
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError>;
+}
+
+/// What one attempt of [`compare_and_swap`] decided from the value it read.
+pub enum Swap<T, V> {
+    /// Nothing to write: the answer.
+    Keep(T),
+    /// Write `V` if nobody wrote since the read, then answer `T`.
+    Write(V, T),
+}
+
+/// Why [`compare_and_swap`] gave up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CasError<E> {
+    /// The step refused the value it read.
+    Step(E),
+    /// The host failed the write.
+    Host,
+    /// [`MAX_CAS_ATTEMPTS`] writes were lost to other writers.
+    Contended,
+}
+
+/// The one read → change → compare-and-swap loop over shared data: `step` decides from the
+/// value under `key` (`None`: absent), its write lands only if nobody wrote since the read, and
+/// a lost race runs `step` again on the newer value (so `step` must depend only on the value it
+/// is given). An absent key is written with the token `absent` (`None`: unconditionally; Envoy
+/// accepts any token for a key that does not exist).
+pub fn compare_and_swap<S: SharedData + ?Sized, T, V: AsRef<[u8]>, E>(
+    data: &S,
+    key: &str,
+    absent: Option<u32>,
+    mut step: impl FnMut(Option<Vec<u8>>) -> Result<Swap<T, V>, E>,
+) -> Result<T, CasError<E>> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (value, cas) = match data.get(key) {
+            Some((v, cas)) => (Some(v), Some(cas)),
+            None => (None, absent),
+        };
+        match step(value).map_err(CasError::Step)? {
+            Swap::Keep(out) => return Ok(out),
+            Swap::Write(v, out) => match data.set(key, v.as_ref(), cas) {
+                Ok(()) => return Ok(out),
+                Err(SetError::CasMismatch) => continue,
+                Err(SetError::Host) => return Err(CasError::Host),
+            },
+        }
+    }
+    Err(CasError::Contended)
+}
+
+impl SharedError {
+    /// A [`compare_and_swap`] on `key` that gave up, as the ledgers report it.
+    pub fn from_cas(key: &str, e: CasError<SharedError>) -> SharedError {
+        match e {
+            CasError::Step(e) => e,
+            CasError::Host | CasError::Contended => SharedError::Contended(key.to_string()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,27 +148,21 @@ impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> SharedLed
         mut change: impl FnMut(&mut Ledger, &Shape, &Caps, u64) -> T,
     ) -> Result<T, SharedError> {
         let l = (self.ledger)(key).ok_or_else(|| SharedError::Missing(format!("{key:?}")))?;
-        for _ in 0..MAX_CAS_ATTEMPTS {
-            let (bytes, cas) = self
-                .data
-                .get(l.key)
-                .ok_or_else(|| SharedError::Missing(l.key.to_string()))?;
+        compare_and_swap(self.data, l.key, None, |bytes| {
+            let bytes = bytes.ok_or_else(|| SharedError::Missing(l.key.to_string()))?;
             // In place: the bytes shared data handed over are the ledger, changed where they
             // are and written back as they are.
             let mut ledger = Ledger::from_vec(bytes, &l.shape, self.now_ms)
                 .map_err(|e| SharedError::Corrupt(format!("{}: {e:?}", l.key)))?;
             let seq = ledger.seq();
             let out = change(&mut ledger, &l.shape, &l.caps, self.now_ms);
-            if ledger.seq() == seq {
-                return Ok(out);
-            }
-            match self.data.set(l.key, ledger.as_bytes(), Some(cas)) {
-                Ok(()) => return Ok(out),
-                Err(SetError::CasMismatch) => continue,
-                Err(SetError::Host) => return Err(SharedError::Contended(l.key.to_string())),
-            }
-        }
-        Err(SharedError::Contended(l.key.to_string()))
+            Ok(if ledger.seq() == seq {
+                Swap::Keep(out)
+            } else {
+                Swap::Write(ledger, out)
+            })
+        })
+        .map_err(|e| SharedError::from_cas(l.key, e))
     }
 
     /// Drops `hold` (if any) and charges `actual` (zero: a release), in one compare-and-swap,
@@ -156,6 +208,47 @@ impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> LedgerSto
 
     fn check(&mut self, key: &LedgerKey, amount: Amount) -> Result<Result<(), Wait>, SharedError> {
         self.update(key, |l, shape, caps, now| l.check(shape, caps, amount, now))
+    }
+}
+
+/// A [`LedgerStore`] over [`SharedLedgers`] that also keeps what each reserve left of its
+/// ledger (the rate-limit headers), seen inside the reserve's own compare-and-swap: no extra
+/// read.
+pub struct Seeing<'a, S: SharedData, F> {
+    pub store: SharedLedgers<'a, S, F>,
+    pub seen: Vec<Seen>,
+}
+
+impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> LedgerStore
+    for Seeing<'_, S, F>
+{
+    type Error = SharedError;
+
+    fn reserve(
+        &mut self,
+        key: &LedgerKey,
+        amount: Amount,
+    ) -> Result<Result<Hold, Wait>, SharedError> {
+        let r = self.store.update(key, |l, shape, caps, now| {
+            let r = l.try_reserve(shape, caps, amount, now);
+            let seen = r.is_ok().then(|| Seen {
+                caps: *caps,
+                spent: l.spent(shape, now),
+                held: l.held(shape, now),
+                reset_ms: l.spent_quiet_at(shape, now).saturating_sub(now),
+            });
+            (r, seen)
+        })?;
+        self.seen.extend(r.1);
+        Ok(r.0)
+    }
+
+    fn release(&mut self, key: &LedgerKey, hold: &Hold) -> Result<(), SharedError> {
+        self.store.release(key, hold)
+    }
+
+    fn check(&mut self, key: &LedgerKey, amount: Amount) -> Result<Result<(), Wait>, SharedError> {
+        self.store.check(key, amount)
     }
 }
 

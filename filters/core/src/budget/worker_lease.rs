@@ -26,6 +26,7 @@
 use super::admit::{LedgerKey, LedgerStore};
 use super::gauge::Reading;
 use super::ledger::{Caps, Hold, Ledger, Shape, Wait};
+use super::ratelimit::Seen;
 use super::shared::{reading, SharedData, SharedError, SharedLedger, SharedLedgers};
 use super::window::Amount;
 use std::rc::Rc;
@@ -61,6 +62,17 @@ pub struct WorkerLease {
     largest: Amount,
     /// The last renewal leased no room: requests that end renew at once ([`Leases::end`]).
     exact: bool,
+    /// The ledger as the last renewal left it, less this lease's hold.
+    view: View,
+}
+
+/// A ledger as a renewal left it, less the renewing lease's own hold: what the rest of the
+/// gateway spends and holds there (for the rate-limit headers, with no ledger read).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct View {
+    spent: Amount,
+    others_held: Amount,
+    spent_quiet_at: u64,
 }
 
 /// What a renewal is for.
@@ -85,6 +97,7 @@ pub struct Renewal {
     now_ms: u64,
     /// `Ask::Admit` refused: how long until the request would fit.
     pub refused: Option<Wait>,
+    view: View,
     /// The ledger as the renewal left it (its gauges).
     pub reading: Reading,
 }
@@ -226,6 +239,11 @@ impl WorkerLease {
                 Amount::new(free(caps.tokens, used.tokens), free(caps.pico, used.pico))
             }
         };
+        let view = View {
+            spent: l.spent(shape, now_ms),
+            others_held: l.held(shape, now_ms).minus(held),
+            spent_quiet_at: l.spent_quiet_at(shape, now_ms),
+        };
         let granted = held.plus(take).plus(room);
         let more = if hold_room { take.plus(room) } else { take };
         if !more.is_zero() {
@@ -242,6 +260,7 @@ impl WorkerLease {
             exact: room.is_zero(),
             now_ms,
             refused,
+            view,
             reading: reading(l, shape, now_ms),
         }
     }
@@ -256,6 +275,7 @@ impl WorkerLease {
         self.demand = Amount::ZERO;
         self.largest = Amount::ZERO;
         self.exact = r.exact;
+        self.view = r.view;
         if let Some(b) = r.admitted {
             self.admitted = self.admitted.plus(b);
         }
@@ -309,6 +329,23 @@ impl Leases {
 
     pub fn len(&self) -> usize {
         self.by_ledger.len()
+    }
+
+    /// The ledger under `ledger` as this worker sees it now: as its lease's last renewal left
+    /// it, plus what the lease has in flight and charged since (no shared-data call).
+    pub fn seen(&self, ledger: &str, now_ms: u64) -> Option<Seen> {
+        let l = self.by_ledger.get(ledger)?;
+        let (lease, window_ms) = (&l.lease, l.shape.window.lifetime_ms);
+        let own_latest = lease.used.iter().map(|&(_, t, _)| t).max();
+        let quiet = own_latest.map_or(lease.view.spent_quiet_at, |t| {
+            lease.view.spent_quiet_at.max(t.saturating_add(window_ms))
+        });
+        Some(Seen {
+            caps: l.caps,
+            spent: lease.view.spent.plus(lease.used_total),
+            held: lease.view.others_held.plus(lease.admitted),
+            reset_ms: quiet.saturating_sub(now_ms),
+        })
     }
 
     pub fn is_empty(&self) -> bool {

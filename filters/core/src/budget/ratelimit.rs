@@ -1,0 +1,201 @@
+//! The rate-limit headers a budgeted response carries: OpenAI's `x-ratelimit-*-tokens` for the
+//! tightest token cap the request was under, and the same three in USD under our own names for
+//! the tightest USD cap (docs/budgets.md "Answers clients get").
+//!
+//! "Tightest" is the ledger with the least room left; `remaining` is what a request admitted now
+//! could still reserve there (cap − spent − held, the answering request's own hold included, as
+//! OpenAI counts a request's own tokens); `reset` is the time until everything that ledger has
+//! spent has rolled off (its full cap is back), in OpenAI's duration format (`6m0s`, `1s`,
+//! `250ms`).
+
+use super::ledger::Caps;
+use super::money::format_usd;
+use super::window::Amount;
+
+pub const LIMIT_TOKENS: &str = "x-ratelimit-limit-tokens";
+pub const REMAINING_TOKENS: &str = "x-ratelimit-remaining-tokens";
+pub const RESET_TOKENS: &str = "x-ratelimit-reset-tokens";
+pub const LIMIT_USD: &str = "x-llmkube-ratelimit-limit-usd";
+pub const REMAINING_USD: &str = "x-llmkube-ratelimit-remaining-usd";
+pub const RESET_USD: &str = "x-llmkube-ratelimit-reset-usd";
+
+/// One ledger as the answering gateway sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub caps: Caps,
+    /// Spent in the window.
+    pub spent: Amount,
+    /// Held by requests in flight (leases: only what they admitted).
+    pub held: Amount,
+    /// Until everything spent has rolled off.
+    pub reset_ms: u64,
+}
+
+/// One cap's room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset_ms: u64,
+}
+
+impl Room {
+    fn of(cap: Option<u64>, spent: u64, held: u64, reset_ms: u64) -> Option<Room> {
+        let limit = cap?;
+        Some(Room {
+            limit,
+            remaining: limit.saturating_sub(spent.saturating_add(held)),
+            reset_ms,
+        })
+    }
+
+    /// The tighter of two: less room, then the later reset.
+    fn tighter(a: Option<Room>, b: Option<Room>) -> Option<Room> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(if (b.remaining, a.reset_ms) < (a.remaining, b.reset_ms) {
+                b
+            } else {
+                a
+            }),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The tightest token cap and the tightest USD cap of the ledgers a request is under.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateLimit {
+    pub tokens: Option<Room>,
+    /// In pico-dollars.
+    pub usd: Option<Room>,
+}
+
+impl RateLimit {
+    /// Counts ledger `s` in.
+    pub fn add(&mut self, s: &Seen) {
+        let tokens = Room::of(s.caps.tokens, s.spent.tokens, s.held.tokens, s.reset_ms);
+        let usd = Room::of(s.caps.pico, s.spent.pico, s.held.pico, s.reset_ms);
+        self.tokens = Room::tighter(self.tokens, tokens);
+        self.usd = Room::tighter(self.usd, usd);
+    }
+
+    /// The headers, by name and value.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::with_capacity(6);
+        if let Some(r) = self.tokens {
+            out.push((LIMIT_TOKENS, r.limit.to_string()));
+            out.push((REMAINING_TOKENS, r.remaining.to_string()));
+            out.push((RESET_TOKENS, duration(r.reset_ms)));
+        }
+        if let Some(r) = self.usd {
+            out.push((LIMIT_USD, format_usd(r.limit)));
+            out.push((REMAINING_USD, format_usd(r.remaining)));
+            out.push((RESET_USD, duration(r.reset_ms)));
+        }
+        out
+    }
+}
+
+/// `ms` as OpenAI writes its resets (Go's duration format at millisecond precision): `0s`,
+/// `250ms`, `1s`, `8.64s`, `6m0s`, `1h0m0s`.
+pub fn duration(ms: u64) -> String {
+    if ms == 0 {
+        return "0s".into();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (h, m) = (ms / 3_600_000, ms / 60_000 % 60);
+    let (s, frac) = (ms / 1000 % 60, ms % 1000);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if h > 0 || m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    out.push_str(&s.to_string());
+    if frac > 0 {
+        let f = format!("{frac:03}");
+        out.push('.');
+        out.push_str(f.trim_end_matches('0'));
+    }
+    out.push('s');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_openai_writes_them() {
+        for (ms, want) in [
+            (0, "0s"),
+            (1, "1ms"),
+            (250, "250ms"),
+            (1000, "1s"),
+            (8640, "8.64s"),
+            (60_000, "1m0s"),
+            (360_000, "6m0s"),
+            (3_599_001, "59m59.001s"),
+            (3_600_000, "1h0m0s"),
+            (90_061_500, "25h1m1.5s"),
+        ] {
+            assert_eq!(duration(ms), want, "{ms}");
+        }
+    }
+
+    fn seen(
+        tokens: Option<u64>,
+        pico: Option<u64>,
+        spent: Amount,
+        held: Amount,
+        reset: u64,
+    ) -> Seen {
+        Seen {
+            caps: Caps { tokens, pico },
+            spent,
+            held,
+            reset_ms: reset,
+        }
+    }
+
+    #[test]
+    fn the_tightest_cap_of_each_kind_answers() {
+        let mut r = RateLimit::default();
+        // Tokens: 1000 − 300 − 100 = 600 left.
+        r.add(&seen(
+            Some(1000),
+            None,
+            Amount::new(300, 0),
+            Amount::new(100, 0),
+            5_000,
+        ));
+        // Tokens: 5000 − 4800 = 200 left (tighter); USD: 2 $ − 0.5 $ − 0.25 $ held.
+        r.add(&seen(
+            Some(5000),
+            Some(2_000_000_000_000),
+            Amount::new(4800, 500_000_000_000),
+            Amount::new(0, 250_000_000_000),
+            60_000,
+        ));
+        // Over its cap (a window changed): no room, not an underflow.
+        let mut over = RateLimit::default();
+        over.add(&seen(Some(10), None, Amount::new(30, 0), Amount::ZERO, 1));
+        assert_eq!(over.tokens.map(|r| r.remaining), Some(0));
+        let h = r.headers();
+        let get = |n: &str| h.iter().find(|(k, _)| *k == n).map(|(_, v)| v.as_str());
+        assert_eq!(get(LIMIT_TOKENS), Some("5000"));
+        assert_eq!(get(REMAINING_TOKENS), Some("200"));
+        assert_eq!(get(RESET_TOKENS), Some("1m0s"));
+        assert_eq!(get(LIMIT_USD), Some("2.0"));
+        assert_eq!(get(REMAINING_USD), Some("1.25"));
+        assert_eq!(get(RESET_USD), Some("1m0s"));
+        // No USD cap anywhere: no USD headers.
+        let mut t = RateLimit::default();
+        t.add(&seen(Some(1), None, Amount::ZERO, Amount::ZERO, 0));
+        assert_eq!(t.headers().len(), 3);
+        assert_eq!(RateLimit::default().headers(), vec![]);
+    }
+}

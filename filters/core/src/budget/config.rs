@@ -32,6 +32,7 @@ pub struct BudgetsConfig {
     /// after the response, as charge-after gateways do, so concurrent requests overshoot the cap.
     /// Exists so the end-to-end test can show the overshoot reservation prevents; the generator
     /// writes it only under a hidden flag.
+    #[cfg(feature = "test-controls")]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unsafe_charge_after: bool,
     /// Embedded ledgers only: one reserve and one settle in the ledger per request instead of
@@ -44,6 +45,7 @@ pub struct BudgetsConfig {
     /// UNSAFE, tests only: worker leases whose room is granted but not held in the ledger
     /// (`worker_lease::Leases::unsafe_unheld`), the end-to-end control that overshoots; the
     /// generator writes it only under a library option.
+    #[cfg(feature = "test-controls")]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unsafe_worker_leases_unheld: bool,
 }
@@ -283,8 +285,9 @@ impl BudgetsConfig {
     /// The one mode the flags name. The test-only controls apply to embedded ledgers only;
     /// `per_request` is ignored with `service` (the shared ledger has its own lease option).
     fn mode(&self) -> Result<Mode, ConfigError> {
+        let (charge_after, unheld) = self.test_controls();
         if let Some(service) = &self.service {
-            if self.unsafe_charge_after || self.unsafe_worker_leases_unheld {
+            if charge_after || unheld {
                 return Err(err(
                     "service".into(),
                     "unsafe_charge_after and unsafe_worker_leases_unheld are for embedded ledgers",
@@ -302,30 +305,38 @@ impl BudgetsConfig {
                 lease,
             });
         }
-        Ok(
-            match (
-                self.unsafe_charge_after,
-                self.unsafe_worker_leases_unheld,
-                self.per_request,
-            ) {
-                (true, true, _) => {
-                    return Err(err(
-                        "unsafe_charge_after".into(),
-                        "one test control at a time",
-                    ))
-                }
-                (true, false, _) => Mode::Unsafe(UnsafeMode::ChargeAfter),
-                (false, true, false) => Mode::Unsafe(UnsafeMode::WorkerLeasesUnheld),
-                (false, true, true) => {
-                    return Err(err(
-                        "unsafe_worker_leases_unheld".into(),
-                        "only with worker leases (not per_request)",
-                    ))
-                }
-                (false, false, true) => Mode::PerRequest,
-                (false, false, false) => Mode::WorkerLeases,
-            },
-        )
+        Ok(match (charge_after, unheld, self.per_request) {
+            (true, true, _) => {
+                return Err(err(
+                    "unsafe_charge_after".into(),
+                    "one test control at a time",
+                ))
+            }
+            (true, false, _) => Mode::Unsafe(UnsafeMode::ChargeAfter),
+            (false, true, false) => Mode::Unsafe(UnsafeMode::WorkerLeasesUnheld),
+            (false, true, true) => {
+                return Err(err(
+                    "unsafe_worker_leases_unheld".into(),
+                    "only with worker leases (not per_request)",
+                ))
+            }
+            (false, false, true) => Mode::PerRequest,
+            (false, false, false) => Mode::WorkerLeases,
+        })
+    }
+}
+
+impl BudgetsConfig {
+    /// `unsafe_charge_after` and `unsafe_worker_leases_unheld`: fields only a filter built with
+    /// `test-controls` knows (the shipped one refuses them as unknown).
+    #[cfg(feature = "test-controls")]
+    fn test_controls(&self) -> (bool, bool) {
+        (self.unsafe_charge_after, self.unsafe_worker_leases_unheld)
+    }
+
+    #[cfg(not(feature = "test-controls"))]
+    fn test_controls(&self) -> (bool, bool) {
+        (false, false)
     }
 }
 
@@ -449,6 +460,12 @@ mod tests {
             mode(r#","service":{"cluster":"c","lease":{"max_tokens":5}}"#),
             Ok(Mode::Shared { lease: Some(_), .. })
         ));
+        test_controls(&mode);
+    }
+
+    /// The test-only controls are modes of their own in a filter built for the tests…
+    #[cfg(feature = "test-controls")]
+    fn test_controls(mode: &dyn Fn(&str) -> Result<Mode, String>) {
         assert_eq!(
             mode(r#","unsafe_charge_after":true"#),
             Ok(Mode::Unsafe(UnsafeMode::ChargeAfter))
@@ -463,6 +480,19 @@ mod tests {
             r#","per_request":true,"unsafe_worker_leases_unheld":true"#,
         ] {
             assert!(mode(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// …and unknown fields, refused, in the shipped one.
+    #[cfg(not(feature = "test-controls"))]
+    fn test_controls(mode: &dyn Fn(&str) -> Result<Mode, String>) {
+        for control in [
+            r#","unsafe_charge_after":true"#,
+            r#","unsafe_worker_leases_unheld":true"#,
+            r#","service":{"cluster":"c","lease":{"max_tokens":5,"unsafe_lease_unheld":true}}"#,
+        ] {
+            let e = mode(control).unwrap_err();
+            assert!(e.contains("unknown field"), "{control}: {e}");
         }
     }
 }

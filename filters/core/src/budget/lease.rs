@@ -52,6 +52,7 @@ pub struct LeaseConfig {
     /// UNSAFE, tests only: leases are granted without being held in Redis (and without the
     /// split over leaseholders), so other gateways do not see them: the end-to-end control that
     /// shows the hold is what keeps the bound.
+    #[cfg(feature = "test-controls")]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unsafe_lease_unheld: bool,
 }
@@ -110,7 +111,10 @@ impl LeaseConfig {
             max_pico,
             report_ms: self.report_ms,
             team_slots: self.team_slots,
+            #[cfg(feature = "test-controls")]
             unheld: self.unsafe_lease_unheld,
+            #[cfg(not(feature = "test-controls"))]
+            unheld: false,
         })
     }
 }

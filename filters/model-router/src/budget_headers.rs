@@ -6,12 +6,12 @@ use router_core::budget::ratelimit::RateLimit;
 /// Sets the headers on the response going to the client. A header that cannot be set is
 /// logged and left out: the response itself goes on.
 pub(crate) fn send(rate: &RateLimit) {
-    for (name, value) in rate.headers() {
-        if let Err(e) = edge::set_header(Map::ResponseHeaders, name, &value) {
+    rate.each_header(|name, value| {
+        if let Err(e) = edge::set_header(Map::ResponseHeaders, name, value) {
             edge::log(
                 Level::Warn,
                 &format!("model-router: budgets: setting {name}: {e}"),
             );
         }
-    }
+    });
 }

@@ -82,46 +82,111 @@ impl RateLimit {
     /// The headers, by name and value.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::with_capacity(6);
+        self.each_header(|name, value| out.push((name, value.to_string())));
+        out
+    }
+
+    /// Hands each header to `set`, its value formatted on the stack (no allocation for the
+    /// token headers: they go on every budgeted response).
+    pub fn each_header(&self, mut set: impl FnMut(&'static str, &str)) {
+        let mut buf = Text::default();
         if let Some(r) = self.tokens {
-            out.push((LIMIT_TOKENS, r.limit.to_string()));
-            out.push((REMAINING_TOKENS, r.remaining.to_string()));
-            out.push((RESET_TOKENS, duration(r.reset_ms)));
+            set(LIMIT_TOKENS, buf.decimal(r.limit));
+            set(REMAINING_TOKENS, buf.decimal(r.remaining));
+            set(RESET_TOKENS, buf.duration(r.reset_ms));
         }
         if let Some(r) = self.usd {
-            out.push((LIMIT_USD, format_usd(r.limit)));
-            out.push((REMAINING_USD, format_usd(r.remaining)));
-            out.push((RESET_USD, duration(r.reset_ms)));
+            set(LIMIT_USD, &format_usd(r.limit));
+            set(REMAINING_USD, &format_usd(r.remaining));
+            set(RESET_USD, buf.duration(r.reset_ms));
         }
-        out
+    }
+}
+
+/// A header value built on the stack: ASCII digits and units, at most 40 bytes (a `u64` of
+/// milliseconds as a duration is 25).
+struct Text {
+    b: [u8; 40],
+    n: usize,
+}
+
+impl Default for Text {
+    fn default() -> Text {
+        Text { b: [0; 40], n: 0 }
+    }
+}
+
+impl Text {
+    fn push(&mut self, bytes: &[u8]) {
+        let end = (self.n + bytes.len()).min(self.b.len());
+        self.b[self.n..end].copy_from_slice(&bytes[..end - self.n]);
+        self.n = end;
+    }
+
+    fn push_decimal(&mut self, mut v: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..]);
+    }
+
+    fn as_str(&self) -> &str {
+        // Only ASCII is ever pushed.
+        std::str::from_utf8(&self.b[..self.n]).unwrap_or("")
+    }
+
+    fn decimal(&mut self, v: u64) -> &str {
+        self.n = 0;
+        self.push_decimal(v);
+        self.as_str()
+    }
+
+    /// Go's duration format at millisecond precision, as OpenAI writes its resets.
+    fn duration(&mut self, ms: u64) -> &str {
+        self.n = 0;
+        if ms == 0 {
+            self.push(b"0s");
+            return self.as_str();
+        }
+        if ms < 1000 {
+            self.push_decimal(ms);
+            self.push(b"ms");
+            return self.as_str();
+        }
+        let (h, m) = (ms / 3_600_000, ms / 60_000 % 60);
+        let (s, frac) = (ms / 1000 % 60, ms % 1000);
+        if h > 0 {
+            self.push_decimal(h);
+            self.push(b"h");
+        }
+        if h > 0 || m > 0 {
+            self.push_decimal(m);
+            self.push(b"m");
+        }
+        self.push_decimal(s);
+        if frac > 0 {
+            // Three digits, trailing zeros dropped: 500 → ".5", 40 → ".04".
+            let digits = [frac / 100, frac / 10 % 10, frac % 10].map(|d| b'0' + d as u8);
+            let kept = digits.iter().rposition(|&d| d != b'0').map_or(0, |p| p + 1);
+            self.push(b".");
+            self.push(&digits[..kept]);
+        }
+        self.push(b"s");
+        self.as_str()
     }
 }
 
 /// `ms` as OpenAI writes its resets (Go's duration format at millisecond precision): `0s`,
 /// `250ms`, `1s`, `8.64s`, `6m0s`, `1h0m0s`.
 pub fn duration(ms: u64) -> String {
-    if ms == 0 {
-        return "0s".into();
-    }
-    if ms < 1000 {
-        return format!("{ms}ms");
-    }
-    let (h, m) = (ms / 3_600_000, ms / 60_000 % 60);
-    let (s, frac) = (ms / 1000 % 60, ms % 1000);
-    let mut out = String::new();
-    if h > 0 {
-        out.push_str(&format!("{h}h"));
-    }
-    if h > 0 || m > 0 {
-        out.push_str(&format!("{m}m"));
-    }
-    out.push_str(&s.to_string());
-    if frac > 0 {
-        let f = format!("{frac:03}");
-        out.push('.');
-        out.push_str(f.trim_end_matches('0'));
-    }
-    out.push('s');
-    out
+    Text::default().duration(ms).to_string()
 }
 
 #[cfg(test)]
@@ -141,6 +206,8 @@ mod tests {
             (3_599_001, "59m59.001s"),
             (3_600_000, "1h0m0s"),
             (90_061_500, "25h1m1.5s"),
+            (61_040, "1m1.04s"),
+            (u64::MAX, "5124095576030h25m51.615s"),
         ] {
             assert_eq!(duration(ms), want, "{ms}");
         }

@@ -9,10 +9,10 @@
 use crate::allow::Allowlists;
 use crate::config::{PluginConfig, Strategy, TaskComplexity, Tier};
 use crate::errors::ApiError;
-use crate::explain::{Miss, Signals};
 use crate::glob::Glob;
 use crate::orders;
 use crate::provider::Provider;
+use crate::verdict::{Miss, Signals};
 use hashbrown::HashMap;
 
 #[derive(Debug)]

@@ -76,8 +76,14 @@ impl HeaderMap {
         map: Map,
         names: impl IntoIterator<Item = &'a str>,
     ) -> HostResult<()> {
+        // Names of lengths no header has are absent without a look at the headers (a request
+        // usually sends none of the names, and few headers share a length with one).
+        let lengths = self
+            .entries
+            .iter()
+            .fold(0u64, |m, e| m | length_bit(e.name.1 - e.name.0));
         for name in names {
-            if self.contains(name) {
+            if lengths & length_bit(name.len()) != 0 && self.contains(name) {
                 remove_header(map, name)?;
                 let raw = &self.raw;
                 self.entries.retain(|e| {
@@ -89,6 +95,11 @@ impl HeaderMap {
         }
         Ok(())
     }
+}
+
+/// One bit per name length below 63; every longer length shares the last bit.
+fn length_bit(len: usize) -> u64 {
+    1 << len.min(63)
 }
 
 /// A header map of the current stream, indexed in place ([`HeaderMap`]).

@@ -78,6 +78,9 @@ pub struct Knobs {
     pub include_usage: Option<bool>,
     /// Offset of the body's opening `{` (after any leading whitespace).
     pub open: usize,
+    /// A message of `messages` has a `tool_calls` key (its arguments reach the chat template:
+    /// `budget::template`).
+    pub tool_calls: bool,
 }
 
 /// Reusable state, so a filter scans request after request without re-allocating. It also
@@ -387,6 +390,11 @@ impl Scanner {
                         } else if depth == 2 {
                             self.at.at_include_usage =
                                 self.at.top_key == TopKey::StreamOptions && key == "include_usage";
+                        } else if depth == 3
+                            && self.at.top_key == TopKey::Messages
+                            && key == "tool_calls"
+                        {
+                            self.at.knobs.tool_calls = true;
                         }
                         self.note_key(fingerprint(&key), &key, depth == 1)?;
                         if p.peek() != Some(b':') {
@@ -1296,6 +1304,27 @@ mod tests {
         let mut s = Scanner::new();
         s.begin();
         assert_eq!(s.resume(br#"{"model":"m",}"#, false), Ok(None));
+    }
+
+    #[test]
+    fn notes_tool_calls_in_messages_only() {
+        let knob = |body: &str| {
+            Scanner::new()
+                .scan(body.as_bytes())
+                .unwrap()
+                .knobs
+                .tool_calls
+        };
+        assert!(knob(
+            r#"{"model":"m","messages":[{"role":"assistant","tool\u005fcalls":[]}]}"#
+        ));
+        assert!(!knob(
+            r#"{"model":"m","tool_calls":[],"messages":[{"role":"user"}]}"#
+        ));
+        assert!(!knob(
+            r#"{"model":"m","messages":[{"role":"user","content":[{"tool_calls":1}]}]}"#
+        ));
+        assert!(!knob(r#"{"model":"m","x":[{"tool_calls":1}]}"#));
     }
 
     #[test]

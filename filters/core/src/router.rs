@@ -312,6 +312,16 @@ impl Router {
         &self.needed_headers
     }
 
+    /// The classification header's name, lower-cased (as [`RequestHeaders`] keeps names).
+    pub fn classification_header(&self) -> &str {
+        &self.classification_header
+    }
+
+    /// The task-complexity header's name, lower-cased.
+    pub fn complexity_header(&self) -> &str {
+        &self.complexity_header
+    }
+
     /// The allowlists step, when `policy.auth.allowlists` is set.
     pub fn allowlists(&self) -> Option<&Allowlists> {
         self.allow.as_ref()

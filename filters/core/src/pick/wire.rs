@@ -2,9 +2,8 @@
 //! [`Config`].
 
 use super::{Config, PrefixAffinity, SessionAffinity, MAX_PODS};
-pub use crate::config::pick::{
-    BoundsWire, PickConfig, PrefixWire, SessionWire, DEFAULT_IDLE_MS, DEFAULT_SCRAPE_MS,
-};
+// The wire types, at the path the pick code names them by.
+pub use crate::config::pick::*;
 
 /// Most blocks remembered per pod (the seed's maximum).
 const MAX_BLOCKS_PER_ENDPOINT: u64 = 262_144;

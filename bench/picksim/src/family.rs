@@ -210,7 +210,7 @@ fn sample(cdf: &[f64], r: &mut Rng) -> usize {
 impl Instance {
     pub fn new(draw: &Draw) -> Instance {
         let d = draw.clone();
-        let mut r = Rng::new(d.seed ^ 0x5EED_0F_F00D);
+        let mut r = Rng::new(d.seed ^ 0x005E_ED0F_F00D);
         let tenants: Vec<Tenant> = (0..d.tenants)
             .map(|_| {
                 let kib = r.range(d.head_kib.0, d.head_kib.1 + 1) as usize;

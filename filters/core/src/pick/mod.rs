@@ -68,11 +68,7 @@ fn nonzero_or(v: u64, otherwise: u64) -> u64 {
 /// Most pods per backend: pod indices are `u16` in tickets, tables and sessions.
 pub const MAX_PODS: usize = 1024;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Mode {
-    RoundRobin,
-    LoadAware,
-}
+pub use crate::config::pick::Mode;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrefixAffinity {

@@ -34,7 +34,7 @@ fn draws_span_the_family_and_report_seeds_are_not_tuning_seeds() {
     assert!(lo == 2.0 && hi == 16.0, "pods {lo}..{hi}");
     let (lo, hi) = span(&|d| d.cache_ratio);
     assert!(
-        lo >= 0.125 && lo < 0.2 && hi <= 4.0 && hi > 3.0,
+        (0.125..0.2).contains(&lo) && hi <= 4.0 && hi > 3.0,
         "cache {lo}..{hi}"
     );
     let (lo, hi) = span(&|d| d.tenants as f64);

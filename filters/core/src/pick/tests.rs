@@ -638,3 +638,105 @@ fn the_engine_count_counts_only_while_the_engine_queues() {
     assert_eq!(run(0.0), 0, "running elsewhere, nothing queued: own count");
     assert_eq!(run(2.0), 5, "queueing: the engine's count");
 }
+
+/// The table forgets what the engine cannot hold: bounded by the KV cache the engine reports
+/// (`cache_config_info`), a prompt sent before enough other prompts to fill that cache is no
+/// longer credited to the pod; without the report the table would still credit it.
+#[test]
+fn the_table_forgets_what_the_engine_reports_it_cannot_hold() {
+    let run = |cache_tokens: Option<f64>| {
+        let mut p = Picker::new(cfg(), &pods(1));
+        // 4 KiB of cache at the assumed 4 bytes per token: 16 blocks of 256 B.
+        p.set_metrics(
+            0,
+            EngineMetrics {
+                cache_tokens,
+                at_ns: S,
+                ..EngineMetrics::default()
+            },
+        );
+        let old = prompt(&text("an old tenant", 2048), 256);
+        let t = pod(p.pick(&req(&old), S));
+        p.release(t, done(), S);
+        for k in 0..4 {
+            let t = pod(p.pick(&req(&prompt(&text(&format!("new {k}"), 2048), 256)), S));
+            p.release(t, done(), S);
+        }
+        (p.tables[0].limit(), p.tables[0].matched_prefix(&old.blocks))
+    };
+    assert_eq!(run(Some(1024.0)), (16, 0), "bounded: forgotten");
+    let (limit, held) = run(None);
+    assert_eq!(limit, 1024);
+    assert!(held >= 7, "unbounded: still credited ({held} blocks)");
+}
+
+/// Where other gateways send to the same pods, the engine's cache also holds their prompts: a
+/// gateway that sent a third of what the engines computed bounds each table to a third of the
+/// reported cache.
+#[test]
+fn among_other_gateways_a_table_holds_its_share_of_the_engine_cache() {
+    let run = |engines_over_own: f64| {
+        let c = cfg();
+        let h = c.recent_half_life_ns;
+        let mut p = Picker::new(c, &pods(1));
+        let mut counters = [0.0];
+        computed_since(&mut p, &mut counters, &[0.0], S);
+        p.loads[0].sent(2 * S, 40_000, h);
+        counters[0] += 40_000.0 * engines_over_own / load::BYTES_PER_TOKEN;
+        p.set_metrics(
+            0,
+            EngineMetrics {
+                computed_tokens: Some(counters[0]),
+                cache_tokens: Some(30_000.0),
+                at_ns: 2 * S,
+                ..EngineMetrics::default()
+            },
+        );
+        p.tables[0].limit()
+    };
+    // 30,000 tokens at 4 bytes in 256-byte blocks: 468 blocks alone, a third with two others.
+    assert_eq!(run(1.0), 468);
+    assert_eq!(run(3.0), 156);
+}
+
+/// A prompt no pod is known to hold goes to its rendezvous home, so one the table forgot (or
+/// another replica placed) returns there; while the home has more than one request in flight
+/// beyond the least loaded pod, the next pod in the same order takes it, alike at every
+/// replica with the same loads.
+#[test]
+fn a_forgotten_prefix_returns_to_its_home_within_the_load_bound() {
+    let mut p = Picker::new(cfg(), &pods(4));
+    let tenant = prompt(&text("a tenant's system prompt", 3000), 256);
+    let t = pod(p.pick(&req(&tenant), 0));
+    let home = t.pod();
+    p.release(t, done(), 0);
+    for t in p.tables.iter_mut() {
+        t.clear();
+    }
+    let t = pod(p.pick(&req(&tenant), 0));
+    assert_eq!(t.pod(), home, "forgotten, back home");
+    p.release(t, done(), 0);
+    for t in p.tables.iter_mut() {
+        t.clear();
+    }
+    // The home two requests ahead of the others: the next pod by rendezvous.
+    let other = prompt(&text("unrelated", 300), 256);
+    let mut q = Picker::new(cfg(), &pods(4));
+    let on_home = |p: &mut Picker| {
+        let allowed: Vec<bool> = (0..4).map(|i| i == home).collect();
+        (0..=place::HOME_SLACK_REQUESTS)
+            .map(|_| pod(p.pick_within(&req(&other), &allowed, 0)))
+            .collect::<Vec<_>>()
+    };
+    let a = on_home(&mut p);
+    let b = on_home(&mut q);
+    let (ta, tb) = (pod(p.pick(&req(&tenant), 0)), pod(q.pick(&req(&tenant), 0)));
+    assert_ne!(ta.pod(), home, "over the bound");
+    assert_eq!(ta.pod(), tb.pod(), "the same next pod at both replicas");
+    for t in a.into_iter().chain([ta]) {
+        p.release(t, done(), 0);
+    }
+    for t in b.into_iter().chain([tb]) {
+        q.release(t, done(), 0);
+    }
+}

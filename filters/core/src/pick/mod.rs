@@ -401,10 +401,10 @@ impl Picker {
             }
         }
 
-        // The home of a prompt no pod holds: a new session's by its key, so every replica and
-        // worker starts it on the same pod whatever its first turn; otherwise the prompt's first
-        // block (the tools or system prompt every request of one application starts with).
-        let home_key = key.or(blocks.first().copied());
+        // The home of a prompt no pod holds: its first block (the tools or system prompt every
+        // request of one application starts with, so a new session starts where its
+        // application's prefix most likely is); a session without a whole block by its key.
+        let home_key = blocks.first().copied().or(key);
         let Some(i) = self.place(&matched, leaving, req.avoid, home_key, prompt_bytes, now) else {
             return Choice::NoEligiblePod;
         };

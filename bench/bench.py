@@ -668,6 +668,9 @@ def main():
                     help="perf record -g on Envoy while each listener (with --outside: L0, L1, "
                          "L2; else all but json_to_metadata) serves the largest body (model last) "
                          "instead of the timed run; writes bench/results/cpu-profile-{generated-bootstrap,listeners}.json")
+    ap.add_argument("--result",
+                    help="with --outside: the name of the result files in bench/results/ "
+                         "(default generated-bootstrap-cost; -partial with --sizes)")
     ap.add_argument("--list-crates", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--render", choices=["quick", "full", "outside"],
                     help="only re-render the mode's bench/results/<result>.json into its .md, no run")

@@ -7,9 +7,11 @@ envoy-examples/router.yaml, so every request meets the generated route table and
     upstream (addresses, DNS types made STATIC, TLS dropped; health checks, outlier detection,
     upstream chains and the internal attempt listeners stay as generated);
   - listeners sharing the generated listener's HTTP connection manager, differing only in HTTP
-    filters: L0 native buffer, L1 buffer + json_to_metadata (top-level `model`), L2 the generated
-    listener's own filter chain;
-  - L0 and L1 requests carry `x-llmkube-route` naming the route L2's filter picks, so all three take
+    filters: L0 native buffer, L1 buffer + json_to_metadata (top-level `model`), LF the floor
+    (bench/floor-filter: a proxy-wasm filter that takes the whole body into wasm memory and does
+    nothing else, in the same wasm runtime as the generated chain), L2 the generated listener's
+    own filter chain;
+  - L0, L1 and LF requests carry `x-llmkube-route` naming the route L2's filter picks, so all take
     the same route (same retry policy, same cluster); without it they would fall to the catch-all
     404 and never send the body upstream (arm L0-404 measures that);
   - 1 connection; bodies of 256 KiB and more on a fresh connection every 20 requests;
@@ -45,6 +47,8 @@ RECONNECT_EVERY = 20
 ROUTE_HEADER = "x-llmkube-route"
 # The generator's failover retry conditions (generator/src/targets/envoy/mod.rs RETRY_ON).
 RETRY_ON = "5xx,reset,connect-failure,refused-stream"
+# The floor arm's module (bench/run builds it: bench/floor-filter, own target dir).
+FLOOR_WASM = B.BENCH / "target" / "wasm32-wasip1" / "release" / "floor_filter.wasm"
 
 
 def generate(workdir: Path) -> dict:
@@ -129,6 +133,20 @@ def with_wasm(filters: list[dict], wasm: Path) -> list[dict]:
     return out
 
 
+def floor_filter(filters: list[dict]) -> dict:
+    """The generated chain's wasm filter (same runtime, same settings) running the floor module:
+    own VM, no plugin configuration."""
+    own = next(f for f in filters if f.get("typed_config", {}).get("config", {}).get("vm_config"))
+    f = copy.deepcopy(own)
+    cfg = f["typed_config"]["config"]
+    cfg["name"] = "floor"
+    cfg.pop("configuration", None)
+    cfg["vm_config"]["vm_id"] = "floor"
+    cfg["vm_config"].pop("configuration", None)
+    cfg["vm_config"]["code"] = {"local": {"filename": str(FLOOR_WASM)}}
+    return f
+
+
 def build(gen: dict, up_port: int, ab: bool,
           compare: Path | None = None) -> tuple[dict, list[dict]]:
     """The bootstrap and its arms: {key, title, port, header (sent by the client)}."""
@@ -148,6 +166,8 @@ def build(gen: dict, up_port: int, ab: bool,
         ("L0", "native buffer", [buf, router], routes, ROUTE_KEY),
         ("L1", "buffer + json_to_metadata", [buf, B.json_to_metadata_filter(), router], routes,
          ROUTE_KEY),
+        ("LF", "floor: a wasm filter that only takes the body", [floor_filter(own), router],
+         routes, ROUTE_KEY),
         ("L2", "generated filter chain", own, routes, ""),
     ]
     if compare:
@@ -172,7 +192,7 @@ def build(gen: dict, up_port: int, ab: bool,
     if ab:
         # Same as L0 / L2 but keep-alive for every size: what the fresh connections cost.
         variants += [(k + "-ka", t + ", no reconnects", f, rc, h)
-                     for k, t, f, rc, h in variants[:3] if k != "L1"]
+                     for k, t, f, rc, h in variants[:4] if k not in ("L1", "LF")]
     arms = []
     for key, title, filters, rc, header in variants:
         port = B.free_port()
@@ -315,8 +335,8 @@ def run(a, started: dt.datetime, mach: dict, envoy_version: str, commit: str) ->
         "summary": summarize(runs, arms, sizes, reps), "envoy_stats": stats, "runs": runs,
     }
     # L2b (--compare-wasm) is one more arm of a full run: the before of a change, side by side.
-    partial = bool(a.sizes)
-    name = B.RESULT_NAMES["outside"] + ("-partial" if partial else "")
+    partial = bool(a.sizes) and not a.result
+    name = a.result or (B.RESULT_NAMES["outside"] + ("-partial" if partial else ""))
     (B.RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     md = render(result)
     print()
@@ -330,21 +350,28 @@ def summarize(runs: list, arms: list[dict], sizes: list[int], reps: int) -> list
         return next(r for r in runs if (r["listener"], r["size"], r["variant"], r["rep"])
                     == (key, size, v, rep))
 
+    keys = {a["key"] for a in arms}
     cells = []
     for size in sizes:
         for v in B.VARIANTS:
             for arm in arms:
                 rs = [get(arm["key"], size, v, rep) for rep in range(reps)]
-                base = [get("L0", size, v, rep) for rep in range(reps)]
-                cells.append({
-                    "listener": arm["key"], "size": size, "variant": v,
-                    "p50_us": B.med([r["latency"]["p50"] for r in rs]),
-                    "cpu_us": B.med([r["cpu_us_per_request"] for r in rs]),
-                    "added_p50_us": B.med([r["latency"]["p50"] - b["latency"]["p50"]
-                                           for r, b in zip(rs, base)]),
-                    "added_cpu_us": B.med([r["cpu_us_per_request"] - b["cpu_us_per_request"]
-                                           for r, b in zip(rs, base)]),
-                })
+                cell = {"listener": arm["key"], "size": size, "variant": v,
+                        "p50_us": B.med([r["latency"]["p50"] for r in rs]),
+                        "cpu_us": B.med([r["cpu_us_per_request"] for r in rs])}
+                # Added over L0 (native buffer) and, with the floor arm, over LF; each paired
+                # per rep (the same rep's runs), then the median and the range over reps.
+                for name, base_key in (("added", "L0"), ("over_floor", "LF")):
+                    if base_key not in keys:
+                        continue
+                    base = [get(base_key, size, v, rep) for rep in range(reps)]
+                    dp = [r["latency"]["p50"] - b["latency"]["p50"] for r, b in zip(rs, base)]
+                    dc = [r["cpu_us_per_request"] - b["cpu_us_per_request"]
+                          for r, b in zip(rs, base)]
+                    cell.update({f"{name}_p50_us": B.med(dp), f"{name}_cpu_us": B.med(dc),
+                                 f"{name}_p50_range": [min(dp), max(dp)],
+                                 f"{name}_cpu_range": [min(dc), max(dc)]})
+                cells.append(cell)
     return cells
 
 
@@ -353,6 +380,50 @@ def paired(res: dict, size: int, v: str) -> float:
     by = {(r["listener"], r["rep"]): r["cpu_us_per_request"] for r in res["runs"]
           if r["size"] == size and r["variant"] == v}
     return B.med([by[("L2", k)] - by[("L2b", k)] for k in range(res["params"]["reps"])])
+
+
+def floor_table(res: dict, cell) -> list[str]:
+    """The chain (and the other build, L2b) over native buffer and over the floor arm LF:
+    medians over reps of paired differences, [min – max] over reps."""
+    if "LF" not in res["arms"]:
+        return []
+    p = res["params"]
+    ours = [k for k in ("L2b", "L2") if k in res["arms"]]
+    names = {"L2": "L2 (this build)", "L2b": f"L2b ({res['arms']['L2b']})"} \
+        if "L2b" in ours else {"L2": "L2 the generated chain"}
+
+    def rng(c, what):
+        lo, hi = c[f"{what}_range"]
+        return f"{B.fmt_us(c[what + '_us'])} [{B.fmt_us(lo)} – {B.fmt_us(hi)}]"
+    L = ["Added cost over native buffer (L0) and over the floor (LF, a wasm filter that only "
+         "takes the body), µs: median over reps of the paired difference [min – max over reps]; "
+         "p50 latency first, Envoy CPU per request second:", "",
+         "| body | model | json_to_metadata over L0, p50 / CPU | floor over L0, p50 / CPU | "
+         + " | ".join(f"{names[k]} over L0, p50 / CPU | {names[k]} over floor, p50 / CPU"
+                      for k in ours) + " |",
+         "|---|---|--:|--:|" + "--:|--:|" * len(ours)]
+    for size in p["sizes"]:
+        for v in p["variants"]:
+            j, f = cell("L1", size, v), cell("LF", size, v)
+            row = [f"{B.fmt_us(j['added_p50_us'])} / {B.fmt_us(j['added_cpu_us'])}",
+                   f"{B.fmt_us(f['added_p50_us'])} / {B.fmt_us(f['added_cpu_us'])}"]
+            for k in ours:
+                o = cell(k, size, v)
+                row += [f"{B.fmt_us(o['added_p50_us'])} / {B.fmt_us(o['added_cpu_us'])}",
+                        f"{rng(o, 'over_floor_p50')} / {rng(o, 'over_floor_cpu')}"]
+            L.append(f"| {B.size_label(size)} | {v} | " + " | ".join(row) + " |")
+    big = [s for s in p["sizes"] if s > 16 * B.KIB]
+    if big:
+        L.append("")
+        for k in ours:
+            for v in p["variants"]:
+                for what, label in (("over_floor_p50_us", "p50"), ("over_floor_cpu_us", "CPU")):
+                    xs = [s / B.KIB for s in p["sizes"]]
+                    ys = [cell(k, s, v)[what] for s in p["sizes"]]
+                    L.append(f"- {names[k]}, model {v}: slope over the floor ({label}) "
+                             f"{B.slope(xs, ys):.3f} µs/KiB over {B.size_label(min(p['sizes']))}"
+                             f" – {B.size_label(max(p['sizes']))}")
+    return L + [""]
 
 
 def render(res: dict) -> str:
@@ -375,6 +446,7 @@ def render(res: dict) -> str:
          f"- machine: {res['machine']['cpu']}, {res['machine']['cores']} cores; load average at "
          f"start {res['machine']['loadavg_start'][0]:.2f}",
          "",
+         *floor_table(res, cell),
          "| body | model | json_to_metadata +p50 / +CPU µs | ours +p50 / +CPU µs | ratio p50 / CPU "
          "| ours ÷ KiB, p50 / CPU | ours marginal µs/KiB over 1 KiB, p50 / CPU |",
          "|---|---|--:|--:|--:|--:|--:|"]

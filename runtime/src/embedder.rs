@@ -4,7 +4,7 @@
 //! property trace): everything observable goes through these traits, so a long-running server
 //! stays bounded and a test kit can capture what it wants to assert on.
 
-use crate::LogLevel;
+use crate::types::{find_header, LogLevel};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -101,7 +101,7 @@ pub struct GrpcMethod {
 
 impl HttpCallRecord {
     pub fn header(&self, name: &str) -> Option<&str> {
-        crate::find_header(&self.headers, name)
+        find_header(&self.headers, name)
     }
 }
 

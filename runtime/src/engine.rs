@@ -1,6 +1,7 @@
 //! One wasmtime engine per process and compiled modules cached by content.
 
-use crate::{abi, wasi, HostState};
+use crate::state::HostState;
+use crate::{abi, wasi};
 use anyhow::{anyhow, Context as _};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -118,7 +119,7 @@ pub fn unsupported_imports(wasm: &[u8]) -> anyhow::Result<Vec<(String, String)>>
 
 fn is_supported_import(module: &str, name: &str) -> bool {
     match module {
-        "env" => abi::FUNCTIONS.contains(&name),
+        "env" => crate::hostcall::FUNCTIONS.contains(&name),
         "wasi_snapshot_preview1" | "wasi_unstable" => wasi::FUNCTIONS.contains(&name),
         _ => false,
     }

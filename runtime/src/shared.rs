@@ -4,7 +4,7 @@
 //! an ext_proc server's pool) sees one store, with Envoy's CAS rules across all of them. Sizes are
 //! bounded: a guest asking for more gets a status code, never more memory.
 
-use crate::Status;
+use crate::types::Status;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 

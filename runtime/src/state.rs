@@ -1,37 +1,10 @@
 //! What the hostcalls see and change: per-stream progress, pending callouts, metrics. Lives
 //! inside the wasmtime Store of one VM.
 
-use crate::{Action, HttpCallRecord, HttpCallReply, VmOptions};
+use crate::embedder::{HttpCallRecord, HttpCallReply};
+use crate::options::VmOptions;
+use crate::types::{find_header, Action, LogLevel};
 use std::collections::{BTreeMap, VecDeque};
-
-/// Bounds on what one VM may hold, whatever the guest or its traffic does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Open HTTP stream contexts; [`crate::Vm::new_http_stream`] refuses more.
-    pub max_streams: usize,
-    /// Bytes one direction of a stream may hold (the body the filter buffers plus the data held
-    /// while it stopped iteration). Beyond it the host answers 413 itself, as Envoy does when a
-    /// buffering filter exceeds its buffer limit, and the filter sees no more of the stream.
-    pub max_buffered_body: usize,
-    /// `proxy_http_call`s waiting for an answer; more fail with InternalFailure.
-    pub max_pending_calls: usize,
-    /// Distinct metrics a guest may define; more fail with InternalFailure.
-    pub max_metrics: usize,
-    /// Recent histogram values kept per histogram (count and sum cover all of them).
-    pub histogram_samples: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_streams: 4096,
-            max_buffered_body: 32 << 20,
-            max_pending_calls: 1024,
-            max_metrics: 1024,
-            histogram_samples: 1024,
-        }
-    }
-}
 
 /// A reply the filter generated itself with `proxy_send_local_response`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,7 +18,7 @@ pub struct LocalResponse {
 
 impl LocalResponse {
     pub fn header(&self, name: &str) -> Option<&str> {
-        crate::find_header(&self.headers, name)
+        find_header(&self.headers, name)
     }
     pub fn body_str(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
@@ -194,7 +167,7 @@ pub(crate) struct HostState {
 }
 
 impl HostState {
-    pub fn log(&self, level: crate::LogLevel, message: &str) {
+    pub fn log(&self, level: LogLevel, message: &str) {
         self.opts.log_sink.log(level, message);
     }
 }

@@ -1,110 +1,27 @@
 //! One VM of a plugin: a wasmtime Store + Instance and the stream state Envoy would keep for it,
 //! driven callback by callback.
 
+use crate::abi::grpc;
+use crate::embedder::{Clock, HttpCallReply, SystemClock};
 use crate::engine::{engine, linker, WasmModule};
+use crate::hostcall::FUNCTIONS;
+use crate::options::VmOptions;
+use crate::shared::SharedStore;
+use crate::state::{Dir, HostState, LocalResponse, Metric};
 use crate::state::{Direction, Held, Stream};
-use crate::{
-    Action, Callouts, Clock, Dir, DiscardLogs, HostError, HostState, HttpCallReply, Limits,
-    LocalResponse, LogLevel, LogSink, Metric, SharedStore, Status, StreamId, SystemClock,
-    ROOT_CONTEXT_ID,
-};
+use crate::types::{find_header, Action, HostError, Status, StreamId, ROOT_CONTEXT_ID};
 use anyhow::Context as _;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 use wasmtime::{Instance, Store, Val};
-
-/// How the VM and plugin are configured, mirroring Envoy's `vm_config` / plugin `config`, plus
-/// what the embedder supplies.
-#[derive(Clone)]
-pub struct VmOptions {
-    pub vm_id: String,
-    pub root_id: String,
-    pub vm_configuration: Vec<u8>,
-    pub plugin_configuration: Vec<u8>,
-    /// Envoy's `allow_on_headers_stop_iteration` (>= 1.35). Off by default, as in Envoy.
-    pub allow_on_headers_stop_iteration: bool,
-    /// Properties by path (`["request","path"]`, `["xds","cluster_name"]`, ...). Request/response
-    /// properties not set here are derived from the stream's headers. A guest's
-    /// `proxy_set_property` adds to them, up to [`MAX_GUEST_PROPERTIES`] entries.
-    pub properties: HashMap<Vec<String>, Vec<u8>>,
-    /// Answers `proxy_http_call`s; without it calls stay pending until answered or timed out.
-    pub callouts: Option<Arc<dyn Callouts>>,
-    /// If set, `proxy_http_call` to any other cluster fails with BadArgument, as Envoy does
-    /// for unknown clusters.
-    pub known_clusters: Option<Vec<String>>,
-    /// What `proxy_get_log_level` reports. Envoy's default is Info; tests want everything.
-    pub log_level: LogLevel,
-    pub log_sink: Arc<dyn LogSink>,
-    pub clock: Arc<dyn Clock>,
-    /// Share with another VM to model two Envoy workers of the same plugin.
-    pub shared: SharedStore,
-    /// Environment variables visible through WASI (Envoy's `vm_config.environment_variables`).
-    pub environment: Vec<(String, String)>,
-    /// Seed of WASI `random_get` (fixed seeds replay identically); `None` seeds from the OS.
-    pub random_seed: Option<u64>,
-    pub limits: Limits,
-}
 
 /// Callback answers kept per stream direction ([`StreamOutcome::actions`]).
 pub const MAX_RECORDED_ACTIONS: usize = 256;
 
 /// Properties an embedder may set on one stream.
 pub const MAX_STREAM_PROPERTIES: usize = 32;
-
-/// Properties a guest may add with `proxy_set_property` beyond those configured.
-pub const MAX_GUEST_PROPERTIES: usize = 1024;
-
-impl Default for VmOptions {
-    fn default() -> Self {
-        VmOptions {
-            vm_id: String::new(),
-            root_id: String::new(),
-            vm_configuration: Vec::new(),
-            plugin_configuration: Vec::new(),
-            allow_on_headers_stop_iteration: false,
-            properties: HashMap::new(),
-            callouts: None,
-            known_clusters: None,
-            log_level: LogLevel::Trace,
-            log_sink: Arc::new(DiscardLogs),
-            clock: Arc::new(SystemClock),
-            shared: SharedStore::new(),
-            environment: Vec::new(),
-            random_seed: None,
-            limits: Limits::default(),
-        }
-    }
-}
-
-impl VmOptions {
-    pub fn with_plugin_config(mut self, config: impl Into<Vec<u8>>) -> Self {
-        self.plugin_configuration = config.into();
-        self
-    }
-    pub fn allow_stop_iteration(mut self, allow: bool) -> Self {
-        self.allow_on_headers_stop_iteration = allow;
-        self
-    }
-    pub fn with_property(mut self, path: &[&str], value: impl Into<Vec<u8>>) -> Self {
-        self.properties
-            .insert(path.iter().map(|s| s.to_string()).collect(), value.into());
-        self
-    }
-    pub fn with_shared(mut self, shared: &SharedStore) -> Self {
-        self.shared = shared.clone();
-        self
-    }
-    pub fn with_responder(
-        mut self,
-        f: impl Fn(&crate::HttpCallRecord) -> Option<HttpCallReply> + Send + Sync + 'static,
-    ) -> Self {
-        self.callouts = Some(Arc::new(f));
-        self
-    }
-}
 
 static NEXT_HOST_KEY: AtomicU64 = AtomicU64::new(1);
 
@@ -162,7 +79,7 @@ impl Vm {
             rng: seed | 1,
             done_called: false,
             foreign_calls: VecDeque::new(),
-            hostcalls: vec![0; crate::abi::FUNCTIONS.len()],
+            hostcalls: vec![0; FUNCTIONS.len()],
             hostcall_trace: None,
         };
         let mut store = Store::new(engine(), state);
@@ -228,7 +145,7 @@ impl Vm {
 
     /// How many times the guest called each `env.proxy_*` function so far (those it called).
     pub fn hostcalls(&self) -> Vec<(&'static str, u64)> {
-        crate::abi::FUNCTIONS
+        FUNCTIONS
             .iter()
             .zip(&self.store.data().hostcalls)
             .filter(|(_, n)| **n > 0)
@@ -251,7 +168,7 @@ impl Vm {
         };
         std::mem::take(trace)
             .into_iter()
-            .filter_map(|(slot, fuel)| Some((*crate::abi::FUNCTIONS.get(slot)?, fuel)))
+            .filter_map(|(slot, fuel)| Some((*FUNCTIONS.get(slot)?, fuel)))
             .collect()
     }
 
@@ -831,7 +748,7 @@ impl Vm {
                         .record
                         .grpc
                         .is_some();
-                    let reply = grpc.then(crate::grpc::timed_out);
+                    let reply = grpc.then(grpc::timed_out);
                     self.deliver_http_call_response(token, reply)?;
                     self.pump()?;
                 }
@@ -896,9 +813,9 @@ impl Vm {
         };
         let ctx = call.record.context_id;
         if call.record.grpc.is_some() {
-            let (export, arg) = match crate::grpc::delivery(reply.as_ref()) {
-                crate::grpc::Delivery::Receive(size) => ("proxy_on_grpc_receive", size as i32),
-                crate::grpc::Delivery::Close(status) => ("proxy_on_grpc_close", status as i32),
+            let (export, arg) = match grpc::delivery(reply.as_ref()) {
+                grpc::Delivery::Receive(size) => ("proxy_on_grpc_receive", size as i32),
+                grpc::Delivery::Close(status) => ("proxy_on_grpc_close", status as i32),
             };
             self.store.data_mut().call_response = reply;
             let r = self.call(export, &[ctx as i32, token as i32, arg], ctx);
@@ -1070,7 +987,7 @@ impl StreamOutcome {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.forwarded_headers
             .as_ref()
-            .and_then(|h| crate::find_header(h, name))
+            .and_then(|h| find_header(h, name))
     }
 
     pub fn body_str(&self) -> String {

@@ -4,8 +4,9 @@
 //! Implemented by hand rather than with wasmtime-wasi so a module that needs more than Envoy
 //! offers fails here the way it fails in Envoy.
 
-use crate::abi::{read, write, write_u32, write_u64};
-use crate::{HostState, LogLevel};
+use crate::memory::{read, write, write_u32, write_u64};
+use crate::state::HostState;
+use crate::types::LogLevel;
 use wasmtime::{Caller, Linker};
 
 pub(crate) const FUNCTIONS: &[&str] = &[
@@ -56,6 +57,15 @@ fn next_random(st: &mut HostState) -> u64 {
 }
 
 pub(crate) fn add_to_linker(l: &mut Linker<HostState>, m: &str) -> anyhow::Result<()> {
+    add_args_and_environ(l, m)?;
+    add_clock_and_random(l, m)?;
+    add_stdio(l, m)?;
+    add_filesystem(l, m)?;
+    add_process(l, m)
+}
+
+/// The command line (always empty) and the environment variables Envoy passes (`vm_config.environment_variables`).
+fn add_args_and_environ(l: &mut Linker<HostState>, m: &str) -> anyhow::Result<()> {
     l.func_wrap(m, "args_get", |_c: C<'_>, _argv: i32, _buf: i32| -> i32 {
         ESUCCESS
     })?;
@@ -98,6 +108,11 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>, m: &str) -> anyhow::Resul
             }
         },
     )?;
+    Ok(())
+}
+
+/// The host's clocks and a seeded random source (the same bytes on every run of a seed).
+fn add_clock_and_random(l: &mut Linker<HostState>, m: &str) -> anyhow::Result<()> {
     l.func_wrap(
         m,
         "clock_time_get",
@@ -127,6 +142,11 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>, m: &str) -> anyhow::Resul
         }
         ESUCCESS
     })?;
+    Ok(())
+}
+
+/// Standard output and error, which Envoy logs; reads and other descriptors are refused.
+fn add_stdio(l: &mut Linker<HostState>, m: &str) -> anyhow::Result<()> {
     l.func_wrap(
         m,
         "fd_write",
@@ -200,6 +220,11 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>, m: &str) -> anyhow::Resul
             }
         },
     )?;
+    Ok(())
+}
+
+/// No filesystem: no preopened directory, nothing to open.
+fn add_filesystem(l: &mut Linker<HostState>, m: &str) -> anyhow::Result<()> {
     // No preopened directories: BADF ends libc's preopen scan.
     l.func_wrap(
         m,
@@ -226,6 +251,11 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>, m: &str) -> anyhow::Resul
          _ret: i32|
          -> i32 { ENOENT },
     )?;
+    Ok(())
+}
+
+/// Polling, exit and yield.
+fn add_process(l: &mut Linker<HostState>, m: &str) -> anyhow::Result<()> {
     l.func_wrap(
         m,
         "poll_oneoff",

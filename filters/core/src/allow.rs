@@ -8,31 +8,9 @@
 //! every model. Model patterns use the rules' glob syntax (`qwen3-*`); one without
 //! metacharacters is an exact name.
 
-use serde::{Deserialize, Serialize};
-
-use crate::audit::Outcome;
-use crate::errors::ApiError;
 use crate::glob::Glob;
-use crate::plan::Refusal;
-use crate::router::RequestHeaders;
 
-/// The plugin-config form: the team header and the entries, as the generator writes them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AllowConfig {
-    /// Lower-cased header carrying the verified team.
-    pub team_header: String,
-    pub allowlists: Vec<AllowEntry>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AllowEntry {
-    pub team: String,
-    /// Empty: every model.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub models: Vec<String>,
-}
+pub use crate::config::auth::{AllowConfig, AllowEntry};
 
 /// Entries beyond this are refused at config load (the lookup is a linear scan per request).
 pub const MAX_ENTRIES: usize = 1024;
@@ -109,23 +87,13 @@ impl Allowlists {
             Err(Denied::Model)
         }
     }
-
-    /// The request-plan step: refuses a request the allowlists do not grant.
-    pub fn check(&self, headers: &RequestHeaders, model: &str) -> Result<(), Refusal> {
-        let teams = headers.all(&self.team_header);
-        self.decide(teams, model).map_err(|why| {
-            let team = headers.first(&self.team_header).unwrap_or_default();
-            Refusal {
-                error: ApiError::model_not_allowed(&self.team_header, team, model, &why),
-                outcome: Outcome::NotAllowed,
-            }
-        })
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::audit::Outcome;
+    use crate::router::RequestHeaders;
 
     fn lists() -> Allowlists {
         Allowlists::new(&AllowConfig {

@@ -132,8 +132,12 @@ pub fn new_request_id(a: u64, b: u64) -> String {
 /// `callerHeader`'s value as the ModelRouter spec says: cut to 128 bytes, anything outside printable ASCII
 /// replaced by '?'.
 pub fn caller_label(raw: &[u8]) -> String {
+    let raw = &raw[..raw.len().min(128)];
+    // The usual case (a request id, a client name): printable ASCII, taken as it is.
+    if raw.iter().all(|b| (0x20..0x7f).contains(b)) {
+        return String::from_utf8(raw.to_vec()).unwrap_or_default();
+    }
     raw.iter()
-        .take(128)
         .map(|&b| {
             if (0x20..0x7f).contains(&b) {
                 b as char

@@ -6,6 +6,10 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod auth;
+pub mod budgets;
+pub mod pick;
+
 pub const DEFAULT_MODEL_HEADER: &str = "x-ai-eg-model";
 pub const DEFAULT_CLASSIFICATION_HEADER: &str = "x-llmkube-classification";
 pub const DEFAULT_COMPLEXITY_HEADER: &str = "x-llmkube-task-complexity";
@@ -64,10 +68,10 @@ pub struct PluginConfig {
     pub quarantine_ms: u64,
     /// `policy.auth.allowlists` and the header the verified team arrives in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth: Option<crate::allow::AllowConfig>,
+    pub auth: Option<auth::AllowConfig>,
     /// `spec.policy.budgets`, compiled by the filter at configure time (`budget::config`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budgets: Option<crate::budget::config::BudgetsConfig>,
+    pub budgets: Option<budgets::BudgetsConfig>,
     /// The gateway replays a request body of at most this many bytes for another attempt
     /// (agentgateway: 64 KiB), and the router was compiled to accept that: a larger request
     /// whose order has more than one backend gets one attempt, which the filter counts and
@@ -168,7 +172,7 @@ pub struct BackendConfig {
     pub timeout_ms: Option<u64>,
     /// The filter picks this backend's pod (`resolution: endpoint`, `balancing` LoadAware).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pick: Option<crate::pick::wire::PickConfig>,
+    pub pick: Option<pick::PickConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

@@ -35,3 +35,4 @@ pub mod rewrite;
 pub mod router;
 pub mod scan;
 pub mod table;
+pub mod verdict;

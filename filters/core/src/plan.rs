@@ -9,6 +9,7 @@
 //! carrying a reservation the response settles) and endpoint picking (a pod, stamped as
 //! `x-gateway-destination-endpoint`).
 
+use crate::allow::Allowlists;
 use crate::audit::Outcome;
 use crate::config::PluginConfig;
 use crate::errors::ApiError;
@@ -52,6 +53,20 @@ impl Refusal {
             _ => Outcome::FailClosed,
         };
         Refusal { error, outcome }
+    }
+}
+
+impl Allowlists {
+    /// The request-plan step: refuses a request the allowlists do not grant.
+    pub fn check(&self, headers: &RequestHeaders, model: &str) -> Result<(), Refusal> {
+        let teams = headers.all(self.team_header());
+        self.decide(teams, model).map_err(|why| {
+            let team = headers.first(self.team_header()).unwrap_or_default();
+            Refusal {
+                error: ApiError::model_not_allowed(self.team_header(), team, model, &why),
+                outcome: Outcome::NotAllowed,
+            }
+        })
     }
 }
 

@@ -32,6 +32,11 @@ pub struct ResponseHead {
 impl ResponseHead {
     /// Reads the response header map (as the host hands it over, names lower-cased).
     pub fn read(pairs: &[(Vec<u8>, Vec<u8>)]) -> Self {
+        Self::read_iter(pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())))
+    }
+
+    /// [`ResponseHead::read`] over borrowed (name, value) pairs.
+    pub fn read_iter<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Self {
         let number = |v: &[u8]| {
             std::str::from_utf8(v)
                 .ok()
@@ -46,7 +51,7 @@ impl ResponseHead {
         };
         for (k, v) in pairs {
             head.attempt_count_sent |= k.eq_ignore_ascii_case(ATTEMPT_COUNT_HEADER.as_bytes());
-            match k.as_slice() {
+            match k {
                 b":status" => head.status = number(v),
                 b"content-type" => head.streaming = v.starts_with(b"text/event-stream"),
                 b"x-envoy-attempt-count" => head.attempts = number(v),

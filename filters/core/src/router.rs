@@ -7,12 +7,13 @@
 //! if its route has none, it gets 503 `fail_closed` instead of leaving the cluster.
 
 use crate::allow::Allowlists;
-use crate::config::{PluginConfig, Strategy, TaskComplexity, Tier};
+use crate::config::budgets::{ScopeName, DEFAULT_TEAM_HEADER};
+use crate::config::{BackendConfig, PluginConfig, RuleConfig, Strategy, TaskComplexity, Tier};
 use crate::errors::ApiError;
-use crate::explain::{Miss, Signals};
 use crate::glob::Glob;
 use crate::orders;
 use crate::provider::Provider;
+use crate::verdict::{Miss, Signals};
 use hashbrown::HashMap;
 
 #[derive(Debug)]
@@ -136,6 +137,113 @@ impl Decision {
     }
 }
 
+/// Backend positions by name; a name declared twice is an error.
+fn backend_index(config: &PluginConfig) -> Result<HashMap<&str, usize>, String> {
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for (i, b) in config.backends.iter().enumerate() {
+        if index.insert(b.name.as_str(), i).is_some() {
+            return Err(format!("backend {:?} is declared twice", b.name));
+        }
+    }
+    Ok(index)
+}
+
+/// Lower-cased names of every request header a decision may read: the classification and
+/// complexity headers, the rules' header matches, the allowlists' team header and the team
+/// budgets' headers (a team budget is keyed by a header's value: read with the routing headers).
+fn needed_headers(
+    config: &PluginConfig,
+    rules: &[Rule],
+    allow: Option<&Allowlists>,
+) -> Vec<String> {
+    let mut needed = vec![
+        config.classification_header.to_ascii_lowercase(),
+        config.complexity_header.to_ascii_lowercase(),
+    ];
+    for r in rules {
+        needed.extend(r.headers.iter().map(|(n, _)| n.clone()));
+    }
+    needed.extend(allow.iter().map(|a| a.team_header().to_string()));
+    let budgets = config.budgets.iter().flat_map(|b| &b.budgets);
+    needed.extend(budgets.filter(|b| b.scope == ScopeName::Team).map(|b| {
+        b.header
+            .as_deref()
+            .unwrap_or(DEFAULT_TEAM_HEADER)
+            .to_ascii_lowercase()
+    }));
+    needed.sort();
+    needed.dedup();
+    needed
+}
+
+impl Backend {
+    /// A backend as the plugin config declares it; an unknown provider name is an error.
+    fn new(b: &BackendConfig) -> Result<Backend, String> {
+        let provider = match b.provider.as_deref() {
+            None => None,
+            Some(p) => Some(
+                Provider::parse(p)
+                    .ok_or_else(|| format!("backend {:?} names unknown provider {p:?}", b.name))?,
+            ),
+        };
+        Ok(Backend {
+            name: b.name.clone(),
+            tier: b.tier,
+            capabilities: b.capabilities.clone(),
+            weight: b.weight,
+            external_model: b.external_model.clone(),
+            served_model: b
+                .served_model
+                .clone()
+                .filter(|_| b.external_model.is_none()),
+            provider,
+            timeout_ms: b.timeout_ms,
+        })
+    }
+}
+
+impl Rule {
+    /// A rule with its model globs compiled and its candidates: the named backends (each must
+    /// exist) that advertise every required capability, in declared order.
+    fn new(
+        r: &RuleConfig,
+        backends: &[Backend],
+        lookup: &dyn Fn(&str, &str) -> Result<usize, String>,
+    ) -> Result<Rule, String> {
+        let mut globs = Vec::with_capacity(r.models.len());
+        for m in &r.models {
+            globs.push(Glob::new(m).map_err(|e| format!("rule {:?}: {e}", r.name))?);
+        }
+        let mut candidates = Vec::with_capacity(r.backends.len());
+        for name in &r.backends {
+            let i = lookup(name, &format!("rule {:?}", r.name))?;
+            let caps = &backends[i].capabilities;
+            if r.required_capabilities.iter().all(|c| caps.contains(c)) {
+                candidates.push(i);
+            }
+        }
+        Ok(Rule {
+            name: r.name.clone(),
+            globs,
+            headers: r
+                .headers
+                .iter()
+                .map(|h| (h.name.to_ascii_lowercase(), h.value.clone()))
+                .collect(),
+            complexity: r.task_complexity,
+            classes: r
+                .data_classification
+                .iter()
+                .map(|c| c.to_ascii_lowercase())
+                .collect(),
+            candidates,
+            fail_closed: r.fail_closed,
+            strategy: r.strategy,
+            timeout_ms: r.timeout_ms,
+        })
+    }
+}
+
 impl Router {
     /// Parses and compiles the plugin configuration JSON the generator wrote.
     pub fn from_json(raw: &[u8]) -> Result<Router, String> {
@@ -146,75 +254,23 @@ impl Router {
 
     /// Compiles a plugin config. Errors name what is wrong; the filter refuses to start on them.
     pub fn new(config: PluginConfig) -> Result<Router, String> {
-        let mut index: HashMap<&str, usize> = HashMap::new();
-        for (i, b) in config.backends.iter().enumerate() {
-            if index.insert(b.name.as_str(), i).is_some() {
-                return Err(format!("backend {:?} is declared twice", b.name));
-            }
-        }
+        let index = backend_index(&config)?;
         let lookup = |name: &str, what: &str| {
             index
                 .get(name)
                 .copied()
                 .ok_or_else(|| format!("{what} names unknown backend {name:?}"))
         };
-        let mut backends: Vec<Backend> = Vec::with_capacity(config.backends.len());
-        for b in &config.backends {
-            let provider =
-                match b.provider.as_deref() {
-                    None => None,
-                    Some(p) => Some(Provider::parse(p).ok_or_else(|| {
-                        format!("backend {:?} names unknown provider {p:?}", b.name)
-                    })?),
-                };
-            backends.push(Backend {
-                name: b.name.clone(),
-                tier: b.tier,
-                capabilities: b.capabilities.clone(),
-                weight: b.weight,
-                external_model: b.external_model.clone(),
-                served_model: b
-                    .served_model
-                    .clone()
-                    .filter(|_| b.external_model.is_none()),
-                provider,
-                timeout_ms: b.timeout_ms,
-            });
-        }
-        let mut rules = Vec::with_capacity(config.rules.len());
-        for r in &config.rules {
-            let mut globs = Vec::with_capacity(r.models.len());
-            for m in &r.models {
-                globs.push(Glob::new(m).map_err(|e| format!("rule {:?}: {e}", r.name))?);
-            }
-            let mut candidates = Vec::with_capacity(r.backends.len());
-            for name in &r.backends {
-                let i = lookup(name, &format!("rule {:?}", r.name))?;
-                let caps = &backends[i].capabilities;
-                if r.required_capabilities.iter().all(|c| caps.contains(c)) {
-                    candidates.push(i);
-                }
-            }
-            rules.push(Rule {
-                name: r.name.clone(),
-                globs,
-                headers: r
-                    .headers
-                    .iter()
-                    .map(|h| (h.name.to_ascii_lowercase(), h.value.clone()))
-                    .collect(),
-                complexity: r.task_complexity,
-                classes: r
-                    .data_classification
-                    .iter()
-                    .map(|c| c.to_ascii_lowercase())
-                    .collect(),
-                candidates,
-                fail_closed: r.fail_closed,
-                strategy: r.strategy,
-                timeout_ms: r.timeout_ms,
-            });
-        }
+        let backends = config
+            .backends
+            .iter()
+            .map(Backend::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        let rules = config
+            .rules
+            .iter()
+            .map(|r| Rule::new(r, &backends, &lookup))
+            .collect::<Result<Vec<_>, _>>()?;
         let default_route = match &config.default_route {
             Some(name) => Some(lookup(name, "defaultRoute")?),
             None => None,
@@ -226,28 +282,8 @@ impl Router {
                 .entry(b.display_name.clone().unwrap_or_else(|| b.name.clone()))
                 .or_insert(i);
         }
-        let classification_header = config.classification_header.to_ascii_lowercase();
-        let complexity_header = config.complexity_header.to_ascii_lowercase();
-        let mut needed_headers = vec![classification_header.clone(), complexity_header.clone()];
-        for r in &rules {
-            needed_headers.extend(r.headers.iter().map(|(n, _)| n.clone()));
-        }
         let allow = config.auth.as_ref().map(Allowlists::new).transpose()?;
-        needed_headers.extend(allow.iter().map(|a| a.team_header().to_string()));
-        // Team budgets are keyed by a header's value: read with the routing headers.
-        let budgets = config.budgets.iter().flat_map(|b| &b.budgets);
-        needed_headers.extend(
-            budgets
-                .filter(|b| b.scope == crate::budget::config::ScopeName::Team)
-                .map(|b| {
-                    b.header
-                        .as_deref()
-                        .unwrap_or(crate::budget::config::DEFAULT_TEAM_HEADER)
-                        .to_ascii_lowercase()
-                }),
-        );
-        needed_headers.sort();
-        needed_headers.dedup();
+        let needed_headers = needed_headers(&config, &rules, allow.as_ref());
         let models = crate::models::ModelTable::new(&config);
         let tiers: Vec<Tier> = backends.iter().map(|b| b.tier).collect();
         let weights: Vec<u32> = backends.iter().map(|b| b.weight).collect();
@@ -261,8 +297,8 @@ impl Router {
             rules,
             by_model,
             default_route,
-            classification_header,
-            complexity_header,
+            classification_header: config.classification_header.to_ascii_lowercase(),
+            complexity_header: config.complexity_header.to_ascii_lowercase(),
             needed_headers,
             models,
             tiers,
@@ -274,6 +310,16 @@ impl Router {
 
     pub fn needed_headers(&self) -> &[String] {
         &self.needed_headers
+    }
+
+    /// The classification header's name, lower-cased (as [`RequestHeaders`] keeps names).
+    pub fn classification_header(&self) -> &str {
+        &self.classification_header
+    }
+
+    /// The task-complexity header's name, lower-cased.
+    pub fn complexity_header(&self) -> &str {
+        &self.complexity_header
     }
 
     /// The allowlists step, when `policy.auth.allowlists` is set.

@@ -78,6 +78,9 @@ pub struct Knobs {
     pub include_usage: Option<bool>,
     /// Offset of the body's opening `{` (after any leading whitespace).
     pub open: usize,
+    /// A message of `messages` has a `tool_calls` key (its arguments reach the chat template:
+    /// `budget::template`).
+    pub tool_calls: bool,
 }
 
 /// Reusable state, so a filter scans request after request without re-allocating. It also
@@ -387,6 +390,11 @@ impl Scanner {
                         } else if depth == 2 {
                             self.at.at_include_usage =
                                 self.at.top_key == TopKey::StreamOptions && key == "include_usage";
+                        } else if depth == 3
+                            && self.at.top_key == TopKey::Messages
+                            && key == "tool_calls"
+                        {
+                            self.at.knobs.tool_calls = true;
                         }
                         self.note_key(fingerprint(&key), &key, depth == 1)?;
                         if p.peek() != Some(b':') {
@@ -747,6 +755,7 @@ impl<'a> Parser<'a> {
             }
             _ => return Err(invalid(start, "invalid number")),
         }
+        let int_end = i;
         if b.get(i) == Some(&b'.') {
             i += 1;
             if !matches!(b.get(i), Some(b'0'..=b'9')) {
@@ -769,6 +778,20 @@ impl<'a> Parser<'a> {
             }
             while matches!(b.get(i), Some(b'0'..=b'9')) {
                 i += 1;
+            }
+        }
+        // Past an f64 (±1.8e308), serde_json (agentgateway), Go's encoding/json (Envoy AI
+        // Gateway) and Python's json (as a float) cannot hold the number: refused here as
+        // invalid rather than passed on to a gateway or engine that answers with an error of its
+        // own. Only a long integer part or an exponent can get there; the rest skips the parse.
+        let exponent = b[int_end..i].iter().any(|c| matches!(c, b'e' | b'E'));
+        if int_end - start > 300 || exponent {
+            let finite = std::str::from_utf8(&b[start..i])
+                .ok()
+                .and_then(|t| t.parse::<f64>().ok())
+                .is_some_and(f64::is_finite);
+            if !finite {
+                return Err(invalid(start, "number out of range (past a 64-bit float)"));
             }
         }
         Ok(i)
@@ -1284,6 +1307,27 @@ mod tests {
     }
 
     #[test]
+    fn notes_tool_calls_in_messages_only() {
+        let knob = |body: &str| {
+            Scanner::new()
+                .scan(body.as_bytes())
+                .unwrap()
+                .knobs
+                .tool_calls
+        };
+        assert!(knob(
+            r#"{"model":"m","messages":[{"role":"assistant","tool\u005fcalls":[]}]}"#
+        ));
+        assert!(!knob(
+            r#"{"model":"m","tool_calls":[],"messages":[{"role":"user"}]}"#
+        ));
+        assert!(!knob(
+            r#"{"model":"m","messages":[{"role":"user","content":[{"tool_calls":1}]}]}"#
+        ));
+        assert!(!knob(r#"{"model":"m","x":[{"tool_calls":1}]}"#));
+    }
+
+    #[test]
     fn reads_model_and_stream() {
         assert_eq!(
             scan(
@@ -1467,12 +1511,27 @@ mod tests {
     }
 
     #[test]
-    fn huge_numbers_are_just_numbers() {
-        let body = format!(
-            "{{\"model\":\"m\",\"n\":{}e99999,\"f\":-0.5E+3}}",
-            "9".repeat(10_000)
+    fn numbers_past_a_64_bit_float_are_refused() {
+        for n in [
+            "9".repeat(5000),
+            format!("-{}", "9".repeat(400)),
+            format!("{}e99999", "9".repeat(10)),
+            "1e309".to_string(),
+            "-1.8E+308".to_string(),
+        ] {
+            let body = format!("{{\"model\":\"m\",\"n\":{n}}}");
+            assert!(
+                matches!(scan(&body), Err(ScanError::Invalid { at: 17, .. })),
+                "{n}"
+            );
+        }
+        // Tiny, long-fractioned, past u64 and up to f64::MAX: numbers every parser holds.
+        let ok = format!(
+            "{{\"model\":\"m\",\"f\":-0.5E+3,\"g\":1e-400,\"h\":18446744073709551616,\"i\":0.{},\"j\":1.7e308,\"k\":{}}}",
+            "1".repeat(500),
+            "9".repeat(300)
         );
-        assert!(scan(&body).is_ok());
+        assert!(scan(&ok).is_ok());
     }
 
     #[test]

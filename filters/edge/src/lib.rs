@@ -79,10 +79,12 @@ pub enum Level {
 mod abi;
 pub mod broadcast;
 mod callout;
+mod pairs;
 pub mod table;
 
 use abi::*;
 pub use callout::*;
+pub use pairs::{header_map, HeaderMap};
 
 fn check(call: &'static str, status: u32) -> HostResult<()> {
     if status == OK {

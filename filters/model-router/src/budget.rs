@@ -34,6 +34,7 @@ use router_core::budget::shared::{
     create_missing, SharedData, SharedError, SharedLedger, SharedLedgers,
 };
 use router_core::budget::table::{TableError, TeamTable};
+use router_core::budget::template;
 use router_core::budget::usage::{charge, BodyKind, Charge, Usage, UsageReader};
 use router_core::budget::window::Amount;
 use router_core::budget::worker_lease::{LeasedLedgers, Leases as WorkerLeases};
@@ -152,6 +153,34 @@ pub(crate) struct RequestView<'a> {
     /// The attempt order (backend indexes).
     pub order: &'a [usize],
     pub path: &'a [u8],
+}
+
+/// The chat-template margin of a request with `tools` or tool calls, from those values' bytes
+/// (the body the filter holds, else read back from the host's buffer).
+fn template_margin(r: &RequestView) -> Result<u64, Answer> {
+    let read = |span: Option<router_core::scan::Span>| -> Result<Option<Vec<u8>>, Answer> {
+        let Some((start, end)) = span else {
+            return Ok(None);
+        };
+        let len = end.saturating_sub(start);
+        if let Some(b) = r.body {
+            return Ok(b.get(start..end).map(<[u8]>::to_vec));
+        }
+        edge::buffer(Buffer::RequestBody, start, len).map_err(|e| {
+            let why = format!("reading the request body: {e}");
+            edge::log(Level::Error, &format!("model-router: budgets: {why}"));
+            Answer::Unavailable(ApiError::internal(&why))
+        })
+    };
+    let spans = &r.fields.spans;
+    let tools = read(spans.tools)?;
+    let messages = read(spans.messages)?;
+    let shape = template::shape_of(
+        tools.as_deref(),
+        messages.as_deref(),
+        r.fields.knobs.tool_calls,
+    );
+    Ok(template::margin(&shape))
 }
 
 fn now_ms() -> u64 {
@@ -462,7 +491,10 @@ impl Budgets {
         r: &RequestView,
         audit: &mut AuditRecord,
     ) -> Result<Option<Admitted>, Answer> {
-        let facts = request_facts(r.body_len, r.fields);
+        let mut facts = request_facts(r.body_len, r.fields);
+        if facts.template_needs_shape {
+            facts.template_margin = template_margin(r)?;
+        }
         let attempts = r
             .order
             .iter()

@@ -218,34 +218,34 @@ impl Request {
     /// here, on every request, before anything reads headers. Reading the map once and removing
     /// only names that are present keeps this to one hostcall for a request that sends none.
     fn read_headers(&mut self, worker: &Worker) -> Result<RequestLine, String> {
-        let mut pairs = edge::header_pairs(Map::RequestHeaders)
+        let mut pairs = edge::header_map(Map::RequestHeaders)
             .map_err(|e| format!("reading request headers: {e}"))?;
-        edge::remove_present(
-            Map::RequestHeaders,
-            &mut pairs,
-            worker.stamped.iter().map(String::as_str),
-        )
-        .map_err(|e| format!("removing decision headers: {e}"))?;
+        pairs
+            .remove_present(
+                Map::RequestHeaders,
+                worker.stamped.iter().map(String::as_str),
+            )
+            .map_err(|e| format!("removing decision headers: {e}"))?;
         let router = &worker.router;
         let needed = router.needed_headers();
         let audit_cfg = &router.config.audit;
         let (mut method, mut path, mut length) = (Vec::new(), Vec::new(), None);
         let mut xff: Vec<String> = Vec::new();
         self.headers.clear();
-        for (name, value) in pairs {
-            match name.as_slice() {
-                b":method" => method = value,
-                b":path" => path = value,
+        for (name, value) in pairs.iter() {
+            match name {
+                b":method" => method = value.to_vec(),
+                b":path" => path = value.to_vec(),
                 b"content-length" => {
-                    length = std::str::from_utf8(&value)
+                    length = std::str::from_utf8(value)
                         .ok()
                         .and_then(|v| v.trim().parse().ok())
                 }
                 b"x-request-id" => {
-                    self.audit.request_id = Some(caller_label(&value));
+                    self.audit.request_id = Some(caller_label(value));
                 }
                 b"x-forwarded-for" if audit_cfg.log_client_address => {
-                    xff.push(String::from_utf8_lossy(&value).into_owned());
+                    xff.push(String::from_utf8_lossy(value).into_owned());
                 }
                 _ => {
                     // Envoy hands names over lower-cased; compare case-blind anyway, without
@@ -254,11 +254,11 @@ impl Request {
                     if self.audit.caller.is_none()
                         && audit_cfg.caller_header.as_deref().is_some_and(is)
                     {
-                        self.audit.caller = Some(caller_label(&value));
+                        self.audit.caller = Some(caller_label(value));
                     }
                     if let Some(lower) = needed.iter().find(|n| is(n)) {
                         self.headers
-                            .push(lower.clone(), String::from_utf8_lossy(&value).into_owned());
+                            .push(lower.clone(), String::from_utf8_lossy(value).into_owned());
                     }
                 }
             }
@@ -283,10 +283,9 @@ impl Request {
             let hops: Vec<&str> = xff.iter().map(String::as_str).collect();
             self.audit.client = Some(client_address(&peer, &hops, &worker.trusted_proxies));
         }
-        let cfg = &router.config;
         let first = |name: &str| self.headers.first(name).map(|v| v.to_string());
-        self.audit.classification = first(&cfg.classification_header.to_ascii_lowercase());
-        self.audit.task_complexity = first(&cfg.complexity_header.to_ascii_lowercase());
+        self.audit.classification = first(router.classification_header());
+        self.audit.task_complexity = first(router.complexity_header());
         Ok((method, path, length))
     }
 
@@ -741,8 +740,8 @@ impl HttpContext for Request {
         // Two property reads cost more than the rest of the response path; skip them when they
         // cannot tell anything new.
         let ask_endpoint = judge.ask_endpoint();
-        let head = match edge::header_pairs(Map::ResponseHeaders) {
-            Ok(pairs) => ResponseHead::read(&pairs),
+        let head = match edge::header_map(Map::ResponseHeaders) {
+            Ok(pairs) => ResponseHead::read_iter(pairs.iter()),
             Err(_) => ResponseHead::unreadable(),
         };
         self.audit.attempts = head.attempts;

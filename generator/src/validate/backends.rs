@@ -20,180 +20,192 @@ pub(super) fn validate_backends(
     let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, b) in spec.backends.iter().enumerate() {
         let p = format!("spec.backends[{i}]");
-        if !is_name(&b.name) {
-            cx.err(
-                format!("{p}.name"),
-                format!("{:?} must match ^[a-z0-9][a-z0-9-]{{0,62}}$", b.name),
-            );
-        }
-        let dup_name = if let Some(j) = seen.insert(&b.name, i) {
-            cx.err(
-                format!("{p}.name"),
-                format!(
-                    "duplicate backend name {:?} (also spec.backends[{j}])",
-                    b.name
-                ),
-            );
-            true
-        } else {
-            false
-        };
-        if let Some(d) = &b.display_name {
-            if d.trim().is_empty() {
-                cx.err(format!("{p}.displayName"), "must not be empty when set");
-            }
-        }
-        if let Some(j) = ids.insert(b.model_id(), i) {
-            if !dup_name {
-                cx.err(
-                    p.clone(),
-                    format!("model id {:?} (displayName, else name) is also published by spec.backends[{j}]", b.model_id()),
-                );
-            }
-        }
-        match (&b.inference_service_ref, &b.external) {
-            (Some(_), Some(_)) => cx.err(
-                p.clone(),
-                "inferenceServiceRef and external are mutually exclusive; set exactly one",
-            ),
-            (None, None) => cx.err(
-                p.clone(),
-                "exactly one of inferenceServiceRef or external must be set",
-            ),
-            _ => {}
-        }
-        if let Some(r) = &b.inference_service_ref {
-            if !is_dns_subdomain(&r.name) {
-                cx.err(
-                    format!("{p}.inferenceServiceRef.name"),
-                    format!("{:?} is not a valid InferenceService name", r.name),
-                );
-            }
-        }
-        if let Some(e) = &b.external {
-            if e.model.trim().is_empty() {
-                cx.err(format!("{p}.external.model"), "must not be empty");
-            }
-            match &e.url {
-                None if e.provider == Provider::Litellm => cx.err(
-                    format!("{p}.external.url"),
-                    "is required for provider litellm (the LiteLLM proxy's base URL)",
-                ),
-                None => {}
-                Some(u) => {
-                    if let Err(why) = crate::url::parse_url(u) {
-                        cx.err(format!("{p}.external.url"), why);
-                    }
-                }
-            }
-            if let Some(s) = &e.credentials_secret_ref {
-                if !is_dns_subdomain(&s.name) {
-                    cx.err(
-                        format!("{p}.external.credentialsSecretRef.name"),
-                        format!("{:?} is not a valid Secret name", s.name),
-                    );
-                }
-            }
-            if b.resolution.is_some() {
-                cx.warn(
-                    format!("{p}.resolution"),
-                    "external backends ignore resolution",
-                );
-            }
-        }
-        if let Some(w) = b.weight {
-            cx.range(&format!("{p}.weight"), w, 0, i32::MAX as i64);
-        }
-        if let Some(t) = &b.timeout {
-            check_timeout(cx, &format!("{p}.timeout"), t, cap);
-        }
-        if let Some(c) = &b.cost_per_million_tokens {
-            for (f, v) in [
-                ("completionUSD", &c.completion_usd),
-                ("promptUSD", &c.prompt_usd),
-            ] {
-                if let Some(v) = v {
-                    if !is_decimal(v) {
-                        cx.err(
-                            format!("{p}.costPerMillionTokens.{f}"),
-                            format!("{v:?} must match ^[0-9]+(\\.[0-9]+)?$"),
-                        );
-                    }
-                }
-            }
-        }
-        for (j, c) in b.capabilities.iter().enumerate() {
-            if c.trim().is_empty() {
-                cx.err(format!("{p}.capabilities[{j}]"), "must not be empty");
-            }
-        }
-        if let Some(h) = &b.health_check {
-            if let Some(v) = h.interval_seconds {
-                cx.range(
-                    &format!("{p}.healthCheck.intervalSeconds"),
-                    v,
-                    1,
-                    i32::MAX as i64,
-                );
-            }
-            if let Some(v) = h.timeout_seconds {
-                cx.range(
-                    &format!("{p}.healthCheck.timeoutSeconds"),
-                    v,
-                    1,
-                    i32::MAX as i64,
-                );
-            }
-            if let Some(path) = &h.path {
-                if !path.starts_with('/') {
-                    cx.err(
-                        format!("{p}.healthCheck.path"),
-                        format!("{path:?} must start with '/'"),
-                    );
-                }
-            }
-        }
-        if let Some(m) = &b.model_info {
-            if let Some(c) = m.context_length {
-                cx.range(&format!("{p}.modelInfo.contextLength"), c, 1, i64::MAX);
-            }
-            for (f, list) in [
-                ("inputModalities", &m.input_modalities),
-                ("outputModalities", &m.output_modalities),
-            ] {
-                if let Some(list) = list {
-                    if list.len() > 5 {
-                        cx.err(
-                            format!("{p}.modelInfo.{f}"),
-                            format!("at most 5 items, got {}", list.len()),
-                        );
-                    }
-                    for (j, v) in list.iter().enumerate() {
-                        if v.trim().is_empty() {
-                            cx.err(format!("{p}.modelInfo.{f}[{j}]"), "must not be empty");
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(ep) = &b.endpoint_picker {
-            if let Some(s) = &ep.service {
-                if s.name.is_empty() {
-                    cx.err(
-                        format!("{p}.endpointPicker.service.name"),
-                        "must not be empty",
-                    );
-                }
-                cx.range(
-                    &format!("{p}.endpointPicker.service.port"),
-                    s.port,
-                    1,
-                    65535,
-                );
-            }
-        }
+        validate_identity(cx, &p, i, b, &mut seen, &mut ids);
+        validate_source(cx, &p, b);
+        validate_routing_fields(cx, &p, b, cap);
+        validate_model_fields(cx, &p, b);
+        validate_endpoint_picker(cx, &p, b);
         if let Some(bal) = &b.balancing {
             validate_balancing(cx, &p, b, bal, data_plane);
+        }
+    }
+}
+
+/// The name (a DNS label, unique) and the model id it publishes (unique among backends).
+fn validate_identity<'a>(
+    cx: &mut Ctx,
+    p: &str,
+    i: usize,
+    b: &'a RouterBackend,
+    seen: &mut BTreeMap<&'a str, usize>,
+    ids: &mut BTreeMap<&'a str, usize>,
+) {
+    if !is_name(&b.name) {
+        cx.err(
+            format!("{p}.name"),
+            format!("{:?} must match ^[a-z0-9][a-z0-9-]{{0,62}}$", b.name),
+        );
+    }
+    let dup_name = if let Some(j) = seen.insert(&b.name, i) {
+        cx.err(
+            format!("{p}.name"),
+            format!(
+                "duplicate backend name {:?} (also spec.backends[{j}])",
+                b.name
+            ),
+        );
+        true
+    } else {
+        false
+    };
+    if let Some(d) = &b.display_name {
+        if d.trim().is_empty() {
+            cx.err(format!("{p}.displayName"), "must not be empty when set");
+        }
+    }
+    if let Some(j) = ids.insert(b.model_id(), i) {
+        if !dup_name {
+            cx.err(
+                p.to_string(),
+                format!("model id {:?} (displayName, else name) is also published by spec.backends[{j}]", b.model_id()),
+            );
+        }
+    }
+}
+
+/// Where the backend is: exactly one of an InferenceService or an external provider.
+fn validate_source(cx: &mut Ctx, p: &str, b: &RouterBackend) {
+    match (&b.inference_service_ref, &b.external) {
+        (Some(_), Some(_)) => cx.err(
+            p.to_string(),
+            "inferenceServiceRef and external are mutually exclusive; set exactly one",
+        ),
+        (None, None) => cx.err(
+            p.to_string(),
+            "exactly one of inferenceServiceRef or external must be set",
+        ),
+        _ => {}
+    }
+    if let Some(r) = &b.inference_service_ref {
+        if !is_dns_subdomain(&r.name) {
+            cx.err(
+                format!("{p}.inferenceServiceRef.name"),
+                format!("{:?} is not a valid InferenceService name", r.name),
+            );
+        }
+    }
+    if let Some(e) = &b.external {
+        if e.model.trim().is_empty() {
+            cx.err(format!("{p}.external.model"), "must not be empty");
+        }
+        match &e.url {
+            None if e.provider == Provider::Litellm => cx.err(
+                format!("{p}.external.url"),
+                "is required for provider litellm (the LiteLLM proxy's base URL)",
+            ),
+            None => {}
+            Some(u) => {
+                if let Err(why) = crate::url::parse_url(u) {
+                    cx.err(format!("{p}.external.url"), why);
+                }
+            }
+        }
+        if let Some(s) = &e.credentials_secret_ref {
+            if !is_dns_subdomain(&s.name) {
+                cx.err(
+                    format!("{p}.external.credentialsSecretRef.name"),
+                    format!("{:?} is not a valid Secret name", s.name),
+                );
+            }
+        }
+        if b.resolution.is_some() {
+            cx.warn(
+                format!("{p}.resolution"),
+                "external backends ignore resolution",
+            );
+        }
+    }
+}
+
+/// What routing reads of a backend: weight, timeout, prices, capabilities and health check.
+fn validate_routing_fields(cx: &mut Ctx, p: &str, b: &RouterBackend, cap: Duration) {
+    if let Some(w) = b.weight {
+        cx.range(&format!("{p}.weight"), w, 0, i32::MAX as i64);
+    }
+    if let Some(t) = &b.timeout {
+        check_timeout(cx, &format!("{p}.timeout"), t, cap);
+    }
+    if let Some(c) = &b.cost_per_million_tokens {
+        for (f, v) in [
+            ("completionUSD", &c.completion_usd),
+            ("promptUSD", &c.prompt_usd),
+        ] {
+            if let Some(v) = v {
+                if !is_decimal(v) {
+                    cx.err(
+                        format!("{p}.costPerMillionTokens.{f}"),
+                        format!("{v:?} must match ^[0-9]+(\\.[0-9]+)?$"),
+                    );
+                }
+            }
+        }
+    }
+    for (j, c) in b.capabilities.iter().enumerate() {
+        if c.trim().is_empty() {
+            cx.err(format!("{p}.capabilities[{j}]"), "must not be empty");
+        }
+    }
+    if let Some(h) = &b.health_check {
+        if let Some(v) = h.interval_seconds {
+            cx.range(
+                &format!("{p}.healthCheck.intervalSeconds"),
+                v,
+                1,
+                i32::MAX as i64,
+            );
+        }
+        if let Some(v) = h.timeout_seconds {
+            cx.range(
+                &format!("{p}.healthCheck.timeoutSeconds"),
+                v,
+                1,
+                i32::MAX as i64,
+            );
+        }
+        if let Some(path) = &h.path {
+            if !path.starts_with('/') {
+                cx.err(
+                    format!("{p}.healthCheck.path"),
+                    format!("{path:?} must start with '/'"),
+                );
+            }
+        }
+    }
+}
+
+/// What `/v1/models` publishes of a backend.
+fn validate_model_fields(cx: &mut Ctx, p: &str, b: &RouterBackend) {
+    if let Some(m) = &b.model_info {
+        if let Some(c) = m.context_length {
+            cx.range(&format!("{p}.modelInfo.contextLength"), c, 1, i64::MAX);
+        }
+        for (f, list) in [
+            ("inputModalities", &m.input_modalities),
+            ("outputModalities", &m.output_modalities),
+        ] {
+            if let Some(list) = list {
+                if list.len() > 5 {
+                    cx.err(
+                        format!("{p}.modelInfo.{f}"),
+                        format!("at most 5 items, got {}", list.len()),
+                    );
+                }
+                for (j, v) in list.iter().enumerate() {
+                    if v.trim().is_empty() {
+                        cx.err(format!("{p}.modelInfo.{f}[{j}]"), "must not be empty");
+                    }
+                }
+            }
         }
     }
 }
@@ -286,4 +298,24 @@ pub(super) fn check_timeout(cx: &mut Ctx, path: &str, s: &str, cap: Duration) ->
         );
     }
     Some(d)
+}
+
+/// An external endpoint picker's service.
+fn validate_endpoint_picker(cx: &mut Ctx, p: &str, b: &RouterBackend) {
+    if let Some(ep) = &b.endpoint_picker {
+        if let Some(s) = &ep.service {
+            if s.name.is_empty() {
+                cx.err(
+                    format!("{p}.endpointPicker.service.name"),
+                    "must not be empty",
+                );
+            }
+            cx.range(
+                &format!("{p}.endpointPicker.service.port"),
+                s.port,
+                1,
+                65535,
+            );
+        }
+    }
 }

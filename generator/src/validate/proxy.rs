@@ -7,8 +7,18 @@ use super::Ctx;
 use crate::model::*;
 
 pub(super) fn validate_proxy(cx: &mut Ctx, spec: &ModelRouterSpec) -> Duration {
+    let Some(p) = &spec.proxy else {
+        return DEFAULT_RESPONSE_HEADER_TIMEOUT;
+    };
+    let cap = validate_durations(cx, p);
+    validate_deployment(cx, p);
+    validate_pod_spec_blobs(cx, p);
+    cap
+}
+
+/// The proxy's durations; returns the response-header timeout every other timeout is capped by.
+fn validate_durations(cx: &mut Ctx, p: &ProxySpec) -> Duration {
     let mut cap = DEFAULT_RESPONSE_HEADER_TIMEOUT;
-    let Some(p) = &spec.proxy else { return cap };
     if let Some(s) = &p.response_header_timeout {
         if let Some(d) = cx.duration("spec.proxy.responseHeaderTimeout", s) {
             if d.is_zero() {
@@ -38,6 +48,11 @@ pub(super) fn validate_proxy(cx: &mut Ctx, spec: &ModelRouterSpec) -> Duration {
             }
         }
     }
+    cap
+}
+
+/// The proxy's Deployment and Service: replicas, names, image and pull secrets.
+fn validate_deployment(cx: &mut Ctx, p: &ProxySpec) {
     if let Some(r) = p.replicas {
         cx.range("spec.proxy.replicas", r, 1, 10);
     }
@@ -78,7 +93,11 @@ pub(super) fn validate_proxy(cx: &mut Ctx, spec: &ModelRouterSpec) -> Duration {
             );
         }
     }
-    // Light checks of the pod-spec passthrough blobs.
+}
+
+/// Light checks of the pod-spec passthrough blobs (affinity, resources, tolerations, topology
+/// spread constraints): their shape, not their Kubernetes semantics.
+fn validate_pod_spec_blobs(cx: &mut Ctx, p: &ProxySpec) {
     if let Some(v) = &p.affinity {
         if !v.is_object() {
             cx.err(
@@ -171,5 +190,4 @@ pub(super) fn validate_proxy(cx: &mut Ctx, spec: &ModelRouterSpec) -> Duration {
             }
         }
     }
-    cap
 }

@@ -10,7 +10,7 @@ use wasm_host::{Host, StreamOutcome};
 mod support;
 use support::*;
 
-/// 81 bytes: a hold is 81 + 256 (template margin) + max_tokens.
+/// 81 bytes: a hold is 81 + 672 (template margin) + max_tokens.
 const BODY: &str =
     r#"{"model":"qwen3-8b","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
 
@@ -65,12 +65,12 @@ fn retry_after(o: &StreamOutcome) -> u64 {
 fn holds_in_flight_refuse_and_settling_frees_what_was_not_used() {
     assert_eq!(BODY.len(), 81);
     let mut h = with_budgets(
-        json!([{"name": "all", "scope": "router", "max_tokens": 480, "window_s": 60}]),
+        json!([{"name": "all", "scope": "router", "max_tokens": 896, "window_s": 60}]),
     );
     let first = post(&mut h, &[], BODY);
     assert!(first.local_response.is_none(), "admitted");
     assert_eq!(first.forwarded_body, BODY.as_bytes(), "no edit needed");
-    // 437 held: a second request does not fit until the first settles.
+    // 853 held: a second request does not fit until the first settles.
     let second = post(&mut h, &[], BODY);
     assert_eq!(error_of(&second), (429, "budget_exceeded".into()));
     assert_eq!(retry_after(&second), 1, "only a hold is in the way");
@@ -79,7 +79,7 @@ fn holds_in_flight_refuse_and_settling_frees_what_was_not_used() {
     assert_eq!(gauge(&h, "all.tokens_used"), 30);
     assert_eq!(gauge(&h, "all.tokens_reserved"), 0);
     assert_eq!(gauge(&h, "all.refusals"), 1);
-    // 30 spent + 437 ≤ 480.
+    // 30 spent + 853 ≤ 896.
     let third = post(&mut h, &[], BODY);
     assert!(third.local_response.is_none());
     // Never answered (client gone before a response): released, nothing charged.
@@ -95,9 +95,9 @@ fn holds_in_flight_refuse_and_settling_frees_what_was_not_used() {
 
 #[test]
 fn retry_after_is_the_second_the_request_fits_again() {
-    // A hold is 81 + 256 + 100 = 437; two charges of 30 leave no room under 480.
+    // A hold is 81 + 672 + 100 = 853; two charges of 30 leave no room under 896.
     let mut h =
-        with_budgets(json!([{"name": "w", "scope": "router", "max_tokens": 480, "window_s": 2}]));
+        with_budgets(json!([{"name": "w", "scope": "router", "max_tokens": 896, "window_s": 2}]));
     for _ in 0..2 {
         let r = post(&mut h, &[], BODY);
         assert!(r.local_response.is_none());
@@ -162,8 +162,8 @@ fn a_body_in_pieces_is_held_and_edited_as_a_whole_one_where_a_budget_applies() {
     let head = [(":authority", "gw"), ("content-type", "application/json")];
     let red = [head[0], head[1], ("x-llmkube-team", "red")];
     let mut h =
-        with_budgets(json!([{"name": "t", "scope": "team", "max_tokens": 480, "window_s": 60}]));
-    // The hold is the whole body's (437: its 81 bytes and its max_tokens), though the filter
+        with_budgets(json!([{"name": "t", "scope": "team", "max_tokens": 896, "window_s": 60}]));
+    // The hold is the whole body's (853: its 81 bytes and its max_tokens), though the filter
     // saw the body nine bytes at a time.
     let first = send_body(&mut h, &red, BODY, 9);
     assert!(first.local_response.is_none(), "admitted");
@@ -377,9 +377,9 @@ fn a_team_given_another_slot_is_charged_on_that_slots_ledger() {
 /// `Retry-After` as before.
 #[test]
 fn a_request_over_a_cap_on_its_own_is_told_not_to_retry() {
-    // A hold is 81 + 256 + 100 = 437 tokens, over a cap of 400 on its own.
+    // A hold is 81 + 672 + 100 = 853 tokens, over a cap of 800 on its own.
     let mut h = with_budgets(
-        json!([{"name": "small", "scope": "router", "max_tokens": 400, "window_s": 60}]),
+        json!([{"name": "small", "scope": "router", "max_tokens": 800, "window_s": 60}]),
     );
     let r = post(&mut h, &[], BODY);
     assert_eq!(error_of(&r), (429, "budget_request_over_cap".into()));
@@ -393,5 +393,26 @@ fn a_request_over_a_cap_on_its_own_is_told_not_to_retry() {
             .is_some_and(|m| m.contains("max_tokens") && m.contains("small")),
         "{v}"
     );
+    h.log_and_done(r.stream).unwrap();
+}
+
+/// A request with `tools` holds what its chat template may add for them (a tool-use preamble
+/// and the tools printed again, indented): the same request that fits without them is over
+/// the cap on its own with one small tool.
+#[test]
+fn tools_raise_the_hold_by_what_a_template_prints_for_them() {
+    let mut h =
+        with_budgets(json!([{"name": "b", "scope": "router", "max_tokens": 1200, "window_s": 60}]));
+    let plain = post(&mut h, &[], BODY);
+    assert!(plain.local_response.is_none(), "853 ≤ 1200: admitted");
+    h.log_and_done(plain.stream).unwrap();
+    let with_tools = BODY.replacen(
+        r#""max_tokens":100,"#,
+        r#""max_tokens":100,"tools":[{"type":"function","function":{"name":"f"}}],"#,
+        1,
+    );
+    // Without the tools' margin this would hold 909 and fit.
+    let r = post(&mut h, &[], &with_tools);
+    assert_eq!(error_of(&r), (429, "budget_request_over_cap".into()));
     h.log_and_done(r.stream).unwrap();
 }

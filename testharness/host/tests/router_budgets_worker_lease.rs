@@ -12,7 +12,7 @@ use wasm_host::Host;
 mod support;
 use support::*;
 
-/// 81 bytes: a hold is 81 + 256 (template margin) + max_tokens.
+/// 81 bytes: a hold is 81 + 672 (template margin) + max_tokens.
 const BODY: &str =
     r#"{"model":"qwen3-8b","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
 const USAGE: &[u8] = br#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20}}"#;
@@ -106,11 +106,11 @@ fn requests_on_worker_leases_make_no_shared_data_call_and_the_tick_charges_them(
 #[test]
 fn holds_in_flight_on_a_lease_refuse_and_an_unanswered_request_releases() {
     let mut h = with_budgets(
-        json!([{"name": "all", "scope": "router", "max_tokens": 480, "window_s": 60}]),
+        json!([{"name": "all", "scope": "router", "max_tokens": 896, "window_s": 60}]),
     );
     let first = post(&mut h, &[], BODY);
     assert!(first.local_response.is_none(), "admitted");
-    // 437 held in the lease: a second request does not fit until the first ends.
+    // 853 held in the lease: a second request does not fit until the first ends.
     let second = post(&mut h, &[], BODY);
     assert_eq!(error_of(&second), (429, "budget_exceeded".into()));
     assert_eq!(retry_after(&second), 1, "only a hold is in the way");
@@ -128,9 +128,9 @@ fn holds_in_flight_on_a_lease_refuse_and_an_unanswered_request_releases() {
 
 #[test]
 fn retry_after_on_a_lease_is_the_second_the_request_fits_again() {
-    // A hold is 81 + 256 + 100 = 437; two charges of 30 leave no room under 480.
+    // A hold is 81 + 672 + 100 = 853; two charges of 30 leave no room under 896.
     let mut h =
-        with_budgets(json!([{"name": "w", "scope": "router", "max_tokens": 480, "window_s": 2}]));
+        with_budgets(json!([{"name": "w", "scope": "router", "max_tokens": 896, "window_s": 2}]));
     for _ in 0..2 {
         let r = post(&mut h, &[], BODY);
         assert!(r.local_response.is_none());

@@ -381,3 +381,43 @@ fn big_bodies_are_scanned_as_their_pieces_arrive() {
     assert!(sent < 80_000, "refused only after {sent} bytes");
     assert!(o.forwarded_headers.is_none());
 }
+
+/// The fixed cost of a routed request is mostly hostcalls: one read of each header map, one of
+/// the body, one write per decision header and the response's request id, one counter; no
+/// property reads, and a decision header the client sent costs one removal.
+#[test]
+fn a_routed_request_makes_only_the_hostcalls_it_needs() {
+    let mut h = router();
+    let body = r#"{"model":"llama-big","messages":[{"role":"user","content":"hi"}]}"#;
+    let calls = |h: &mut wasm_host::Host, extra: &[(&str, &str)]| {
+        let before: std::collections::BTreeMap<_, _> = h.hostcalls().into_iter().collect();
+        let mut headers = vec![("x-request-id", "req-1")];
+        headers.extend_from_slice(extra);
+        let o = post(h, &headers, body);
+        assert_eq!(o.header("x-llmkube-route"), Some("~/llama-big"));
+        let json = [(":status", "200"), ("content-type", "application/json")];
+        h.run_response(o.stream, &json, b"{}", 0).unwrap();
+        h.log_and_done(o.stream).unwrap();
+        h.hostcalls()
+            .into_iter()
+            .map(|(n, c)| (n, c - before.get(n).copied().unwrap_or(0)))
+            .filter(|(n, c)| *c > 0 && *n != "proxy_log" && *n != "proxy_get_log_level")
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    calls(&mut h, &[]); // warm-up: metric definitions
+    let got = calls(&mut h, &[]);
+    let want: std::collections::BTreeMap<&str, u64> = [
+        ("proxy_get_current_time_nanoseconds", 2),
+        ("proxy_get_header_map_pairs", 2),
+        ("proxy_get_buffer_bytes", 1),
+        // x-ai-eg-model, x-llmkube-backend, x-llmkube-route; x-request-id on the response
+        ("proxy_replace_header_map_value", 4),
+        ("proxy_increment_metric", 1),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(got, want);
+    let spoofed = calls(&mut h, &[("x-llmkube-backend", "gpt")]);
+    assert_eq!(spoofed.get("proxy_remove_header_map_value"), Some(&1));
+    assert_eq!(spoofed.get("proxy_get_header_map_pairs"), Some(&2));
+}

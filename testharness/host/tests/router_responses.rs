@@ -257,7 +257,14 @@ fn endpoint_metadata_is_read_only_when_it_can_differ_from_the_decision() {
             .count()
     };
     let mut h = router();
-    let cases: [(&[(&str, &str)], &str, &[(&str, &str)], usize); 3] = [
+    /// Request headers, model, endpoint metadata of the answer, endpoint reads expected.
+    type Case<'a> = (
+        &'a [(&'a str, &'a str)],
+        &'a str,
+        &'a [(&'a str, &'a str)],
+        usize,
+    );
+    let cases: [Case; 3] = [
         // Rule `qwen`: one backend, not sensitive — nothing to ask.
         (
             &[],

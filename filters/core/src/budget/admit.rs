@@ -3,10 +3,7 @@
 use super::ledger::{Caps, Hold, Ledger, Shape, Wait};
 use super::window::Amount;
 
-/// Default time a reservation is held when its request never settles (a crashed gateway, a lost
-/// callback): long enough for the slowest stream we expect, short enough not to block a budget
-/// for good.
-pub const DEFAULT_HOLD_TTL_S: u64 = 900;
+pub use crate::config::budgets::DEFAULT_HOLD_TTL_S;
 
 /// Longest team value kept as is in a ledger key; longer ones are keyed by a hash.
 pub const MAX_TEAM_KEY: usize = 128;

@@ -6,10 +6,12 @@
 //! pieces is not kept).
 //!
 //! The bound, per request (documented in docs/budgets.md):
-//! - prompt ≤ body bytes + [`TEMPLATE_MARGIN`]: tokenizers in use (byte-level BPE, SentencePiece
-//!   with byte fallback) emit at most one token per byte of text, the JSON around the text is
-//!   longer than the chat template's own tokens, and the margin covers templates that add a
-//!   default system prompt. Images given by URL are the exception (their tokens are not in the body).
+//! - prompt ≤ body bytes + the template margin ([`super::template`]): tokenizers in use
+//!   (byte-level BPE, SentencePiece with byte fallback) emit at most one token per byte of
+//!   text, the JSON around each message is longer than the chat template's own tokens, and the
+//!   margin covers what templates add from nothing (default system prompts, tool preambles)
+//!   or print again (tools, tool-call arguments). Images given by URL are the exception (their
+//!   tokens are not in the body).
 //! - completion ≤ the client's `max_tokens` / `max_completion_tokens` / `max_output_tokens`;
 //!   without one, the backend's `contextLength`; without that, the gateway sets `max_tokens` to
 //!   the configured default ([`Bound::set_max_tokens`]) so the bound still holds.
@@ -17,11 +19,8 @@
 
 use crate::scan::Fields;
 
-/// Tokens a chat template may add beyond what the body's bytes account for.
-pub const TEMPLATE_MARGIN: u64 = 256;
-
 /// The request-body facts budgets need.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestFacts {
     pub body_bytes: u64,
     /// The largest completion cap the client sent, if any (a backend may read any of them).
@@ -31,6 +30,26 @@ pub struct RequestFacts {
     pub stream: bool,
     /// `stream_options.include_usage` as the client sent it.
     pub include_usage: Option<bool>,
+    /// Tokens the chat template may add ([`super::template::margin`]).
+    pub template_margin: u64,
+    /// The body has `tools` or tool calls: the margin depends on them
+    /// ([`super::template::shape_of`]), and [`Self::template_margin`] is only the base until the
+    /// caller set it from their bytes.
+    pub template_needs_shape: bool,
+}
+
+impl Default for RequestFacts {
+    fn default() -> Self {
+        RequestFacts {
+            body_bytes: 0,
+            max_output: None,
+            choices: 1,
+            stream: false,
+            include_usage: None,
+            template_margin: super::template::BASE,
+            template_needs_shape: false,
+        }
+    }
 }
 
 /// The facts of a body of `body_bytes` the scanner accepted (`fields` is its answer).
@@ -42,6 +61,8 @@ pub fn request_facts(body_bytes: usize, fields: &Fields) -> RequestFacts {
         choices: k.choices.unwrap_or(1).max(1),
         stream: fields.stream,
         include_usage: k.include_usage,
+        template_margin: super::template::BASE,
+        template_needs_shape: fields.spans.tools.is_some() || k.tool_calls,
     }
 }
 
@@ -65,7 +86,7 @@ pub fn upper_bound(
     context_length: Option<u64>,
     default_max_output: u64,
 ) -> Bound {
-    let mut prompt = f.body_bytes.saturating_add(TEMPLATE_MARGIN);
+    let mut prompt = f.body_bytes.saturating_add(f.template_margin);
     let (per_choice, set_max_tokens) = match (f.max_output, context_length) {
         (Some(m), _) => (m, None),
         (None, Some(c)) => (c, None),
@@ -187,13 +208,13 @@ mod tests {
             ..Default::default()
         };
         let b = upper_bound(&f, None, 4096);
-        assert_eq!((b.prompt, b.completion, b.set_max_tokens), (1256, 50, None));
+        assert_eq!((b.prompt, b.completion, b.set_max_tokens), (1672, 50, None));
         let f = RequestFacts {
             body_bytes: 1000,
             ..Default::default()
         };
         let b = upper_bound(&f, Some(8192), 4096);
-        assert_eq!((b.prompt, b.completion, b.total), (1256, 8192, Some(8192)));
+        assert_eq!((b.prompt, b.completion, b.total), (1672, 8192, Some(8192)));
         assert_eq!(b.amount(&Price::default()).tokens, 8192);
         let b = upper_bound(&f, None, 4096);
         assert_eq!((b.completion, b.set_max_tokens), (4096, Some(4096)));

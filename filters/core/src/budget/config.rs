@@ -1,118 +1,13 @@
-//! The budgets part of the plugin configuration, as the generator will write it and the filter
-//! reads it, and its compilation into [`Budget`]s and prices. (It joins `PluginConfig` when the
-//! filter wiring lands; until then it stands alone so both sides can be written against it.)
+//! The compilation of the budgets part of the plugin configuration (`crate::config::budgets`)
+//! into [`Budget`]s and prices.
 
-use super::admit::{Budget, Scope, DEFAULT_HOLD_TTL_S};
+use super::admit::{Budget, Scope};
 use super::ledger::Caps;
 use super::money::{parse_usd, Price};
-use super::table::DEFAULT_MAX_TEAMS;
-use serde::{Deserialize, Serialize};
-
-pub const DEFAULT_TEAM_HEADER: &str = "x-llmkube-team";
-/// `max_tokens` the gateway sets when neither the client nor the backend bounds the completion.
-pub const DEFAULT_MAX_TOKENS: u64 = 4096;
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BudgetsConfig {
-    pub budgets: Vec<BudgetConfig>,
-    /// `costPerMillionTokens` per backend; a backend not listed is free.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub prices: Vec<BackendPrice>,
-    #[serde(default = "default_hold_ttl_s")]
-    pub hold_ttl_s: u64,
-    #[serde(default = "default_max_tokens")]
-    pub default_max_tokens: u64,
-    #[serde(default = "default_max_teams")]
-    pub max_teams: usize,
-    /// The shared ledger (`--budgets-service`); absent: ledgers live in this Envoy's shared data.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service: Option<ServiceConfig>,
-    /// UNSAFE, tests only: admit by checking the ledgers without holding anything and charge
-    /// after the response, as charge-after gateways do, so concurrent requests overshoot the cap.
-    /// Exists so the end-to-end test can show the overshoot reservation prevents; the generator
-    /// writes it only under a hidden flag.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub unsafe_charge_after: bool,
-    /// Embedded ledgers only: one reserve and one settle in the ledger per request instead of
-    /// the default worker leases (`budget::worker_lease`, docs/budgets.md "Worker leases").
-    /// Absent (false) means leases, so a configuration that predates the field gets the cheaper
-    /// mode; the bound is the same either way, per request only keeps gauges current per
-    /// response instead of per tick. Ignored with `service` (the shared ledger has its own).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub per_request: bool,
-    /// UNSAFE, tests only: worker leases whose room is granted but not held in the ledger
-    /// (`worker_lease::Leases::unsafe_unheld`), the end-to-end control that overshoots; the
-    /// generator writes it only under a library option.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub unsafe_worker_leases_unheld: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BudgetConfig {
-    pub name: String,
-    pub scope: ScopeName,
-    /// `ruleName` for `scope: rule`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rule: Option<String>,
-    /// `headerKey` for `scope: team` (default `x-llmkube-team`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub header: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_usd: Option<String>,
-    pub window_s: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ScopeName {
-    Router,
-    Rule,
-    Team,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BackendPrice {
-    pub backend: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt_usd: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub completion_usd: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServiceConfig {
-    /// The Envoy cluster the generator emits for `llmkube-budgets`.
-    pub cluster: String,
-    #[serde(default = "default_service_timeout_ms")]
-    pub timeout_ms: u64,
-    /// When the service cannot be reached: admit without budgets (audited) instead of the
-    /// default 503 `budget_store_unavailable`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub fail_open: bool,
-    /// Lease mode (`super::lease`): admit against a lease held in Redis per ledger instead of
-    /// one reservation call per request. Absent: per-request reservation.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease: Option<super::lease::LeaseConfig>,
-}
-
-fn default_hold_ttl_s() -> u64 {
-    DEFAULT_HOLD_TTL_S
-}
-fn default_max_tokens() -> u64 {
-    DEFAULT_MAX_TOKENS
-}
-fn default_max_teams() -> usize {
-    DEFAULT_MAX_TEAMS
-}
-fn default_service_timeout_ms() -> u64 {
-    1000
-}
+pub use crate::config::budgets::{
+    BackendPrice, BudgetConfig, BudgetsConfig, ScopeName, ServiceConfig, DEFAULT_MAX_TOKENS,
+    DEFAULT_TEAM_HEADER,
+};
 
 /// A configuration problem: where (`budgets[1].max_usd`) and why.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,7 +17,6 @@ use super::ledger::Caps;
 use super::money::parse_usd;
 use super::shared::{SetError, SharedData, SharedError, MAX_CAS_ATTEMPTS};
 use super::window::Amount;
-use serde::{Deserialize, Serialize};
 
 /// A lease's size in a dimension the gateway sets no lease maximum for (its budget has no cap
 /// there, so the hold's amount in it limits nothing): large, and exact in Lua's doubles.
@@ -26,47 +25,9 @@ pub const UNLIMITED_PICO: u64 = 1_000_000_000_000_000_000;
 /// A lease without admissions for this many report periods shrinks to its requests in flight
 /// (and goes when they are done): it holds room other gateways could use.
 pub const IDLE_REPORTS: u64 = 10;
-/// Default and bounds of `report_ms`.
-pub const DEFAULT_REPORT_MS: u64 = 100;
+/// Bound of `report_ms`.
 pub const MAX_REPORT_MS: u64 = 60_000;
-
-/// `budgets.service.lease` in the plugin configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LeaseConfig {
-    /// The most tokens one lease takes (for budgets with `max_tokens`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<u64>,
-    /// The most USD one lease takes (for budgets with `max_usd`), a decimal string.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_usd: Option<String>,
-    /// How often the root reports and renews a busy lease.
-    #[serde(default = "default_report_ms")]
-    pub report_ms: u64,
-    /// Team leases kept per team budget (`super::lease_slots`); 0: team budgets are not leased.
-    #[serde(
-        default = "default_team_slots",
-        skip_serializing_if = "is_default_team_slots"
-    )]
-    pub team_slots: usize,
-    /// UNSAFE, tests only: leases are granted without being held in Redis (and without the
-    /// split over leaseholders), so other gateways do not see them: the end-to-end control that
-    /// shows the hold is what keeps the bound.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub unsafe_lease_unheld: bool,
-}
-
-fn default_report_ms() -> u64 {
-    DEFAULT_REPORT_MS
-}
-
-fn default_team_slots() -> usize {
-    super::lease_slots::DEFAULT_TEAM_SLOTS
-}
-
-fn is_default_team_slots(n: &usize) -> bool {
-    *n == super::lease_slots::DEFAULT_TEAM_SLOTS
-}
+pub use crate::config::budgets::{LeaseConfig, DEFAULT_REPORT_MS};
 
 /// The lease configuration as the filter uses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

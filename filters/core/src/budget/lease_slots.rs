@@ -20,8 +20,7 @@
 use super::lease::LeaseState;
 use super::shared::SharedData;
 
-/// Team-lease slots per team budget by default.
-pub const DEFAULT_TEAM_SLOTS: usize = 64;
+pub use crate::config::budgets::DEFAULT_TEAM_SLOTS;
 /// Most slots per team budget (each is a shared-data key the root's tick reads).
 pub const MAX_TEAM_SLOTS: usize = 4096;
 /// Slots a team may use: this many from its hash (fewer when the budget has fewer).

@@ -34,6 +34,7 @@ pub mod remote;
 pub mod reply;
 pub mod shared;
 pub mod table;
+pub mod template;
 #[cfg(test)]
 mod test_store;
 pub mod usage;

@@ -79,7 +79,7 @@ mod tests {
     fn plans_on_the_dearest_backend_and_the_largest_context() {
         let c = compiled();
         let facts = RequestFacts {
-            body_bytes: 744,
+            body_bytes: 328,
             max_output: None,
             choices: 1,
             ..Default::default()

@@ -18,8 +18,7 @@ fn get(b: &[u8], i: &mut usize) -> Result<u64, TableError> {
     super::varint::get(b, i).ok_or(TableError::Corrupt)
 }
 
-/// Team ledgers kept per team budget by default.
-pub const DEFAULT_MAX_TEAMS: usize = 1024;
+pub use crate::config::budgets::DEFAULT_MAX_TEAMS;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TableError {

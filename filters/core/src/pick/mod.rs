@@ -61,11 +61,7 @@ const REQUEST_COST_BYTES: u64 = 1024;
 /// Most pods per backend: pod indices are `u16` in tickets, tables and sessions.
 pub const MAX_PODS: usize = 1024;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Mode {
-    RoundRobin,
-    LoadAware,
-}
+pub use crate::config::pick::Mode;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrefixAffinity {

@@ -5,10 +5,15 @@
 //! connection, the deadline) through `proxy_on_grpc_close` with the status code. A cancelled
 //! call gets no callback. Streams (`proxy_grpc_stream`) are not served.
 
-use crate::abi::{
-    deserialize_map, read, read_str, register_call, BAD_ARGUMENT, C, INVALID_MEMORY, NOT_FOUND, OK,
+use super::headers::deserialize_map;
+use super::http_call::register_call;
+use crate::embedder::{GrpcMethod, HttpCallRecord, HttpCallReply};
+use crate::hostcall::{
+    slot, tally, BAD_ARGUMENT, C, INTERNAL_FAILURE, INVALID_MEMORY, NOT_FOUND, OK,
 };
-use crate::{GrpcMethod, HostState, HttpCallRecord, HttpCallReply};
+use crate::memory::{read, read_str};
+use crate::state::HostState;
+use crate::types::find_header;
 use std::time::Duration;
 use wasmtime::Linker;
 
@@ -18,6 +23,7 @@ pub const UNAVAILABLE: u32 = 14;
 const UNKNOWN: u32 = 2;
 
 pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
+    add_streams(l)?;
     l.func_wrap(
         "env",
         "proxy_grpc_call",
@@ -94,6 +100,41 @@ pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// gRPC streams are not served: a stream is refused, sends and closes find nothing.
+fn add_streams(l: &mut Linker<HostState>) -> anyhow::Result<()> {
+    l.func_wrap(
+        "env",
+        "proxy_grpc_stream",
+        |mut c: C<'_>,
+         _a: i32,
+         _b: i32,
+         _d: i32,
+         _e: i32,
+         _f: i32,
+         _g: i32,
+         _h: i32,
+         _i: i32,
+         _r: i32|
+         -> i32 {
+            tally(&mut c, const { slot("proxy_grpc_stream") });
+            INTERNAL_FAILURE
+        },
+    )?;
+    l.func_wrap(
+        "env",
+        "proxy_grpc_send",
+        |mut c: C<'_>, _t: i32, _p: i32, _s: i32, _e: i32| -> i32 {
+            tally(&mut c, const { slot("proxy_grpc_send") });
+            NOT_FOUND
+        },
+    )?;
+    l.func_wrap("env", "proxy_grpc_close", |mut c: C<'_>, _t: i32| -> i32 {
+        tally(&mut c, const { slot("proxy_grpc_close") });
+        NOT_FOUND
+    })?;
+    Ok(())
+}
+
 /// How a gRPC callout's answer reaches the guest.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Delivery {
@@ -107,7 +148,7 @@ pub(crate) fn delivery(reply: Option<&HttpCallReply>) -> Delivery {
     let Some(r) = reply else {
         return Delivery::Close(UNAVAILABLE);
     };
-    let status = crate::find_header(&r.headers, "grpc-status")
+    let status = find_header(&r.headers, "grpc-status")
         .map(|s| s.trim().parse::<u32>().unwrap_or(UNKNOWN))
         .unwrap_or(UNKNOWN);
     if status == 0 {

@@ -136,8 +136,22 @@ def tarjan(edges):
         if v not in idx: visit(v)
     return out
 
-if __name__ == '__main__':
-    for src in sys.argv[1:]:
+def main(argv):
+    """module-cycles.py [--no-cycles] [--leaf MOD[:ALLOWED,...]]... SRC...
+
+    --no-cycles: exit 1 when SRC has a cycle. --leaf: exit 1 when MOD or a module under it
+    names a module outside MOD other than the ALLOWED ones."""
+    no_cycles, leaves, srcs, ok = False, [], [], True
+    args = iter(argv)
+    for a in args:
+        if a == '--no-cycles':
+            no_cycles = True
+        elif a == '--leaf':
+            mod, _, allowed = next(args).partition(':')
+            leaves.append((mod, [x for x in allowed.split(',') if x]))
+        else:
+            srcs.append(a)
+    for src in srcs:
         mods, edges = graph(src)
         sccs = [sorted(s) for s in tarjan(edges) if len(s) > 1]
         print(f'{src}: {len(mods)} modules, {sum(map(len, edges.values()))} edges, '
@@ -147,3 +161,20 @@ if __name__ == '__main__':
         if '-v' in os.environ.get('MODCYCLES', ''):
             for m in sorted(edges):
                 print(' ', m or '<root>', '->', ', '.join(sorted(x or '<root>' for x in edges[m])))
+        if no_cycles and sccs:
+            ok = False
+        under = lambda m, p: m == p or m.startswith(p + '::')
+        for mod, allowed in leaves:
+            for m in sorted(edges):
+                if not under(m, mod):
+                    continue
+                bad = [d for d in sorted(edges[m])
+                       if not under(d, mod) and not any(under(d, a) for a in allowed)]
+                if bad:
+                    print(f'  {m} is a leaf but uses ' + ', '.join(x or '<root>' for x in bad))
+                    ok = False
+    return 0 if ok else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))

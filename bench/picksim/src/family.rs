@@ -543,3 +543,36 @@ pub fn table(rows: &[Measured]) -> String {
     }
     out
 }
+
+/// Where the picker's hits went against the oracle's, per draw with a hit target: what the
+/// best-holding pod held at each pick (the most a pick could reuse), what the chosen pod held,
+/// and the bytes lost put down to a stale table, a table that did not know, or a pick that went
+/// elsewhere knowingly ([`crate::Misses`]), all as shares of the prompt bytes; and the mean
+/// number of pods holding at least 4 KiB of a request that some pod held that much of.
+pub fn misses_table(rows: &[Measured]) -> String {
+    let mut out = String::from(
+        "| seed | draw | hit÷oracle | held best: oracle / picker | chosen held: oracle / picker | lost: stale / unknown / elsewhere | copies: oracle / picker | imbalance: oracle / picker |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for m in rows {
+        let v = m.targets.hit_vs_oracle.unwrap_or(f64::NAN);
+        let (o, p) = (&m.oracle.misses, &m.picker.misses);
+        let share = |x: u64, of: u64| x as f64 / of.max(1) as f64;
+        out.push_str(&format!(
+            "| {:x} | {} | {v:.3} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} / {:.3} / {:.3} | {:.2} / {:.2} | {:.2} / {:.2} |\n",
+            m.draw.seed,
+            m.draw.label(),
+            share(o.held_best, o.prompt),
+            share(p.held_best, p.prompt),
+            share(o.held_chosen, o.prompt),
+            share(p.held_chosen, p.prompt),
+            share(p.stale, p.prompt),
+            share(p.unknown, p.prompt),
+            share(p.load, p.prompt),
+            share(o.copies, o.shared_requests),
+            share(p.copies, p.shared_requests),
+            m.oracle.imbalance,
+            m.picker.imbalance,
+        ));
+    }
+    out
+}

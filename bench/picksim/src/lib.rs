@@ -116,6 +116,35 @@ pub struct Report {
     pub imbalance: f64,
     /// Requests the router had no pod for.
     pub unplaced: usize,
+    /// Where the prompt bytes the router's picks left uncached went (see [`Misses`]).
+    pub misses: Misses,
+}
+
+/// What the pods' caches held of each request when it was placed, against what its pod held:
+/// the bytes a pick lost are what the best-holding pod held beyond the chosen one. Each lost
+/// byte is put down to one cause, read from the picker's table at the moment of the pick.
+/// All in rendered prompt bytes (the engines' unit), summed over the requests.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Misses {
+    /// Every request's rendered prompt.
+    pub prompt: u64,
+    /// What the best-holding pod held of each request: the most any pick could have reused.
+    pub held_best: u64,
+    /// What the chosen pod held.
+    pub held_chosen: u64,
+    /// Lost where the table credited the chosen pod with more than its engine still held
+    /// (the engine evicted what the table remembers).
+    pub stale: u64,
+    /// Lost where the table did not know that the best pod held more (it forgot, never saw
+    /// that pod get it, or the pod holds an answer the table never sees).
+    pub unknown: u64,
+    /// Lost where the table knew the best pod held more and the picker went elsewhere
+    /// (load bounds, sessions, moves).
+    pub load: u64,
+    /// Requests with at least 4 KiB held somewhere, and the pods holding at least 4 KiB of
+    /// them summed over those requests: how many copies of a hot prefix the fleet keeps.
+    pub shared_requests: u64,
+    pub copies: u64,
 }
 
 struct Pod {
@@ -255,6 +284,7 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
     // Picks per replica made while it read itself alone (as the filter's `pick.alone` counter).
     let mut alone_picks = vec![0usize; pickers.len()];
     let mut diag: Vec<(u64, usize, usize, u64)> = Vec::new();
+    let mut misses = Misses::default();
     let mut scanner = Scanner::new();
     let mut prompt = Prompt::default();
     let mut next_scrape: Vec<u64> = (0..pickers.len() as u64)
@@ -322,6 +352,11 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         let replica = i % pickers.len();
         let json: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
         let rendered = render_prompt("/v1/chat/completions", &json).into_bytes();
+        let held: Vec<u64> = w
+            .pods
+            .iter_mut()
+            .map(|p| p.engine.cached_prefix_blocks(&rendered) * p.engine.block_bytes() as u64)
+            .collect();
         let (pod, ticket) = if policy == Policy::PrefixOracle {
             (prefix_oracle(&mut w.pods, &rendered), None)
         } else if policy == Policy::Oracle {
@@ -359,8 +394,16 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                 Company::Alone => alone_picks[replica] += 1,
                 Company::Unknown => {}
             }
+            let known: Vec<u64> = (0..s.pods)
+                .map(|p| {
+                    pickers[replica].table(p).map_or(0, |t| {
+                        t.matched_prefix(&prompt.blocks) as u64 * block as u64
+                    })
+                })
+                .collect();
             match pickers[replica].pick(&req, now) {
                 Choice::Pod(t) => {
+                    attribute(&mut misses, &held, t.pod(), &known);
                     let own = std::env::var_os("PICKSIM_DIAG_OWN").is_some();
                     let at = if own { prompt.head_bytes / block } else { 0 };
                     if let Some(&b) = prompt.blocks.get(at) {
@@ -375,6 +418,14 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                 }
             }
         };
+        misses.prompt += rendered.len() as u64;
+        let best = held.iter().copied().max().unwrap_or(0);
+        misses.held_best += best;
+        misses.held_chosen += held.get(pod).copied().unwrap_or(0);
+        if best >= 4096 {
+            misses.shared_requests += 1;
+            misses.copies += held.iter().filter(|&&h| h >= 4096).count() as u64;
+        }
         w.flights[i] = Some(Flight {
             replica,
             ticket,
@@ -457,6 +508,34 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         e2e_p99_ms: e2e_p99 as f64 / 1e6,
         imbalance: if mean > 0.0 { max / mean } else { 1.0 },
         unplaced,
+        misses,
+    }
+}
+
+/// Puts the bytes a pick on `chosen` lost against the best-holding pod down to one cause.
+/// `known[p]`: the bytes of the prompt the picker's table credited pod `p` with before the pick.
+fn attribute(m: &mut Misses, held: &[u64], chosen: usize, known: &[u64]) {
+    let Some((best, &top)) = held
+        .iter()
+        .enumerate()
+        .max_by_key(|&(i, &h)| (h, Reverse(i)))
+    else {
+        return;
+    };
+    let here = held.get(chosen).copied().unwrap_or(0);
+    let lost = top.saturating_sub(here);
+    if lost < 1024 {
+        return;
+    }
+    // One table block of slack: the table's blocks are JSON bytes, the engine's rendered ones.
+    let slack = 1024;
+    let (kb, kc) = (known[best], known.get(chosen).copied().unwrap_or(0));
+    if kb > kc + slack {
+        m.load += lost;
+    } else if kc > here + slack {
+        m.stale += lost;
+    } else {
+        m.unknown += lost;
     }
 }
 
@@ -740,27 +819,7 @@ pub fn set(c: &mut Config, kv: &str) {
         std::process::exit(2);
     };
     match k {
-        "unseen_load_percent" => c.unseen_load_percent = n,
-        "balance_percent" => c.balance_percent = n,
         "known_balance_percent" => c.known_balance_percent = n,
-        "recent_from_usage" => c.recent_from_usage = n != 0,
-        "spread_bytes" => c.spread_bytes = n,
-        "shared_known_balance_percent" => c.shared_known_balance_percent = n,
-        "shared_balance_percent" => c.shared_balance_percent = n,
-        "shared_unseen_load_percent" => c.shared_unseen_load_percent = n,
-        "request_cost_bytes" => c.request_cost_bytes = n,
-        "lone_least_work" => c.lone_least_work = n != 0,
-        "start_cost_bytes" => c.start_cost_bytes = n,
-        "lone_total_half_life_s" => c.lone_total_half_life_ns = n * 1_000_000_000,
-        "lone_move_percent" => c.lone_move_percent = n,
-        "lone_move_max_bytes" => c.lone_move_max_bytes = n,
-        "lone_move_reuse" => c.lone_move_reuse = n != 0,
-        "confirm_alone" => c.confirm_alone = n != 0,
-        "engine_count_when_waiting" => c.engine_count_when_waiting = n != 0,
-        "shared_start_percent" => c.shared_start_percent = n,
-        "shared_unseen_weight_percent" => c.shared_unseen_weight_percent = n,
-        "shared_weight_prior_bytes" => c.shared_weight_prior_bytes = n,
-        "start_half_life_s" => c.start_half_life_ns = n * 1_000_000_000,
         "half_life_s" => c.recent_half_life_ns = n * 1_000_000_000,
         _ => {
             eprintln!("--set: unknown parameter {k}");

@@ -26,29 +26,9 @@ fn row(name: &str, r: &Report) {
 /// The settings `--sweep` compares, each a list of `--set` assignments on top of the base.
 const SWEEP: &[(&str, &str)] = &[
     ("defaults", ""),
-    ("lone gateway by rendezvous (before)", "lone_least_work=0"),
-    ("lone: recent prefill only", "start_cost_bytes=0"),
-    ("lone: 16 KiB per start", "start_cost_bytes=16384"),
-    ("lone: starts' half-life 60 s", "start_half_life_s=60"),
     ("known shed at 130 %", "known_balance_percent=130"),
-    (
-        "known at 130 %, lone bounds among replicas",
-        "known_balance_percent=130,shared_balance_percent=0,shared_known_balance_percent=0",
-    ),
-    (
-        "previous defaults",
-        "recent_from_usage=0,known_balance_percent=0",
-    ),
-    (
-        "no prefill bound",
-        "balance_percent=0,known_balance_percent=0",
-    ),
-    ("bound 120 %", "balance_percent=120"),
-    ("known shed at 150 %", "known_balance_percent=150"),
+    ("known shed at 200 %", "known_balance_percent=200"),
     ("known never shed", "known_balance_percent=0"),
-    ("predicted work only", "recent_from_usage=0"),
-    ("unseen load bound 400 %", "unseen_load_percent=400"),
-    ("spread 1 KiB", "spread_bytes=1024"),
     ("half-life 30 s", "half_life_s=30"),
 ];
 

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::reporter::Ctx;
 use super::syntax::*;
-use super::Ctx;
 use crate::model::*;
 
 pub(super) fn validate_backends(

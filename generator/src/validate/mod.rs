@@ -7,76 +7,20 @@ mod backends;
 mod policy;
 mod proxy;
 mod references;
+mod reporter;
 mod rules;
 mod served;
 mod syntax;
-
-use std::collections::BTreeSet;
-use std::time::Duration;
 
 pub use syntax::{
     check_glob, is_cidr_or_addr, is_decimal, is_dns_label, is_dns_subdomain, is_name,
 };
 
-use router_core::headers::is_token as is_header_token;
-
-use crate::duration::parse_duration;
 use crate::inputs::{namespace_of, Inputs};
 use crate::model::*;
-use crate::{Diagnostics, Problem};
-
-/// How references to other objects (InferenceServices, Secrets) that are not in the input are
-/// treated. `validate` checks a manifest on its own (the objects may exist in the cluster): a
-/// warning. `compile` needs them (port, namespace, credentials): an error, unless the command line
-/// supplies the address (`--resolve` / `--endpoints`).
-#[derive(Debug, Clone, Default)]
-pub struct RefPolicy {
-    pub missing_is_error: bool,
-    /// Secrets must be in the input too (a target that inlines credentials); otherwise a missing
-    /// Secret is only a warning (it is referenced, and may exist in the cluster).
-    pub secrets_required: bool,
-    /// InferenceService names whose address is given on the command line.
-    pub resolved_names: BTreeSet<String>,
-}
-
-pub(crate) struct Ctx<'a> {
-    label: String,
-    diags: &'a mut Diagnostics,
-}
-
-impl Ctx<'_> {
-    pub(crate) fn err(&mut self, path: impl Into<String>, msg: impl Into<String>) {
-        self.diags.error(Problem::new(&self.label, path, msg));
-    }
-    pub(crate) fn warn(&mut self, path: impl Into<String>, msg: impl Into<String>) {
-        self.diags.warn(Problem::new(&self.label, path, msg));
-    }
-    pub(crate) fn duration(&mut self, path: &str, s: &str) -> Option<Duration> {
-        match parse_duration(s) {
-            Ok(d) => Some(d),
-            Err(e) => {
-                self.err(path, e);
-                None
-            }
-        }
-    }
-    pub(crate) fn range(&mut self, path: &str, v: i64, min: i64, max: i64) -> bool {
-        if v < min || v > max {
-            self.err(path, format!("must be between {min} and {max}, got {v}"));
-            false
-        } else {
-            true
-        }
-    }
-    pub(crate) fn header(&mut self, path: &str, name: &str) {
-        if !is_header_token(name) {
-            self.err(
-                path,
-                format!("{name:?} is not a valid HTTP header name (RFC 7230 token)"),
-            );
-        }
-    }
-}
+use crate::Diagnostics;
+pub use references::RefPolicy;
+use reporter::Ctx;
 
 /// Validates one ModelRouter. `inputs` supplies the referenced objects; `refs` says how missing
 /// ones are reported.

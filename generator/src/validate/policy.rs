@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use super::syntax::*;
 use router_core::headers::{is_token, CREDENTIAL_HEADERS};
 
-use super::Ctx;
+use super::reporter::Ctx;
 use crate::model::*;
 
 pub(super) fn validate_policy(cx: &mut Ctx, spec: &ModelRouterSpec) {

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use super::reporter::Ctx;
 use super::syntax::*;
-use super::Ctx;
 use crate::model::*;
 
 pub(super) fn validate_proxy(cx: &mut Ctx, spec: &ModelRouterSpec) -> Duration {

@@ -1,10 +1,26 @@
 //! Data-plane references (`gatewayRef`, `agentGatewayRef`), `spec.endpoint`, and the objects a
 //! router references (InferenceServices, Secrets).
 
+use std::collections::BTreeSet;
+
+use super::reporter::Ctx;
 use super::syntax::*;
-use super::{Ctx, RefPolicy};
 use crate::inputs::Inputs;
 use crate::model::*;
+
+/// How references to other objects (InferenceServices, Secrets) that are not in the input are
+/// treated. `validate` checks a manifest on its own (the objects may exist in the cluster): a
+/// warning. `compile` needs them (port, namespace, credentials): an error, unless the command line
+/// supplies the address (`--resolve` / `--endpoints`).
+#[derive(Debug, Clone, Default)]
+pub struct RefPolicy {
+    pub missing_is_error: bool,
+    /// Secrets must be in the input too (a target that inlines credentials); otherwise a missing
+    /// Secret is only a warning (it is referenced, and may exist in the cluster).
+    pub secrets_required: bool,
+    /// InferenceService names whose address is given on the command line.
+    pub resolved_names: BTreeSet<String>,
+}
 
 pub(super) fn validate_data_plane_refs(
     cx: &mut Ctx,

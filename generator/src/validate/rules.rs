@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::backends::check_timeout;
+use super::reporter::Ctx;
 use super::syntax::*;
-use super::Ctx;
 use crate::model::*;
 
 pub(super) fn validate_rules(cx: &mut Ctx, spec: &ModelRouterSpec, cap: Duration) {

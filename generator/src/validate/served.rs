@@ -3,7 +3,7 @@
 //! in extraArgs, or `spec.gateway.modelName`); otherwise the client's name goes through, and an
 //! engine that does not serve it answers 404. A lint of `validate`: the route still compiles.
 
-use super::Ctx;
+use super::reporter::Ctx;
 use crate::inputs::Inputs;
 use crate::model::*;
 

@@ -5,7 +5,7 @@
 //! connection, the deadline) through `proxy_on_grpc_close` with the status code. A cancelled
 //! call gets no callback. Streams (`proxy_grpc_stream`) are not served.
 
-use super::headers::deserialize_map;
+use super::header_maps::deserialize_map;
 use super::http_call::register_call;
 use crate::embedder::{GrpcMethod, HttpCallRecord, HttpCallReply};
 use crate::hostcall::{

@@ -1,7 +1,7 @@
 //! HTTP callouts (`proxy_http_call`): pending and bounded per VM; the embedder's transport gets
 //! them after the callback.
 
-use super::headers::deserialize_map;
+use super::header_maps::deserialize_map;
 use crate::embedder::HttpCallRecord;
 use crate::hostcall::{slot, tally, BAD_ARGUMENT, C, INTERNAL_FAILURE, INVALID_MEMORY, OK};
 use crate::memory::{read, read_str, write_u32};

@@ -6,10 +6,10 @@
 mod buffers;
 mod context;
 pub(crate) mod grpc;
-pub(crate) mod headers;
+mod guest_metrics;
+pub(crate) mod header_maps;
 pub(crate) mod http_call;
-mod metrics;
-mod plugin;
+mod plugin_env;
 mod properties;
 mod shared_data;
 mod stream;
@@ -18,14 +18,14 @@ use crate::state::HostState;
 use wasmtime::Linker;
 
 pub(crate) fn add_to_linker(l: &mut Linker<HostState>) -> anyhow::Result<()> {
-    plugin::add_to_linker(l)?;
+    plugin_env::add_to_linker(l)?;
     buffers::add_to_linker(l)?;
-    headers::add_to_linker(l)?;
+    header_maps::add_to_linker(l)?;
     properties::add_to_linker(l)?;
     shared_data::add_to_linker(l)?;
     stream::add_to_linker(l)?;
     http_call::add_to_linker(l)?;
     grpc::add_to_linker(l)?;
     context::add_to_linker(l)?;
-    metrics::add_to_linker(l)
+    guest_metrics::add_to_linker(l)
 }

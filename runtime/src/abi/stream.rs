@@ -1,6 +1,6 @@
 //! What a filter does to its stream: resume it, reset it, or answer it locally.
 
-use super::headers::deserialize_map;
+use super::header_maps::deserialize_map;
 use crate::hostcall::{slot, tally, BAD_ARGUMENT, C, INVALID_MEMORY, NOT_FOUND, OK};
 use crate::memory::{read, read_str};
 use crate::state::HostState;

@@ -1,10 +1,11 @@
 //! The workload family: `cargo run --release -p picksim --bin family [-- --held-out K]
-//! [--tuning K] [--seed HEX] [--set name=value]...`.
+//! [--tuning K] [--skip K] [--seed HEX] [--set name=value]... [--misses]`.
 //!
 //! Draws K held-out workloads (32 by default; `--tuning K` draws from the tuning seeds
-//! instead), runs round-robin, the picker (one replica and the draw's replicas) and the prefix
-//! oracle on each, and prints a Markdown table with the worst draw of each target.
-use picksim::family::{evaluate, held_out_seeds, table, tuning_seeds, Draw};
+//! instead; `--skip K` leaves out the first K held-out seeds), runs round-robin, the picker (one replica and the draw's replicas) and the prefix
+//! oracle on each, and prints a Markdown table with the worst draw of each target
+//! (`--misses`: and where the picker's misses came from, per draw).
+use picksim::family::{evaluate, held_out_seeds, misses_table, table, tuning_seeds, Draw};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -24,7 +25,8 @@ fn main() {
     } else if let Some(k) = count("--tuning") {
         tuning_seeds(k)
     } else {
-        held_out_seeds(count("--held-out").unwrap_or(32))
+        let skip = count("--skip").unwrap_or(0);
+        held_out_seeds(skip + count("--held-out").unwrap_or(32)).split_off(skip)
     };
     let mut rows = Vec::new();
     for seed in seeds {
@@ -39,7 +41,7 @@ fn main() {
             }
         });
         eprintln!(
-            "{seed:x} {}: rr {:.3} picker {:.3} x{} {:.3} oracle {:.3}; p99 {:.0} / {:.0} ms",
+            "{seed:x} {}: rr {:.3} picker {:.3} x{} {:.3} oracle {:.3}; p99 {:.0} / {:.0} ms (rr {:.0})",
             d.label(),
             m.round_robin.hit_rate,
             m.picker.hit_rate,
@@ -47,9 +49,19 @@ fn main() {
             m.replicas.hit_rate,
             m.oracle.hit_rate,
             m.picker.e2e_p99_ms,
-            m.oracle.e2e_p99_ms
+            m.oracle.e2e_p99_ms,
+            m.round_robin.e2e_p99_ms
         );
+        if std::env::var_os("FAMILY_DEBUG").is_some() {
+            eprintln!(
+                "  one {:?}\n  many {:?}",
+                m.picker.misses, m.replicas.misses
+            );
+        }
         rows.push(m);
     }
     print!("{}", table(&rows));
+    if args.iter().any(|a| a == "--misses") {
+        print!("\n{}", misses_table(&rows));
+    }
 }

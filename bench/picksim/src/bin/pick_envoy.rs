@@ -16,10 +16,10 @@
 //!   through the same gateway to a one-pod backend for that pod;
 //! - picker, 3 replicas: three independent gateways (three Envoy processes sharing nothing)
 //!   with the same config and pods, the requests dealt to them in turn;
-//! - with `--replicas-before`, "3 repl., before": the same with `shared_start_percent` 0
-//!   (docs/endpoint-picking.md, "Agent loops among replicas"), on pods of its own; with
-//!   `--before-bounds JSON`, with those plugin `pick.bounds` instead (e.g.
-//!   `{"confirm_alone":false}`), so a change and its previous behaviour run in the same minutes.
+//! - with `--replicas-before`, "3 repl., before": the same with known prefixes never shed
+//!   (`{"known_balance_percent":0}`), on pods of its own; with `--before-bounds JSON`, with
+//!   those plugin `pick.bounds` instead, so a change and its previous behaviour run in the
+//!   same minutes.
 //!
 //! Requests are replayed open-loop at their arrival times; time to response is measured at the
 //! client. Then the filter's cost on a 64 KiB prompt: the same requests to fast plain mocks,
@@ -281,8 +281,7 @@ const ARMS: [&str; 5] = [
 ];
 
 /// With `--replicas-before` or `--before-bounds`: three more replicas with other plugin bounds
-/// (by default the starts on a known tool set placed where the tool set is,
-/// `shared_start_percent` 0), side by side.
+/// (by default known prefixes never shed, `known_balance_percent` 0), side by side.
 const ARM_BEFORE: &str = "3 repl., before";
 
 /// The machine's load average, for the record (benchmarks here share the machine).
@@ -560,7 +559,7 @@ fn main() {
     let before = match bounds {
         Some(b) => Some(b),
         None if args.iter().any(|a| a == "--replicas-before") => {
-            Some(serde_json::json!({"shared_start_percent": 0}))
+            Some(serde_json::json!({"known_balance_percent": 0}))
         }
         None => None,
     };

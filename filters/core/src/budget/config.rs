@@ -4,10 +4,8 @@
 use super::admit::{Budget, Scope};
 use super::ledger::Caps;
 use super::money::{parse_usd, Price};
-pub use crate::config::budgets::{
-    BackendPrice, BudgetConfig, BudgetsConfig, ScopeName, ServiceConfig, DEFAULT_MAX_TOKENS,
-    DEFAULT_TEAM_HEADER,
-};
+// The wire types, at the path the budget code names them by.
+pub use crate::config::budgets::*;
 
 /// A configuration problem: where (`budgets[1].max_usd`) and why.
 #[derive(Debug, Clone, PartialEq, Eq)]

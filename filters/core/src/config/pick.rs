@@ -45,29 +45,12 @@ pub struct PickConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BoundsWire {
-    /// `Config::balance_percent` (0 turns the bound on new prefixes off).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub balance_percent: Option<u64>,
-    /// `Config::known_balance_percent` (0 turns the bound on known prefixes off).
+    /// `Config::known_balance_percent` (0: a known prefix is never shed for prefill balance).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub known_balance_percent: Option<u64>,
     /// `Config::recent_half_life_ns`, in ms (at least 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recent_half_life_ms: Option<u64>,
-    /// `Config::shared_start_percent` (0: conversations on a known tool set go where the tool
-    /// set is, among replicas too).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shared_start_percent: Option<u64>,
-    /// `Config::confirm_alone` (true: alone only once two consecutive scrapes say so).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub confirm_alone: Option<bool>,
-    /// `Config::engine_count_when_waiting` (false: the engine's request count whenever fresh).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine_count_when_waiting: Option<bool>,
-    /// `Config::shared_unseen_weight_percent` (0: among replicas a prompt new here is bounded
-    /// by this gateway's own prefill sends, as a lone gateway's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shared_unseen_weight_percent: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

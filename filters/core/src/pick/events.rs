@@ -84,7 +84,7 @@ impl Picker {
                 epoch,
                 work,
                 session,
-                start,
+                start: _,
                 at_ns,
                 ref blocks,
             } => {
@@ -94,10 +94,6 @@ impl Picker {
                 };
                 l.acquire(epoch, work);
                 l.sent(at_ns, work, self.cfg.recent_half_life_ns);
-                l.sent_total(at_ns, work, self.cfg.lone_total_half_life_ns);
-                if start {
-                    l.started(at_ns, self.cfg.start_half_life_ns);
-                }
                 if self.prefix().is_some() {
                     self.tables[i].record(blocks);
                 }

@@ -49,14 +49,6 @@ pub struct PodLoad {
     /// Uncached prompt bytes sent here recently, decaying by half every half-life: the prefill
     /// share this pod has been given, which in-flight counts forget as soon as requests end.
     pub recent: Recent,
-    /// Conversations started here recently (a prompt no pod held, a new or moved session),
-    /// decaying: the work still to come from chats placed here, which grow turn by turn.
-    pub starts: Recent,
-    /// Uncached prompt bytes sent here over a long memory (`Config::lone_total_half_life_ns`,
-    /// usage-corrected like `recent`): the prefill a pod has done over the conversations it
-    /// holds, which a lone gateway balances (the 10 s `recent` forgets a chat's early turns
-    /// while its later ones still come). Untouched when that half-life is 0.
-    pub total: Recent,
     /// This gateway's view since the engine's gauges were last read.
     pub scrape: SinceScrape,
 }
@@ -163,18 +155,6 @@ impl PodLoad {
     /// Counts `work` uncached bytes just sent here towards the recent prefill work.
     pub(crate) fn sent(&mut self, now: u64, work: u64, half_life_ns: u64) {
         self.recent.add(now, work, half_life_ns);
-    }
-
-    /// Counts `work` towards the long memory (`total`) too, when its half-life is on.
-    pub(crate) fn sent_total(&mut self, now: u64, work: u64, half_life_ns: u64) {
-        if half_life_ns > 0 {
-            self.total.add(now, work, half_life_ns);
-        }
-    }
-
-    /// Counts a conversation started here.
-    pub(crate) fn started(&mut self, now: u64, half_life_ns: u64) {
-        self.starts.add(now, 1, half_life_ns);
     }
 
     /// Takes the engine's gauges read at `m.at_ns` (`requests`: in flight from here now), and

@@ -127,9 +127,7 @@ fn a_prompt_returns_to_the_pod_holding_its_prefix() {
 #[test]
 fn a_warm_pod_loses_to_an_idle_one_when_its_queue_outweighs_the_prefix() {
     let c = Config {
-        request_cost_bytes: 1000,
-        spread_bytes: 0,
-        // Load in flight only: the 18 KB held there would also put the warm pod past the
+        // Load in flight only: the 30 KB held there would also put the warm pod past the
         // known-prefix bound on recent prefill work (tested on its own below).
         known_balance_percent: 0,
         ..cfg()
@@ -139,9 +137,9 @@ fn a_warm_pod_loses_to_an_idle_one_when_its_queue_outweighs_the_prefix() {
     let t = pod(p.pick(&req(&prompt(&system, 256)), 0));
     let home = t.pod();
     p.release(t, done(), 0);
-    // Load the warm pod with unrelated work: far more than the 2 KB it would save.
+    // Load the warm pod past the load bound with unrelated work.
     let mut held = Vec::new();
-    for k in 0..3 {
+    for k in 0..=place::LOAD_SLACK_REQUESTS {
         let big = prompt(&text(&format!("other {k}"), 6000), 256);
         let only_home = Request {
             avoid: Some(1 - home),
@@ -257,7 +255,6 @@ fn sessions_cfg() -> Config {
             headers: vec!["x-session-id".into()],
             idle_ns: 60 * S,
         }),
-        request_cost_bytes: 1000,
         ..cfg()
     }
 }
@@ -271,15 +268,19 @@ fn a_session_stays_moves_only_when_its_pod_queues_and_is_clearly_busier_then_sta
         ..req(&pr)
     };
     let other = req(&pr);
-    // Busy pods 0 and 1 a little: the new session goes to the least loaded (2).
-    let b0 = pod(p.pick(&other, 0));
-    let b1 = pod(p.pick(&other, 0));
+    // Busy pods 0 and 1 past the new-prompt bound: the new session goes to pod 2.
+    let busy = Request {
+        avoid: Some(2),
+        ..other
+    };
+    let b: Vec<Ticket> = (0..4).map(|_| pod(p.pick(&busy, 0))).collect();
     let t = pod(p.pick(&s, 0));
     let home = t.pod();
-    assert!(home != b0.pod() && home != b1.pod());
+    assert_eq!(home, 2);
     p.release(t, done(), 0);
-    p.release(b0, done(), 0);
-    p.release(b1, done(), 0);
+    for t in b {
+        p.release(t, done(), 0);
+    }
     // Load on the session's pod without queuing (gauges say nothing waits): it stays.
     p.set_metrics(
         home,
@@ -436,9 +437,8 @@ fn a_new_session_starts_on_the_same_pod_from_every_replica() {
     let (mut a, mut b) = (Picker::new(c.clone(), &pods(6)), Picker::new(c, &order));
     let mut used = std::collections::HashSet::new();
     for k in 0..40u64 {
-        // Different first messages per replica would rank differently; the session key does not.
-        let pa = prompt(&text(&format!("replica a turn {k}"), 1500), 256);
-        let pb = prompt(&text(&format!("replica b turn {k}"), 1500), 256);
+        let pa = prompt(&text(&format!("first turn {k}"), 1500), 256);
+        let pb = pa.clone();
         let ta = pod(a.pick(
             &Request {
                 session: Some(k),
@@ -461,34 +461,6 @@ fn a_new_session_starts_on_the_same_pod_from_every_replica() {
     assert!(used.len() >= 4, "sessions spread: {used:?}");
 }
 
-/// Unseen prompts spread by their own hashes; the prefill-work bound keeps a pod that was sent
-/// more than its share from taking new prefixes, even when nothing is in flight.
-#[test]
-fn recent_prefill_work_bounds_where_unseen_prefixes_go() {
-    let spread = |balance_percent: u64| {
-        let c = Config {
-            balance_percent,
-            ..cfg()
-        };
-        let mut pk = Picker::new(c, &pods(4));
-        let mut counts = [0usize; 4];
-        for i in 0..80u64 {
-            let p = prompt(&text(&format!("unseen {i}"), 4096), 256);
-            let now = i * 1_000_000;
-            let t = pod(pk.pick(&req(&p), now));
-            counts[t.pod()] += 1;
-            pk.release(t, done(), now);
-        }
-        counts
-    };
-    let free = spread(0);
-    let bounded = spread(110);
-    let range = |c: [usize; 4]| c.iter().max().unwrap() - c.iter().min().unwrap();
-    // Within 110 % of the mean (20) plus one prompt: at most 23 and so at least 17 each.
-    assert!(range(bounded) <= 6, "{bounded:?}");
-    assert!(range(free) > range(bounded), "{free:?} vs {bounded:?}");
-}
-
 /// What an engine reports: `requests` running, `computed` prompt tokens so far, read at `at`.
 fn gauges(requests: f64, computed: f64, at: u64) -> EngineMetrics {
     EngineMetrics {
@@ -499,25 +471,13 @@ fn gauges(requests: f64, computed: f64, at: u64) -> EngineMetrics {
     }
 }
 
-/// Where a fresh picker over 4 pods places `pr` (its rendezvous home when all are idle).
-fn home_of(c: &Config, pr: &Prompt) -> usize {
-    let mut probe = Picker::new(c.clone(), &pods(4));
-    let t = pod(probe.pick(&req(pr), 0));
-    let h = t.pod();
-    probe.release(t, done(), 0);
-    h
-}
-
 /// When a request ends, its prefill work counts as what the engine says it computed, not as
 /// the pick predicted: a prompt another replica had already put on the pod (all of it cached)
 /// stops counting, and one the pod had evicted (none of it cached) counts in full.
 #[test]
 fn recent_prefill_work_is_what_the_engine_reports_computed() {
-    let run = |recent_from_usage: bool, cached_share: u64| {
-        let c = Config {
-            recent_from_usage,
-            ..cfg()
-        };
+    let run = |cached_share: u64| {
+        let c = cfg();
         let h = c.recent_half_life_ns;
         let mut pk = Picker::new(c, &pods(2));
         let pr = prompt(&text("a tenant", 4000), 256);
@@ -532,11 +492,10 @@ fn recent_prefill_work_is_what_the_engine_reports_computed() {
         pk.release(t, outcome, 0);
         (pk.loads[i].recent.at(0, h), predicted, pr.bytes as f64)
     };
-    let (kept, predicted, _) = run(false, 100);
-    assert_eq!(kept, predicted, "off: the prediction stays");
-    let (all_cached, _, _) = run(true, 100);
-    assert_eq!(all_cached, 0.0);
-    let (half, _, bytes) = run(true, 50);
+    let (all_cached, predicted, _) = run(100);
+    assert!(predicted > 0.0);
+    assert_eq!(all_cached, 0.0, "the prediction does not stay");
+    let (half, _, bytes) = run(50);
     assert!((half - bytes / 2.0).abs() <= 1.0, "{half} vs {bytes}");
 }
 
@@ -548,7 +507,6 @@ fn a_known_prefix_leaves_a_pod_past_the_known_bound_for_the_same_pod_everywhere(
     let run = |known_balance_percent: u64| {
         let c = Config {
             known_balance_percent,
-            recent_from_usage: false,
             ..cfg()
         };
         let h = c.recent_half_life_ns;
@@ -620,43 +578,6 @@ fn other_gateways_show_as_engine_work_this_one_did_not_send() {
     assert!(!p.others_send(2 * S + p.config().metrics_max_age_ns + 1));
 }
 
-/// A prompt new to this replica whose home was recently sent between 110 % and 130 % of the
-/// mean prefill: a lone gateway spills it (it knows the home does not hold it), a replica
-/// among others keeps it on the home, where another replica most likely put it already.
-#[test]
-fn among_other_replicas_a_new_prompt_stays_on_its_home_up_to_the_shared_bound() {
-    let run = |engines_over_own: f64, shared_balance_percent: u64| {
-        // The own-sends bound among replicas is what the engines' weights replace; it still
-        // holds where a pod has no counters.
-        let c = Config {
-            shared_balance_percent,
-            shared_unseen_weight_percent: 0,
-            ..cfg()
-        };
-        let h = c.recent_half_life_ns;
-        let pr = prompt(&text("a tenant new here", 3000), 256);
-        let home = home_of(&c, &pr);
-        let mut p = Picker::new(c, &pods(4));
-        let mut counters = [0.0; 4];
-        computed_since(&mut p, &mut counters, &[0.0; 4], S);
-        let sent: Vec<f64> = (0..4)
-            .map(|i| if i == home { 60_000.0 } else { 40_000.0 })
-            .collect();
-        for (i, &b) in sent.iter().enumerate() {
-            p.loads[i].sent(2 * S, b as u64, h);
-        }
-        let engines: Vec<f64> = sent.iter().map(|b| b * engines_over_own).collect();
-        computed_since(&mut p, &mut counters, &engines, 2 * S);
-        let t = pod(p.pick(&req(&pr), 2 * S));
-        let stayed = t.pod() == home;
-        p.release(t, done(), 2 * S);
-        stayed
-    };
-    assert!(!run(1.0, 130), "alone: spilled at 110 %");
-    assert!(run(3.0, 130), "among three: kept up to 130 %");
-    assert!(!run(3.0, 0), "0: the lone bound among others too");
-}
-
 /// The share of the engines' work this gateway sent is compared in tokens on both sides: a
 /// lone gateway whose prompts run at 2.5 JSON bytes per token (the engines' `usage` says so)
 /// is alone, and one whose pods also compute another gateway's equal traffic is not. Counting
@@ -696,338 +617,14 @@ fn a_lone_gateway_is_alone_whatever_its_prompts_bytes_per_token() {
     assert_eq!(run(1.0), Company::Others, "one of two");
 }
 
-/// A picker over 4 pods whose engines computed, by the scrapes at 1.5 s and 2 s,
-/// `engines_over_own` times the 10 KB of prefill this gateway sent each pod (half before
-/// each): 1 is alone (read at two consecutive scrapes, so trusted), 3 is one of three replicas.
-fn with_company(c: Config, engines_over_own: f64) -> Picker {
-    after_scrapes(c, &[engines_over_own; 2])
-}
-
-/// The same with one scrape per entry of `engines_over_own` (half a second apart from 1.5 s
-/// on), each after 5 KB more sent per pod and that many times it computed by the engines.
-fn after_scrapes(c: Config, engines_over_own: &[f64]) -> Picker {
-    let h = c.recent_half_life_ns;
-    let mut p = Picker::new(c, &pods(4));
-    let mut counters = [0.0; 4];
-    computed_since(&mut p, &mut counters, &[0.0; 4], S);
-    for (k, &r) in (1..).zip(engines_over_own) {
-        let at = S + k * S / 2;
-        for i in 0..4 {
-            p.loads[i].sent(at, 5_000, h);
-        }
-        computed_since(&mut p, &mut counters, &[5_000.0 * r; 4], at);
-    }
-    p
-}
-
-fn with_sessions(c: Config) -> Config {
-    Config {
-        session: Some(SessionAffinity {
-            headers: vec!["x-session-id".into()],
-            idle_ns: 600 * S,
-        }),
-        ..c
-    }
-}
-
-/// A lone gateway places the conversations it starts (new sessions here) on the pod with the
-/// least work to come, each start counting, so twelve new chats land three on each of four
-/// pods. Among other replicas, or with it off, it places them by rendezvous on the session
-/// key, as every replica does alike, and these twelve keys do not split evenly.
-#[test]
-fn a_lone_gateway_places_new_conversations_by_the_work_to_come() {
-    let run = |lone_least_work: bool, engines_over_own: f64| {
-        let c = with_sessions(Config {
-            lone_least_work,
-            ..cfg()
-        });
-        let mut p = with_company(c, engines_over_own);
-        let mut counts = [0usize; 4];
-        for k in 0..12u64 {
-            let pr = prompt(&text(&format!("chat {k}"), 1500), 256);
-            let now = 2 * S + k * 1_000_000;
-            let t = pod(p.pick(
-                &Request {
-                    session: Some(1000 + k),
-                    ..req(&pr)
-                },
-                now,
-            ));
-            counts[t.pod()] += 1;
-            p.release(t, done(), now);
-        }
-        (p.company(2 * S), counts)
-    };
-    assert_eq!(run(true, 1.0), (Company::Alone, [3, 3, 3, 3]));
-    let (company, rendezvous) = run(false, 1.0);
-    assert_eq!(company, Company::Alone);
-    assert_ne!(rendezvous, [3, 3, 3, 3]);
-    assert_eq!(
-        run(true, 3.0),
-        (Company::Others, rendezvous),
-        "among replicas"
-    );
-}
-
-/// One scrape reading this gateway alone is not trusted (`confirm_alone`): in the first
-/// seconds a replica's own picks can outrun the engines' counters, and a replica that reads
-/// "alone" places new conversations by its own least work, where the other replicas (placing
-/// by rendezvous) would not look. So after one lone reading the twelve new chats go by
-/// rendezvous, as from a replica among others; after a second consecutive one, by the work to
-/// come. Off, the first reading is trusted.
-#[test]
-fn one_scrape_reading_alone_is_not_trusted_two_are() {
-    let run = |confirm_alone: bool, engines_over_own: f64, scrapes: usize| {
-        let c = with_sessions(Config {
-            confirm_alone,
-            ..cfg()
-        });
-        let mut p = after_scrapes(c, &vec![engines_over_own; scrapes]);
-        let company = p.company(2 * S);
-        let mut counts = [0usize; 4];
-        for k in 0..12u64 {
-            let pr = prompt(&text(&format!("chat {k}"), 1500), 256);
-            let now = 2 * S + k * 1_000_000;
-            let session = Some(1000 + k);
-            let t = pod(p.pick(
-                &Request {
-                    session,
-                    ..req(&pr)
-                },
-                now,
-            ));
-            counts[t.pod()] += 1;
-            p.release(t, done(), now);
-        }
-        (company, counts)
-    };
-    let (others, rendezvous) = run(true, 3.0, 2);
-    assert_eq!(others, Company::Others);
-    assert_ne!(rendezvous, [3, 3, 3, 3]);
-    assert_eq!(run(true, 1.0, 1), (Company::Unknown, rendezvous), "one");
-    assert_eq!(run(true, 1.0, 2), (Company::Alone, [3, 3, 3, 3]), "two");
-    assert_eq!(run(false, 1.0, 1), (Company::Alone, [3, 3, 3, 3]), "off");
-    // Consecutive: a scrape in between that reads others starts the count again.
-    let on = Config {
-        confirm_alone: true,
-        ..cfg()
-    };
-    let broken = after_scrapes(on, &[1.0, 3.0, 0.0]);
-    assert_eq!(broken.reading(2 * S + S / 2), Company::Alone);
-    assert_eq!(broken.company(2 * S + S / 2), Company::Unknown, "broken");
-}
-
-/// A lone gateway's move of a conversation whose prefix a heavy pod holds (an agent loop: a
-/// tool set and its history) goes to the pod where it adds the least work after the
-/// re-prefill: here the one that holds the tool set, though it has a little more work to come
-/// than two empty ones (the previous rule, `lone_move_reuse` off, took an empty one). And a
-/// move that would re-prefill more than `lone_move_max_bytes` does not happen: the request
-/// that moves pays the re-prefill in its time to first token.
-#[test]
-fn a_lone_gateway_moves_a_loop_where_its_tool_set_is_and_not_past_the_re_prefill_bound() {
-    let run = |lone_move_reuse: bool, lone_move_max_bytes: u64| {
-        let c = Config {
-            lone_move_reuse,
-            lone_move_max_bytes,
-            // Known prefixes never shed, so only the lone move can take it off pod 0.
-            known_balance_percent: 0,
-            ..cfg()
-        };
-        let h = c.recent_half_life_ns;
-        let mut p = with_company(c, 1.0);
-        let tools = text("tools", 4096);
-        let history = text("history", 1900);
-        let pr = prompt(&format!("{}{history}", &tools[..4096]), 256);
-        p.tables[0].record(&pr.blocks);
-        p.tables[1].record(&pr.blocks[..16]);
-        p.loads[0].sent(2 * S, 60_000, h);
-        p.loads[1].sent(2 * S, 2_000, h);
-        let t = pod(p.pick(&req(&pr), 2 * S + 1));
-        let to = t.pod();
-        p.release(t, done(), 2 * S + 1);
-        (p.company(2 * S + 1), to)
-    };
-    assert_eq!(
-        run(true, 18_432),
-        (Company::Alone, 1),
-        "where the tool set is"
-    );
-    assert_eq!(Config::default().lone_move_max_bytes, 18_432);
-    assert!(Config::default().lone_move_reuse);
-    let (_, old) = run(false, 0);
-    assert!(
-        old == 2 || old == 3,
-        "the previous rule: the least work to come ({old})"
-    );
-    assert_eq!(
-        run(true, 1024).1,
-        0,
-        "a move past the re-prefill bound stays"
-    );
-}
-
-/// An agent request: `tools` as the request's tools, `messages` as its messages.
-fn agent(tools: &str, messages: &str) -> Prompt {
-    let mut p = Prompt::default();
-    hash_prompt(
-        &[tools.as_bytes(), b"", messages.as_bytes()],
-        256,
-        0,
-        &mut p,
-    );
-    p
-}
-
-/// Three replicas that share nothing, all knowing one tool set on its home, get the steps of
-/// eight agent loops dealt in turn (step 1 to the first, step 2 to the second, ...). With
-/// `shared_start_percent`, every step of a loop lands on one pod, whichever replica sends it
-/// (those that have not seen the loop rank it by its first own block alike, the one that has
-/// follows its longest prefix), and the loops spread over the tool set's first two pods. Off,
-/// every step of every loop goes to the tool set's home.
-#[test]
-fn among_replicas_agent_loops_on_one_tool_set_spread_and_each_stays_together() {
-    let run = |shared_start_percent: u64| {
-        let c = Config {
-            shared_start_percent,
-            ..cfg()
-        };
-        let tools = text("tools", 4096);
-        let set = agent(&tools, "");
-        let home = home_of(&c, &set);
-        let mut replicas: Vec<Picker> = (0..3).map(|_| with_company(c.clone(), 3.0)).collect();
-        for r in &mut replicas {
-            assert_eq!(r.company(2 * S), Company::Others);
-            r.tables[home].record(&set.blocks);
-        }
-        let mut loops = Vec::new();
-        for k in 0..8u64 {
-            let mut history = text(&format!("loop {k} task"), 600);
-            let mut steps = Vec::new();
-            for s in 0..4u64 {
-                let now = 2 * S + (k * 4 + s) * 1_000_000;
-                let r = &mut replicas[(s % 3) as usize];
-                let t = pod(r.pick(&req(&agent(&tools, &history)), now));
-                steps.push(t.pod());
-                r.release(t, done(), now);
-                history.push_str(&text(&format!("loop {k} result {s}"), 700));
-            }
-            loops.push(steps);
-        }
-        loops
-    };
-    assert_eq!(Config::default().shared_start_percent, 50);
-    for (n, on) in [(50, true), (0, false)] {
-        let loops = run(n);
-        for steps in &loops {
-            assert!(steps.iter().all(|&p| p == steps[0]), "{n}: {loops:?}");
-        }
-        let mut used: Vec<usize> = loops.iter().map(|s| s[0]).collect();
-        used.sort_unstable();
-        used.dedup();
-        assert_eq!(used.len(), if on { 2 } else { 1 }, "{n}: {loops:?}");
-    }
-    assert_eq!(
-        run(25),
-        run(0),
-        "one pod of four: the tool set's home, as before"
-    );
-
-    // A replica that knows a loop on another pod (it sent its first step there, before it
-    // could tell that others send) keeps following it there.
-    let c = cfg();
-    let tools = text("tools", 4096);
-    let set = agent(&tools, "");
-    let home = home_of(&c, &set);
-    let mut r = with_company(c, 3.0);
-    r.tables[home].record(&set.blocks);
-    let (step1, step2) = (0..64u64)
-        .map(|k| {
-            let first = text(&format!("stray loop {k}"), 600);
-            let second = format!("{first}{}", text("result", 700));
-            (agent(&tools, &first), agent(&tools, &second))
-        })
-        .find(|(_, second)| {
-            let mut probe = r.clone();
-            let t = pod(probe.pick(&req(second), 2 * S));
-            t.pod() != home
-        })
-        .expect("a loop that starts off the tool set's home");
-    r.tables[home].record(&step1.blocks);
-    let t = pod(r.pick(&req(&step2), 2 * S));
-    assert_eq!(t.pod(), home, "followed where this replica knows it");
-    r.release(t, done(), 2 * S);
-}
-
-/// Among replicas, a prompt new here goes by rendezvous weighted by the engines' computed
-/// prompt (`shared_unseen_weight_percent`): replicas whose own sends differ (each sent more to
-/// another pod) but read the same counters place every new prompt alike, and the pod the
-/// engines report twice as busy gets a smaller share. Off, each replica's own prefill bound
-/// keeps it off the pod it sent most to, so the prompts homed there are split.
-#[test]
-fn among_replicas_new_prompts_go_by_the_engines_weights_alike_at_every_replica() {
-    let run = |shared_unseen_weight_percent: u64| {
-        let c = Config {
-            shared_unseen_weight_percent,
-            ..cfg()
-        };
-        let h = c.recent_half_life_ns;
-        let replicas: Vec<Picker> = (0..3)
-            .map(|r| {
-                let mut p = Picker::new(c.clone(), &pods(4));
-                let mut counters = [0.0; 4];
-                computed_since(&mut p, &mut counters, &[0.0; 4], S);
-                for i in 0..4 {
-                    let own = if i == r { 30_000 } else { 10_000 };
-                    p.loads[i].sent(2 * S, own, h);
-                }
-                let engines = [90_000.0, 90_000.0, 90_000.0, 180_000.0];
-                computed_since(&mut p, &mut counters, &engines, 2 * S);
-                assert_eq!(p.company(2 * S), Company::Others);
-                p
-            })
-            .collect();
-        let (mut agreed, mut on_busiest) = (0, 0);
-        for k in 0..400 {
-            let pr = prompt(&text(&format!("tenant {k}"), 3000), 256);
-            let picks: Vec<usize> = replicas
-                .iter()
-                .map(|r| {
-                    let mut r = r.clone();
-                    let t = pod(r.pick(&req(&pr), 2 * S));
-                    let i = t.pod();
-                    r.release(t, done(), 2 * S);
-                    i
-                })
-                .collect();
-            agreed += usize::from(picks.iter().all(|&i| i == picks[0]));
-            on_busiest += usize::from(picks[0] == 3);
-        }
-        (agreed, on_busiest)
-    };
-    assert_eq!(Config::default().shared_unseen_weight_percent, 150);
-    let (agreed, on_busiest) = run(150);
-    assert_eq!(agreed, 400, "every replica alike");
-    // Weight 0.61 against 1.23 for each other pod: about 14 % instead of 25 %.
-    assert!((30..=90).contains(&on_busiest), "{on_busiest}");
-    let (agreed, on_busiest) = run(0);
-    assert!(
-        agreed < 250,
-        "own bounds split the prompts homed on 0, 1, 2: {agreed}"
-    );
-    assert!(on_busiest > 90, "{on_busiest}");
-}
-
 /// A snapshot of the engine's running requests, read at this gateway's own scrape moment, does
 /// not enter a pod's load (another replica read another snapshot); requests waiting there do,
 /// with the engine's whole count, since queueing is what other replicas' traffic may cause.
 #[test]
 fn the_engine_count_counts_only_while_the_engine_queues() {
-    let run = |when_waiting: bool, waiting: f64| {
-        let c = Config {
-            engine_count_when_waiting: when_waiting,
-            ..cfg()
-        };
-        let cost = c.request_cost_bytes;
+    let run = |waiting: f64| {
+        let c = cfg();
+        let cost = REQUEST_COST_BYTES;
         let mut p = Picker::new(c, &pods(1));
         let m = EngineMetrics {
             running: 3.0,
@@ -1038,12 +635,108 @@ fn the_engine_count_counts_only_while_the_engine_queues() {
         p.set_metrics(0, m);
         p.load_bytes(0, S) / cost
     };
-    assert!(Config::default().engine_count_when_waiting);
-    assert_eq!(
-        run(true, 0.0),
-        0,
-        "running elsewhere, nothing queued: own count"
-    );
-    assert_eq!(run(true, 2.0), 5, "queueing: the engine's count");
-    assert_eq!(run(false, 0.0), 3, "off: the larger of the two");
+    assert_eq!(run(0.0), 0, "running elsewhere, nothing queued: own count");
+    assert_eq!(run(2.0), 5, "queueing: the engine's count");
+}
+
+/// The table forgets what the engine cannot hold: bounded by the KV cache the engine reports
+/// (`cache_config_info`), a prompt sent before enough other prompts to fill that cache is no
+/// longer credited to the pod; without the report the table would still credit it.
+#[test]
+fn the_table_forgets_what_the_engine_reports_it_cannot_hold() {
+    let run = |cache_tokens: Option<f64>| {
+        let mut p = Picker::new(cfg(), &pods(1));
+        // 4 KiB of cache at the assumed 4 bytes per token: 16 blocks of 256 B.
+        p.set_metrics(
+            0,
+            EngineMetrics {
+                cache_tokens,
+                at_ns: S,
+                ..EngineMetrics::default()
+            },
+        );
+        let old = prompt(&text("an old tenant", 2048), 256);
+        let t = pod(p.pick(&req(&old), S));
+        p.release(t, done(), S);
+        for k in 0..4 {
+            let t = pod(p.pick(&req(&prompt(&text(&format!("new {k}"), 2048), 256)), S));
+            p.release(t, done(), S);
+        }
+        (p.tables[0].limit(), p.tables[0].matched_prefix(&old.blocks))
+    };
+    assert_eq!(run(Some(1024.0)), (16, 0), "bounded: forgotten");
+    let (limit, held) = run(None);
+    assert_eq!(limit, 1024);
+    assert!(held >= 7, "unbounded: still credited ({held} blocks)");
+}
+
+/// Where other gateways send to the same pods, the engine's cache also holds their prompts: a
+/// gateway that sent a third of what the engines computed bounds each table to a third of the
+/// reported cache.
+#[test]
+fn among_other_gateways_a_table_holds_its_share_of_the_engine_cache() {
+    let run = |engines_over_own: f64| {
+        let c = cfg();
+        let h = c.recent_half_life_ns;
+        let mut p = Picker::new(c, &pods(1));
+        let mut counters = [0.0];
+        computed_since(&mut p, &mut counters, &[0.0], S);
+        p.loads[0].sent(2 * S, 40_000, h);
+        counters[0] += 40_000.0 * engines_over_own / load::BYTES_PER_TOKEN;
+        p.set_metrics(
+            0,
+            EngineMetrics {
+                computed_tokens: Some(counters[0]),
+                cache_tokens: Some(30_000.0),
+                at_ns: 2 * S,
+                ..EngineMetrics::default()
+            },
+        );
+        p.tables[0].limit()
+    };
+    // 30,000 tokens at 4 bytes in 256-byte blocks: 468 blocks alone, a third with two others.
+    assert_eq!(run(1.0), 468);
+    assert_eq!(run(3.0), 156);
+}
+
+/// A prompt no pod is known to hold goes to its rendezvous home, so one the table forgot (or
+/// another replica placed) returns there; while the home has more than one request in flight
+/// beyond the least loaded pod, the next pod in the same order takes it, alike at every
+/// replica with the same loads.
+#[test]
+fn a_forgotten_prefix_returns_to_its_home_within_the_load_bound() {
+    let mut p = Picker::new(cfg(), &pods(4));
+    let tenant = prompt(&text("a tenant's system prompt", 3000), 256);
+    let t = pod(p.pick(&req(&tenant), 0));
+    let home = t.pod();
+    p.release(t, done(), 0);
+    for t in p.tables.iter_mut() {
+        t.clear();
+    }
+    let t = pod(p.pick(&req(&tenant), 0));
+    assert_eq!(t.pod(), home, "forgotten, back home");
+    p.release(t, done(), 0);
+    for t in p.tables.iter_mut() {
+        t.clear();
+    }
+    // The home two requests ahead of the others: the next pod by rendezvous.
+    let other = prompt(&text("unrelated", 300), 256);
+    let mut q = Picker::new(cfg(), &pods(4));
+    let on_home = |p: &mut Picker| {
+        let allowed: Vec<bool> = (0..4).map(|i| i == home).collect();
+        (0..=place::HOME_SLACK_REQUESTS)
+            .map(|_| pod(p.pick_within(&req(&other), &allowed, 0)))
+            .collect::<Vec<_>>()
+    };
+    let a = on_home(&mut p);
+    let b = on_home(&mut q);
+    let (ta, tb) = (pod(p.pick(&req(&tenant), 0)), pod(q.pick(&req(&tenant), 0)));
+    assert_ne!(ta.pod(), home, "over the bound");
+    assert_eq!(ta.pod(), tb.pod(), "the same next pod at both replicas");
+    for t in a.into_iter().chain([ta]) {
+        p.release(t, done(), 0);
+    }
+    for t in b.into_iter().chain([tb]) {
+        q.release(t, done(), 0);
+    }
 }

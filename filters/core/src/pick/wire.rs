@@ -2,9 +2,8 @@
 //! [`Config`].
 
 use super::{Config, PrefixAffinity, SessionAffinity, MAX_PODS};
-pub use crate::config::pick::{
-    BoundsWire, PickConfig, PrefixWire, SessionWire, DEFAULT_IDLE_MS, DEFAULT_SCRAPE_MS,
-};
+// The wire types, at the path the pick code names them by.
+pub use crate::config::pick::*;
 
 /// Most blocks remembered per pod (the seed's maximum).
 const MAX_BLOCKS_PER_ENDPOINT: u64 = 262_144;
@@ -41,7 +40,6 @@ impl PickConfig {
             }),
             quarantine_ns: quarantine_ms.saturating_mul(1_000_000),
             seed,
-            balance_percent: bounds.balance_percent.unwrap_or(base.balance_percent),
             known_balance_percent: bounds
                 .known_balance_percent
                 .unwrap_or(base.known_balance_percent),
@@ -50,16 +48,6 @@ impl PickConfig {
                 .map_or(base.recent_half_life_ns, |ms| {
                     ms.max(1).saturating_mul(1_000_000)
                 }),
-            shared_start_percent: bounds
-                .shared_start_percent
-                .unwrap_or(base.shared_start_percent),
-            confirm_alone: bounds.confirm_alone.unwrap_or(base.confirm_alone),
-            engine_count_when_waiting: bounds
-                .engine_count_when_waiting
-                .unwrap_or(base.engine_count_when_waiting),
-            shared_unseen_weight_percent: bounds
-                .shared_unseen_weight_percent
-                .unwrap_or(base.shared_unseen_weight_percent),
             ..base
         }
     }
@@ -102,10 +90,7 @@ mod tests {
         assert_eq!(c.quarantine_ns, 15_000_000_000);
         assert_eq!(c.seed, 7);
         let d = Config::default();
-        assert_eq!(
-            (c.balance_percent, c.known_balance_percent),
-            (d.balance_percent, d.known_balance_percent)
-        );
+        assert_eq!(c.known_balance_percent, d.known_balance_percent);
         assert_eq!(c.recent_half_life_ns, d.recent_half_life_ns);
         assert_eq!(w.problem(), None);
     }
@@ -121,20 +106,13 @@ mod tests {
         let d = Config::default();
         assert_eq!(c.known_balance_percent, 0);
         assert_eq!(c.recent_half_life_ns, 3_600_000_000_000);
-        assert_eq!(c.balance_percent, d.balance_percent);
-        assert_eq!(c.shared_start_percent, d.shared_start_percent);
-        let off: PickConfig = serde_json::from_str(
-            r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"shared_start_percent":0}}"#,
+        let half: PickConfig = serde_json::from_str(
+            r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"known_balance_percent":200}}"#,
         )
         .unwrap();
-        assert_eq!(off.picker_config(0, 0).shared_start_percent, 0);
-        assert!(c.confirm_alone);
-        let confirm: PickConfig = serde_json::from_str(
-            r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"confirm_alone":false,"engine_count_when_waiting":false}}"#,
-        )
-        .unwrap();
-        assert!(!confirm.picker_config(0, 0).confirm_alone);
-        assert!(!confirm.picker_config(0, 0).engine_count_when_waiting);
+        let h = half.picker_config(0, 0);
+        assert_eq!(h.known_balance_percent, 200);
+        assert_eq!(h.recent_half_life_ns, d.recent_half_life_ns);
         let zero: PickConfig = serde_json::from_str(
             r#"{"endpoints":["10.0.0.1:8000"],"bounds":{"recent_half_life_ms":0}}"#,
         )

@@ -13,7 +13,7 @@
 
 use serde_json::{json, Value};
 
-use super::AgentgatewayOptions;
+use super::options::{host_port, AgentgatewayOptions};
 use crate::ir::callout_clusters::BUDGETS_CLUSTER;
 use crate::ir::Ir;
 
@@ -46,5 +46,5 @@ pub(super) fn cluster_name(opts: &AgentgatewayOptions) -> Option<String> {
 /// `clusters:` of `ext-proc.yaml`: `llmkube-budgets` at `--budgets-service`.
 pub(super) fn clusters(opts: &AgentgatewayOptions) -> Option<Value> {
     let (host, port) = opts.budgets_service.as_ref()?;
-    Some(json!({BUDGETS_CLUSTER: {"address": super::host_port(host, *port)}}))
+    Some(json!({BUDGETS_CLUSTER: {"address": host_port(host, *port)}}))
 }

@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use super::{AgentgatewayOptions, Failover, RETRY_REPLAY_LIMIT};
+use super::options::{AgentgatewayOptions, Failover, RETRY_REPLAY_LIMIT};
 use crate::ir::Ir;
 
 pub const ROOT_ID: &str = "model-router";

@@ -15,11 +15,10 @@ use std::time::Duration;
 use router_core::headers::ROUTE_HEADER;
 use serde_json::{json, Value};
 
+use super::attempts::{attempts, Attempt};
+use super::ext_proc;
+use super::options::{AgentgatewayOptions, EXT_PROC_PORT, IMAGE_WASM_DIR, INTERNAL_HEADERS};
 use super::standalone::{processing_options, RETRY_CONDITION};
-use super::{
-    attempts, ext_proc, AgentgatewayOptions, Attempt, EXT_PROC_PORT, IMAGE_WASM_DIR,
-    INTERNAL_HEADERS,
-};
 use crate::duration::gateway_duration;
 use crate::ir::{Ir, RoutePlan};
 use crate::model::Provider;

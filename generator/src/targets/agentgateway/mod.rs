@@ -14,98 +14,24 @@
 //! - [`ext_proc`]: `ext-proc.yaml` for `llmkube-ext-proc --config`;
 //! - [`kubernetes`]: `kubernetes.yaml` for an agentgateway installation.
 
+mod attempts;
 mod budgets;
 mod ext_proc;
 mod kubernetes;
+mod options;
 mod picked;
 mod standalone;
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-
-use router_core::headers::{
-    ATTEMPT_BACKEND_HEADER, MODEL_SPAN_HEADER, ROUTE_HEADER, SENSITIVE_HEADER,
+pub use options::{
+    AgentgatewayOptions, Failover, DEFAULT_EXT_PROC, DEFAULT_IMAGE, EXT_PROC_PORT, FILES,
+    IMAGE_WASM_DIR, INTERNAL_HEADERS, PICKER_FILE, RETRY_REPLAY_LIMIT,
 };
 
 use crate::inputs::Source;
-use crate::ir::{label_of, CompileOptions, Ir, RoutePlan};
+use crate::ir::{label_of, CompileOptions, Ir};
 use crate::model::*;
 use crate::targets::{checks, front_end, Target, TargetChecks};
 use crate::{Diagnostics, Problem};
-
-/// agentgateway v1.3.1 replays a request body for a retry only up to this size
-/// (`MAX_BUFFERED_BYTES` in crates/agentgateway/src/proxy/httpproxy.rs); above it the request
-/// gets one attempt.
-pub const RETRY_REPLAY_LIMIT: u64 = 64 * 1024;
-/// Where `llmkube-ext-proc` listens when `--ext-proc` is not given.
-pub const DEFAULT_EXT_PROC: (&str, u16) = ("127.0.0.1", 50051);
-/// Port of the in-cluster `llmkube-ext-proc` Service.
-pub const EXT_PROC_PORT: u16 = 50051;
-/// Where the in-cluster image keeps the filter modules.
-pub const IMAGE_WASM_DIR: &str = "/opt/llmkube/wasm";
-pub const DEFAULT_IMAGE: &str = "ghcr.io/llmkube/llmkube-ext-proc:latest";
-/// The three files written to `-o DIR`, in this order.
-pub const FILES: [&str; 3] = ["agentgateway.yaml", "ext-proc.yaml", "kubernetes.yaml"];
-/// The fourth, when a backend has its pods picked: the endpoint picker's `llmkube-ext-proc`
-/// config (it listens on the `--ext-proc` port plus one).
-pub const PICKER_FILE: &str = "endpoint-picker.yaml";
-/// Decision headers only the gateway needs: removed before a request leaves for a backend.
-pub const INTERNAL_HEADERS: [&str; 4] = [
-    ROUTE_HEADER,
-    SENSITIVE_HEADER,
-    ATTEMPT_BACKEND_HEADER,
-    MODEL_SPAN_HEADER,
-];
-
-/// Options of `compile --target agentgateway`.
-#[derive(Debug, Clone)]
-pub struct AgentgatewayOptions {
-    pub common: CompileOptions,
-    /// `--listen`: agentgateway's listener (v1.3.1 binds take a port; the host is documentary).
-    pub listen: SocketAddr,
-    /// `--ext-proc HOST:PORT`: where agentgateway reaches `llmkube-ext-proc`.
-    pub ext_proc: (String, u16),
-    /// Directory holding `llmkube_model_router.wasm` (for the local `ext-proc.yaml`).
-    pub wasm_dir: PathBuf,
-    /// `--wasm-sha256`; otherwise computed from the built module.
-    pub wasm_sha256: Option<String>,
-    /// `--ext-proc-image`: the in-cluster server's image (modules in [`IMAGE_WASM_DIR`]).
-    pub image: String,
-    /// `--budgets-service HOST:PORT`: budgets are kept by `llmkube-budgets` there (a cluster of
-    /// `ext-proc.yaml`); `None`: in the server's shared data.
-    pub budgets_service: Option<(String, u16)>,
-    /// What failover means for bodies over agentgateway's replay limit.
-    pub failover: Failover,
-}
-
-/// Failover against agentgateway's replay limit ([`RETRY_REPLAY_LIMIT`]): a request body above
-/// it gets one attempt, whatever the route's retry policy says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Failover {
-    /// A router with an attempt order of more than one backend is refused unless the body limit
-    /// (`--max-body-bytes`) is within the replay limit: every request it admits can fail over.
-    #[default]
-    Always,
-    /// `--failover-within-replay-limit`: bodies up to the replay limit fail over; a larger one
-    /// is served by the first backend of its order only, and the filter counts it
-    /// (`llmkube.failover_skipped`) and audits it (`failover_skipped`).
-    WithinReplayLimit,
-}
-
-impl Default for AgentgatewayOptions {
-    fn default() -> Self {
-        AgentgatewayOptions {
-            common: CompileOptions::default(),
-            listen: super::DEFAULT_LISTEN,
-            ext_proc: (DEFAULT_EXT_PROC.0.to_string(), DEFAULT_EXT_PROC.1),
-            wasm_dir: super::module::default_wasm_dir(),
-            wasm_sha256: None,
-            image: DEFAULT_IMAGE.to_string(),
-            budgets_service: None,
-            failover: Failover::default(),
-        }
-    }
-}
 
 /// The three files, as `(file name, text)` in [`FILES`] order.
 pub type Output = Vec<(&'static str, String)>;
@@ -158,43 +84,6 @@ pub fn compile_agentgateway_diag(
         out.push((PICKER_FILE, picker));
     }
     Some(out)
-}
-
-/// One attempt of a route key, as both renderings need it.
-pub(crate) struct Attempt<'a> {
-    pub backend: &'a crate::ir::Backend,
-    pub timeout_ms: u64,
-}
-
-pub(crate) fn attempts<'a>(ir: &'a Ir, p: &RoutePlan) -> Vec<Attempt<'a>> {
-    p.order
-        .iter()
-        .zip(&p.attempt_timeouts_ms)
-        .map(|(&b, &timeout_ms)| Attempt {
-            backend: &ir.backends[b],
-            timeout_ms,
-        })
-        .collect()
-}
-
-/// `host:port`, an IPv6 host in brackets.
-pub(crate) fn host_port(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
-
-/// The OpenAI-shaped body of the catch-all answer (a request the filter did not route).
-pub(crate) fn no_route_body() -> String {
-    serde_json::json!({"error": {
-        "message": "no route: the request was not routed by the model-router filter",
-        "type": "invalid_request_error",
-        "param": null,
-        "code": "no_route",
-    }})
-    .to_string()
 }
 
 impl TargetChecks for AgentgatewayOptions {

@@ -26,7 +26,8 @@
 
 use serde_json::{json, Value};
 
-use super::{ext_proc, host_port, AgentgatewayOptions};
+use super::ext_proc;
+use super::options::{host_port, AgentgatewayOptions};
 use crate::ir::{Backend, BackendKind, Ir, RoutePlan};
 use crate::model::Resolution;
 use crate::{Diagnostics, Problem};

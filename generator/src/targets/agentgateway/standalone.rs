@@ -12,7 +12,8 @@ use std::time::Duration;
 use router_core::headers::ROUTE_HEADER;
 use serde_json::{json, Value};
 
-use super::{attempts, host_port, no_route_body, AgentgatewayOptions, Attempt, INTERNAL_HEADERS};
+use super::attempts::{attempts, no_route_body, Attempt};
+use super::options::{host_port, AgentgatewayOptions, INTERNAL_HEADERS};
 use crate::duration::gateway_duration;
 use crate::ir::{Credential, Ir, RoutePlan};
 use crate::model::Provider;

@@ -12,7 +12,7 @@ use router_core::provider::provider_headers;
 use serde_json::{json, Value};
 
 use super::names;
-use super::{metadata, object};
+use super::objects::{metadata, object};
 use crate::ir::{Backend, External, Ir};
 use crate::model::Provider;
 use crate::{Diagnostics, Problem};

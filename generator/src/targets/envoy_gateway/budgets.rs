@@ -32,7 +32,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{json, Value};
 
-use super::{names, GatewayRef};
+use super::names;
+use super::objects::GatewayRef;
 use crate::ir::Ir;
 use crate::{Diagnostics, Problem};
 

@@ -4,11 +4,11 @@
 use serde_json::{json, Value};
 
 use super::names::{self, MAX_TARGET_REFS};
-use super::{metadata, object, GatewayOptions, GatewayRef, WasmSource};
+use super::objects::{http_route_refs, metadata, object, GatewayRef, GATEWAY_API_GROUP};
+use super::options::{GatewayOptions, WasmSource};
 use crate::ir::Ir;
 
 const EG_API: &str = "gateway.envoyproxy.io/v1alpha1";
-const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
 /// The root context the model-router module registers.
 pub const ROOT_ID: &str = "model-router";
 /// `spec.wasm[].name` (the plugin name Envoy passes to the module).
@@ -75,14 +75,6 @@ fn extension_policies(
 
 fn extension_policy_name(ir: &Ir, i: usize) -> String {
     names::policy_part(ir, i)
-}
-
-/// `targetRefs` naming these HTTPRoutes (at most [`MAX_TARGET_REFS`] per policy).
-pub(super) fn http_route_refs(routes: &[String]) -> Vec<Value> {
-    routes
-        .iter()
-        .map(|r| json!({"group": GATEWAY_API_GROUP, "kind": "HTTPRoute", "name": r}))
-        .collect()
 }
 
 /// JSON patches on the xDS Envoy Gateway generates, each for a setting the typed policies lack:

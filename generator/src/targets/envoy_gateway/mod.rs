@@ -22,61 +22,24 @@ mod backends;
 pub mod budgets;
 mod extension;
 pub mod names;
+mod objects;
+mod options;
 mod pick;
 mod quarantine;
 mod routing;
 mod security;
 mod shadow;
 
-use std::path::PathBuf;
-
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::inputs::Source;
-use crate::ir::{label_of, CompileOptions, Ir};
+use crate::ir::{label_of, Ir};
 use crate::model::*;
 use crate::targets::{checks, front_end, Target, TargetChecks};
 use crate::{Diagnostics, Problem};
-
-/// The Gateway listener the policies patch when `--gateway-listener` is not given.
-pub const DEFAULT_LISTENER: &str = "http";
-
-/// Where Envoy Gateway fetches the model-router module from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WasmSource {
-    /// `--wasm-url`: served over HTTP(S).
-    Http(String),
-    /// `--wasm-image`: an OCI image.
-    Image(String),
-}
-
-/// Options of `compile --target envoy-gateway`.
-#[derive(Debug, Clone)]
-pub struct GatewayOptions {
-    pub common: CompileOptions,
-    pub wasm: WasmSource,
-    /// `--wasm-sha256`; otherwise computed from `<wasm_dir>/llmkube_model_router.wasm`.
-    pub wasm_sha256: Option<String>,
-    pub wasm_dir: PathBuf,
-    /// `--gateway-listener`: the Gateway listener (sectionName) serving the router.
-    pub listener: String,
-    /// `--budgets-service` / `--budgets-redis-secret` + `--budgets-image`: budgets kept by
-    /// `llmkube-budgets`; `None`: in each Envoy's shared data.
-    pub budgets: Option<budgets::BudgetsService>,
-}
-
-impl GatewayOptions {
-    pub fn new(wasm: WasmSource) -> Self {
-        GatewayOptions {
-            common: CompileOptions::default(),
-            wasm,
-            wasm_sha256: None,
-            wasm_dir: crate::targets::module::default_wasm_dir(),
-            listener: DEFAULT_LISTENER.to_string(),
-            budgets: None,
-        }
-    }
-}
+use objects::gateway;
+pub use objects::GatewayRef;
+pub use options::{GatewayOptions, WasmSource, DEFAULT_LISTENER};
 
 /// Compiles the inputs to a multi-document YAML stream; the `Err` holds every problem.
 pub fn compile_envoy_gateway(
@@ -120,36 +83,6 @@ pub fn documents(ir: &Ir, opts: &GatewayOptions, sha256: &str) -> Vec<Value> {
     docs.extend(security::documents(ir, &route_names));
     docs.extend(budgets::documents(ir, opts.budgets.as_ref(), &gw));
     docs
-}
-
-/// The Gateway the router is served by.
-pub struct GatewayRef {
-    pub name: String,
-    pub namespace: String,
-}
-
-fn gateway(ir: &Ir) -> GatewayRef {
-    let g = ir.router.spec.gateway_ref.as_ref();
-    GatewayRef {
-        name: g.map(|g| g.name.clone()).unwrap_or_default(),
-        namespace: g
-            .and_then(|g| g.namespace.clone())
-            .unwrap_or_else(|| ir.namespace.clone()),
-    }
-}
-
-/// `metadata` of a generated object.
-fn metadata(name: &str, namespace: &str, ir: &Ir) -> Value {
-    json!({
-        "name": name,
-        "namespace": namespace,
-        "labels": {"app.kubernetes.io/managed-by": names::MANAGED_BY},
-        "annotations": {"llmkube.dev/model-router": ir.key},
-    })
-}
-
-fn object(api_version: &str, kind: &str, metadata: Value, spec: Value) -> Value {
-    json!({"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec})
 }
 
 /// The module's sha256 for this target's options.

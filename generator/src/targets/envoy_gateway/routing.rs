@@ -9,7 +9,7 @@ use router_core::headers::ROUTE_HEADER;
 use serde_json::{json, Value};
 
 use super::names::{self, MAX_RULES_PER_ROUTE, MAX_TARGET_REFS};
-use super::{metadata, object, GatewayRef};
+use super::objects::{metadata, object, GatewayRef};
 use crate::duration::gateway_duration;
 use crate::ir::{Ir, RoutePlan};
 use crate::targets::quarantine as q;

@@ -10,9 +10,8 @@
 
 use serde_json::{json, Value};
 
-use super::extension::http_route_refs;
 use super::names::{self, MAX_TARGET_REFS};
-use super::{metadata, object};
+use super::objects::{http_route_refs, metadata, object};
 use crate::auth::JwtPolicy;
 use crate::ir::Ir;
 use crate::{Diagnostics, Problem};

@@ -1192,18 +1192,9 @@ fn held_name<'h>(held: &'h [Held], k: &LedgerKey) -> Option<&'h str> {
 }
 
 /// Appends `v` in decimal (ledger keys are built per request; `format!` costs more).
-fn push_decimal(s: &mut String, mut v: u64) {
+fn push_decimal(s: &mut String, v: u64) {
     let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for &d in &digits[i..] {
+    for &d in router_core::budget::ratelimit::decimal(v, &mut digits) {
         s.push(char::from(d));
     }
 }

@@ -123,18 +123,9 @@ impl Text {
         self.n = end;
     }
 
-    fn push_decimal(&mut self, mut v: u64) {
+    fn push_decimal(&mut self, v: u64) {
         let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        self.push(&digits[i..]);
+        self.push(decimal(v, &mut digits));
     }
 
     fn as_str(&self) -> &str {
@@ -180,6 +171,20 @@ impl Text {
         }
         self.push(b"s");
         self.as_str()
+    }
+}
+
+/// `v` in decimal, written at the end of `digits` (20 bytes hold every u64), without the
+/// allocation `format!` makes: the written digits.
+pub fn decimal(mut v: u64, digits: &mut [u8; 20]) -> &[u8] {
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return &digits[i..];
+        }
     }
 }
 

@@ -12,7 +12,6 @@
 
 use std::borrow::Cow;
 use std::collections::hash_map::RandomState;
-use std::hash::Hasher;
 
 /// Nesting deeper than this is refused; the scanner itself is iterative, the bound protects
 /// whatever parses the body after us (Python's json recursion limit is about 1000).
@@ -122,8 +121,6 @@ struct Progress {
     serial: u32,
     top_key: TopKey,
     top_value_start: usize,
-    /// End of the last value parsed (the end of a top-level value's span).
-    last_end: usize,
 }
 
 impl Default for Progress {
@@ -142,7 +139,6 @@ impl Default for Progress {
             serial: 0,
             top_key: TopKey::Other,
             top_value_start: 0,
-            last_end: 0,
         }
     }
 }
@@ -326,7 +322,7 @@ impl Scanner {
         let mut r = Ok(());
         if skipping.is_some() {
             // Inside a string value: no whitespace or dispatch, just skip on.
-            r = p.skip_string(p.i).map(|()| self.ended(&p, &mut state));
+            r = p.skip_string(p.i).map(|()| state = self.string_ended(&p));
         }
         if r.is_ok() {
             r = self.parse_from(&mut p, &mut state);
@@ -346,197 +342,244 @@ impl Scanner {
         }
     }
 
-    /// A value ended at `p.i`.
-    fn ended(&mut self, p: &Parser<'_>, state: &mut State) {
-        self.at.last_end = p.base + p.i;
-        *state = State::AfterValue;
+    /// The grammar, one token per turn: each state's step reads what that state allows and
+    /// names the state that follows (`None`: the object closed and nothing follows). The state
+    /// is a local while the bytes last and is saved only when they run out (`Halt::More`: the
+    /// step that stopped is the one taken again).
+    fn parse_from(&mut self, p: &mut Parser<'_>, state: &mut State) -> Result<(), Halt> {
+        let mut now = *state;
+        let r = loop {
+            p.ws();
+            let next = match now {
+                State::Start => self.open_body(p).map(Some),
+                State::KeyOrEnd { first } => self.key_or_end(p, first).map(Some),
+                State::ValueOrEnd => self.value_or_end(p).map(Some),
+                State::Value => self.value(p).map(Some),
+                State::AfterValue => self.after_value(p),
+            };
+            match next {
+                Ok(Some(s)) => now = s,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        *state = now;
+        r
     }
 
-    fn parse_from(&mut self, p: &mut Parser<'_>, state: &mut State) -> Result<(), Halt> {
-        let body = p.b;
-        loop {
-            p.ws();
-            match *state {
-                State::Start => match p.peek() {
-                    None => return Err(p.end(p.i, "the body is empty")),
-                    Some(b'{') => {
-                        self.at.knobs.open = p.base + p.i;
-                        p.i += 1;
-                        self.push_frame(true)?;
-                        *state = State::KeyOrEnd { first: true };
-                    }
-                    Some(_) => return Err(ScanError::NotObject.into()),
-                },
-                State::KeyOrEnd { first } => match p.peek() {
-                    Some(b'}') if first => {
-                        p.i += 1;
-                        self.pop_frame();
-                        self.ended(p, state);
-                    }
-                    Some(b'"') => {
-                        let depth = self.frames.len();
-                        let key_start = p.i;
-                        let key = p.string()?;
-                        p.ws();
-                        if p.peek().is_none() && !p.complete {
-                            // Key and colon are one step (the key is noted once): cut between
-                            // them, the key is read again.
-                            p.i = key_start;
-                            return Err(Halt::More);
-                        }
-                        if depth == 1 {
-                            self.at.top_key = classify_top(&key);
-                            self.at.at_include_usage = false;
-                        } else if depth == 2 {
-                            self.at.at_include_usage =
-                                self.at.top_key == TopKey::StreamOptions && key == "include_usage";
-                        } else if depth == 3
-                            && self.at.top_key == TopKey::Messages
-                            && key == "tool_calls"
-                        {
-                            self.at.knobs.tool_calls = true;
-                        }
-                        self.note_key(fingerprint(&key), &key, depth == 1)?;
-                        if p.peek() != Some(b':') {
-                            return Err(invalid(p.i, "expected ':' after an object key").into());
-                        }
-                        p.i += 1;
-                        *state = State::Value;
-                    }
-                    Some(_) => {
-                        return Err(invalid(
-                            p.i,
-                            if first {
-                                "expected a string key or '}'"
-                            } else {
-                                "expected a string key after ','"
-                            },
-                        )
-                        .into())
-                    }
-                    None => return Err(p.end(p.i, "unexpected end of body inside an object")),
-                },
-                State::ValueOrEnd => match p.peek() {
-                    Some(b']') => {
-                        p.i += 1;
-                        self.pop_frame();
-                        self.ended(p, state);
-                    }
-                    None if !p.complete => return Err(Halt::More),
-                    _ => *state = State::Value,
-                },
-                State::Value => {
-                    let at_top = self.frames.len() == 1;
-                    if at_top {
-                        self.at.top_value_start = p.base + p.i;
-                    }
-                    let is_model = at_top && self.at.top_key == TopKey::Model;
-                    match p.peek() {
-                        Some(b'{') => {
-                            p.i += 1;
-                            self.push_frame(true)?;
-                            *state = State::KeyOrEnd { first: true };
-                        }
-                        Some(b'[') => {
-                            p.i += 1;
-                            self.push_frame(false)?;
-                            *state = State::ValueOrEnd;
-                        }
-                        Some(b'"') if is_model => {
-                            self.at.model = Some(p.string()?.into_owned());
-                            self.ended(p, state);
-                        }
-                        Some(b'"') => {
-                            p.skip_string(p.i + 1)?;
-                            self.ended(p, state);
-                        }
-                        Some(b't') => {
-                            p.literal(b"true")?;
-                            if at_top && self.at.top_key == TopKey::Stream {
-                                self.at.stream = true;
-                            }
-                            self.note_include_usage(true);
-                            self.ended(p, state);
-                        }
-                        Some(b'f') => {
-                            p.literal(b"false")?;
-                            self.note_include_usage(false);
-                            self.ended(p, state);
-                        }
-                        Some(b'n') => {
-                            p.literal(b"null")?;
-                            self.ended(p, state);
-                        }
-                        Some(b'-' | b'0'..=b'9') => {
-                            let start = p.i;
-                            p.number()?;
-                            if at_top {
-                                self.note_number(&p.b[start..p.i]);
-                            }
-                            self.ended(p, state);
-                        }
-                        Some(_) => return Err(invalid(p.i, "expected a JSON value").into()),
-                        None => return Err(p.end(p.i, "unexpected end of body, expected a value")),
-                    }
-                    if is_model && self.at.model.is_none() {
-                        self.at.model_not_string = true;
-                    }
+    /// The body's first token: it must open an object.
+    fn open_body(&mut self, p: &mut Parser<'_>) -> Result<State, Halt> {
+        match p.peek() {
+            None => Err(p.end(p.i, "the body is empty")),
+            Some(b'{') => {
+                self.at.knobs.open = p.base + p.i;
+                p.i += 1;
+                self.push_frame(true)?;
+                Ok(State::KeyOrEnd { first: true })
+            }
+            Some(_) => Err(ScanError::NotObject.into()),
+        }
+    }
+
+    /// Inside an object, before a key (or its `}` when `first`): the key is read, noted (the
+    /// top-level facts, then duplicates) and its colon passed in one step.
+    #[inline(always)]
+    fn key_or_end(&mut self, p: &mut Parser<'_>, first: bool) -> Result<State, Halt> {
+        match p.peek() {
+            Some(b'"') => {
+                let depth = self.frames.len();
+                let key_start = p.i;
+                let key = p.read_string()?;
+                p.ws();
+                let colon = p.peek();
+                if colon.is_none() && !p.complete {
+                    // Key and colon are one step (the key is noted once): cut between them,
+                    // the key is read again.
+                    p.i = key_start;
+                    return Err(Halt::More);
                 }
-                State::AfterValue => {
-                    if self.frames.len() == 1 && self.at.top_key != TopKey::Other {
-                        // A top-level value just ended: remember where it sat.
-                        let span = Some((self.at.top_value_start, self.at.last_end));
-                        let spans = &mut self.at.spans;
-                        match self.at.top_key {
-                            TopKey::Model => spans.model = span,
-                            TopKey::Stream => spans.stream = span,
-                            TopKey::StreamOptions => spans.stream_options = span,
-                            TopKey::Messages => spans.messages = span,
-                            TopKey::Tools => spans.tools = span,
-                            TopKey::System => spans.system = span,
-                            TopKey::Prompt => spans.prompt = span,
-                            TopKey::Input => spans.input = span,
-                            TopKey::MaxOutput | TopKey::Choices | TopKey::Other => {}
-                        }
-                        self.at.top_key = TopKey::Other;
-                    }
-                    let Some(frame) = self.frames.last().copied() else {
-                        if p.i != body.len() {
-                            return Err(
-                                invalid(p.i, "unexpected data after the JSON object").into()
-                            );
-                        }
-                        if !p.complete {
-                            return Err(Halt::More);
-                        }
-                        return Ok(());
-                    };
-                    match (p.peek(), frame.is_object) {
-                        (Some(b','), true) => {
-                            p.i += 1;
-                            *state = State::KeyOrEnd { first: false };
-                        }
-                        (Some(b'}'), true) => {
-                            p.i += 1;
-                            self.pop_frame();
-                            self.at.last_end = p.base + p.i;
-                        }
-                        (Some(b','), false) => {
-                            p.i += 1;
-                            *state = State::Value;
-                        }
-                        (Some(b']'), false) => {
-                            p.i += 1;
-                            self.pop_frame();
-                            self.at.last_end = p.base + p.i;
-                        }
-                        (None, _) => return Err(p.end(p.i, "unexpected end of body")),
-                        (Some(_), true) => return Err(invalid(p.i, "expected ',' or '}'").into()),
-                        (Some(_), false) => return Err(invalid(p.i, "expected ',' or ']'").into()),
-                    }
+                self.note_key_facts(depth, &key);
+                self.note_key(fingerprint(key.as_bytes()), &key, depth == 1)?;
+                if colon != Some(b':') {
+                    return Err(invalid(p.i, "expected ':' after an object key").into());
+                }
+                p.i += 1;
+                Ok(State::Value)
+            }
+            Some(b'}') if first => {
+                p.i += 1;
+                Ok(self.closed(p))
+            }
+            Some(_) => Err(invalid(
+                p.i,
+                if first {
+                    "expected a string key or '}'"
+                } else {
+                    "expected a string key after ','"
+                },
+            )
+            .into()),
+            None => Err(p.end(p.i, "unexpected end of body inside an object")),
+        }
+    }
+
+    /// What a key says about the request, by where it sits: which top-level field the next value
+    /// is, `stream_options.include_usage`, a message's `tool_calls`.
+    #[inline(always)]
+    fn note_key_facts(&mut self, depth: usize, key: &str) {
+        match depth {
+            1 => {
+                self.at.top_key = classify_top(key);
+                self.at.at_include_usage = false;
+            }
+            2 => {
+                self.at.at_include_usage =
+                    self.at.top_key == TopKey::StreamOptions && key == "include_usage";
+            }
+            3 if self.at.top_key == TopKey::Messages && key == "tool_calls" => {
+                self.at.knobs.tool_calls = true;
+            }
+            _ => {}
+        }
+    }
+
+    /// Just inside an array: its `]`, or its first value.
+    #[inline(always)]
+    fn value_or_end(&mut self, p: &mut Parser<'_>) -> Result<State, Halt> {
+        match p.peek() {
+            Some(b']') => {
+                p.i += 1;
+                Ok(self.closed(p))
+            }
+            None if !p.complete => Err(Halt::More),
+            _ => self.value(p),
+        }
+    }
+
+    /// A value starts at `p.i`: containers open, scalars are read whole (the model, the
+    /// top-level numbers and flags routing and budgets use) or skipped.
+    #[inline(always)]
+    fn value(&mut self, p: &mut Parser<'_>) -> Result<State, Halt> {
+        let at_top = self.frames.len() == 1;
+        let is_model = at_top && self.at.top_key == TopKey::Model;
+        if at_top {
+            self.at.top_value_start = p.base + p.i;
+            // Until it turns out to be a string.
+            self.at.model_not_string |= is_model;
+        }
+        match p.peek() {
+            Some(b'"') if is_model => {
+                self.at.model = Some(p.read_string()?.into_owned());
+                self.at.model_not_string = false;
+            }
+            Some(b'"') => p.skip_value_string()?,
+            Some(b'{') => {
+                p.i += 1;
+                self.push_frame(true)?;
+                return Ok(State::KeyOrEnd { first: true });
+            }
+            Some(b'[') => {
+                p.i += 1;
+                self.push_frame(false)?;
+                return Ok(State::ValueOrEnd);
+            }
+            Some(b'-' | b'0'..=b'9') => {
+                let start = p.i;
+                p.number()?;
+                if at_top {
+                    self.note_number(&p.b[start..p.i]);
                 }
             }
+            Some(b't') => {
+                p.literal(b"true")?;
+                if at_top && self.at.top_key == TopKey::Stream {
+                    self.at.stream = true;
+                }
+                self.note_include_usage(true);
+            }
+            Some(b'f') => {
+                p.literal(b"false")?;
+                self.note_include_usage(false);
+            }
+            Some(b'n') => p.literal(b"null")?,
+            Some(_) => return Err(invalid(p.i, "expected a JSON value").into()),
+            None => return Err(p.end(p.i, "unexpected end of body, expected a value")),
         }
+        if at_top {
+            self.note_top_span(p.base + p.i);
+        }
+        Ok(State::AfterValue)
+    }
+
+    /// The container whose closing byte is just before `p.i` ended: a top-level value's
+    /// span is noted.
+    #[inline(always)]
+    fn closed(&mut self, p: &Parser<'_>) -> State {
+        self.pop_frame();
+        if self.frames.len() == 1 {
+            self.note_top_span(p.base + p.i);
+        }
+        State::AfterValue
+    }
+
+    /// A string value skipped across pieces ended at `p.i`.
+    fn string_ended(&mut self, p: &Parser<'_>) -> State {
+        if self.frames.len() == 1 {
+            self.note_top_span(p.base + p.i);
+        }
+        State::AfterValue
+    }
+
+    /// After a value: a top-level one has its span noted; then the enclosing container goes on
+    /// (`,`) or closes. `None` once the body's object closed with nothing after it.
+    #[inline(always)]
+    fn after_value(&mut self, p: &mut Parser<'_>) -> Result<Option<State>, Halt> {
+        let Some(frame) = self.frames.last() else {
+            if p.i != p.b.len() {
+                return Err(invalid(p.i, "unexpected data after the JSON object").into());
+            }
+            if !p.complete {
+                return Err(Halt::More);
+            }
+            return Ok(None);
+        };
+        let is_object = frame.is_object;
+        match (p.peek(), is_object) {
+            (Some(b','), true) => {
+                p.i += 1;
+                Ok(Some(State::KeyOrEnd { first: false }))
+            }
+            (Some(b','), false) => {
+                p.i += 1;
+                Ok(Some(State::Value))
+            }
+            (Some(b'}'), true) | (Some(b']'), false) => {
+                p.i += 1;
+                Ok(Some(self.closed(p)))
+            }
+            (None, _) => Err(p.end(p.i, "unexpected end of body")),
+            (Some(_), true) => Err(invalid(p.i, "expected ',' or '}'").into()),
+            (Some(_), false) => Err(invalid(p.i, "expected ',' or ']'").into()),
+        }
+    }
+
+    /// A top-level value just ended at `end`: remember where it sat.
+    #[inline(always)]
+    fn note_top_span(&mut self, end: usize) {
+        let span = Some((self.at.top_value_start, end));
+        let spans = &mut self.at.spans;
+        match self.at.top_key {
+            TopKey::Model => spans.model = span,
+            TopKey::Stream => spans.stream = span,
+            TopKey::StreamOptions => spans.stream_options = span,
+            TopKey::Messages => spans.messages = span,
+            TopKey::Tools => spans.tools = span,
+            TopKey::System => spans.system = span,
+            TopKey::Prompt => spans.prompt = span,
+            TopKey::Input => spans.input = span,
+            TopKey::MaxOutput | TopKey::Choices | TopKey::Other => {}
+        }
+        self.at.top_key = TopKey::Other;
     }
 
     /// A top-level number: a cap when its key is one and it is a non-negative integer.
@@ -647,12 +690,45 @@ fn classify_top(key: &str) -> TopKey {
     }
 }
 
-/// FNV-1a of the decoded key. Two distinct keys colliding is a false "duplicate" that only rejects
-/// the sender's own request, so a fast non-cryptographic fingerprint is enough.
-fn fingerprint(key: &str) -> u64 {
-    let mut h = fnv::FnvHasher::default();
-    h.write(key.as_bytes());
-    h.finish()
+/// A fingerprint of the decoded key, 8 bytes per multiply. Two distinct keys colliding is a
+/// false "duplicate" that only rejects the sender's own request, so a fast non-cryptographic
+/// fingerprint is enough; keys of up to 8 bytes (nearly all) of one length never collide: their
+/// bytes are read whole into one word and every step after that is a bijection.
+fn fingerprint(key: &[u8]) -> u64 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mix = |h: u64, w: u64| {
+        let x = (h ^ w).wrapping_mul(K);
+        x ^ (x >> 29)
+    };
+    let n = key.len();
+    let h = mix(0, n as u64);
+    let word = match n {
+        0 => 0,
+        1..=3 => key[0] as u64 | (key[n / 2] as u64) << 8 | (key[n - 1] as u64) << 16,
+        4..=8 => u32_at(key, 0) as u64 | (u32_at(key, n - 4) as u64) << 32,
+        _ => {
+            let mut h = h;
+            let mut at = 0;
+            while at + 8 < n {
+                h = mix(h, u64_at(key, at));
+                at += 8;
+            }
+            return mix(h, u64_at(key, n - 8));
+        }
+    };
+    mix(h, word)
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
 }
 
 /// Keys go into error messages: keep them short and printable.
@@ -695,11 +771,40 @@ impl<'a> Parser<'a> {
     #[inline(always)]
     fn ws(&mut self) {
         while let Some(&c) = self.b.get(self.i) {
-            if c == b' ' || c == b'\n' || c == b'\r' || c == b'\t' {
-                self.i += 1;
-            } else {
+            // Every token starts with a byte above the space: one compare decides most bytes.
+            if c > b' ' || !(c == b' ' || c == b'\n' || c == b'\r' || c == b'\t') {
                 break;
             }
+            self.i += 1;
+        }
+    }
+
+    /// Reads the string whose opening quote is at `i` (a key, the model): a short plain one
+    /// is borrowed as it is, anything else decoded by [`Parser::string`].
+    #[inline(always)]
+    fn read_string(&mut self) -> Result<Cow<'a, str>, Halt> {
+        let b = self.b;
+        let start = self.i + 1;
+        if let Some(q) = crate::fast::plain_string_end(b, start) {
+            self.i = q + 1;
+            // SAFETY: `plain_string_end` saw only ASCII bytes before the quote.
+            return Ok(Cow::Borrowed(unsafe {
+                std::str::from_utf8_unchecked(&b[start..q])
+            }));
+        }
+        self.string()
+    }
+
+    /// Skips the string value whose opening quote is at `i`: a short plain one in a load or
+    /// two, anything else by [`Parser::skip_string`].
+    #[inline(always)]
+    fn skip_value_string(&mut self) -> Result<(), Halt> {
+        match crate::fast::plain_string_end(self.b, self.i + 1) {
+            Some(q) => {
+                self.i = q + 1;
+                Ok(())
+            }
+            None => self.skip_string(self.i + 1),
         }
     }
 
@@ -712,9 +817,14 @@ impl<'a> Parser<'a> {
         }
     }
 
+    #[inline(always)]
     fn literal(&mut self, lit: &'static [u8]) -> Result<(), Halt> {
         let rest = &self.b[self.i..];
-        if rest.starts_with(lit) {
+        // The literals are 4 or 5 bytes: a word compare, not a call to a byte-wise memcmp.
+        if rest.len() >= lit.len()
+            && u32_at(rest, 0) == u32_at(lit, 0)
+            && rest[4..lit.len()] == lit[4..]
+        {
             self.i += lit.len();
             Ok(())
         } else if rest.len() < lit.len() && lit.starts_with(rest) {
@@ -765,7 +875,8 @@ impl<'a> Parser<'a> {
                 i += 1;
             }
         }
-        if matches!(b.get(i), Some(b'e' | b'E')) {
+        let exponent = matches!(b.get(i), Some(b'e' | b'E'));
+        if exponent {
             i += 1;
             if matches!(b.get(i), Some(b'+' | b'-')) {
                 i += 1;
@@ -784,7 +895,6 @@ impl<'a> Parser<'a> {
         // Gateway) and Python's json (as a float) cannot hold the number: refused here as
         // invalid rather than passed on to a gateway or engine that answers with an error of its
         // own. Only a long integer part or an exponent can get there; the rest skips the parse.
-        let exponent = b[int_end..i].iter().any(|c| matches!(c, b'e' | b'E'));
         if int_end - start > 300 || exponent {
             let finite = std::str::from_utf8(&b[start..i])
                 .ok()

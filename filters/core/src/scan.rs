@@ -315,7 +315,6 @@ impl Scanner {
             base,
             i: skipping.unwrap_or(self.at.pos) - base,
             complete,
-            scratch: Vec::new(),
             resume_at: None,
         };
         let mut state = self.at.state;
@@ -751,13 +750,17 @@ pub fn printable(s: &str) -> String {
 
 /// Parses a window of the body: `b` holds the bytes from offset `base` on; `i` and the offsets
 /// in its errors are relative to the window.
+///
+/// Its methods are inlined into the grammar's loop and the work they hand off (a long string, a
+/// string to decode, a number) goes to free functions that take the bytes and an index and
+/// return one: the parser's address never leaves the loop, so its position lives in a register
+/// rather than being stored and reloaded around every byte.
 struct Parser<'a> {
     b: &'a [u8],
     base: usize,
     i: usize,
     /// `b` is the whole body: its end is the body's end, not just the bytes so far.
     complete: bool,
-    scratch: Vec<u8>,
     /// Where skipping a cut string goes on (see `Progress::skipping`).
     resume_at: Option<usize>,
 }
@@ -779,36 +782,8 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// Reads the string whose opening quote is at `i` (a key, the model): a short plain one
-    /// is borrowed as it is, anything else decoded by [`Parser::string`].
-    #[inline(always)]
-    fn read_string(&mut self) -> Result<Cow<'a, str>, Halt> {
-        let b = self.b;
-        let start = self.i + 1;
-        if let Some(q) = crate::fast::plain_string_end(b, start) {
-            self.i = q + 1;
-            // SAFETY: `plain_string_end` saw only ASCII bytes before the quote.
-            return Ok(Cow::Borrowed(unsafe {
-                std::str::from_utf8_unchecked(&b[start..q])
-            }));
-        }
-        self.string()
-    }
-
-    /// Skips the string value whose opening quote is at `i`: a short plain one in a load or
-    /// two, anything else by [`Parser::skip_string`].
-    #[inline(always)]
-    fn skip_value_string(&mut self) -> Result<(), Halt> {
-        match crate::fast::plain_string_end(self.b, self.i + 1) {
-            Some(q) => {
-                self.i = q + 1;
-                Ok(())
-            }
-            None => self.skip_string(self.i + 1),
-        }
-    }
-
     /// The bytes ran out: an error at `at` for a whole body, else wait for more.
+    #[inline(always)]
     fn end(&self, at: usize, what: &'static str) -> Halt {
         if self.complete {
             Halt::Error(invalid(at, what))
@@ -834,246 +809,297 @@ impl<'a> Parser<'a> {
         }
     }
 
+    #[inline(always)]
     fn number(&mut self) -> Result<(), Halt> {
-        if !self.complete {
+        if !self.complete && number_runs_to_end(self.b, self.i) {
             // A number that runs to the end of the bytes so far may go on in the next piece.
-            let run = self.b[self.i..]
-                .iter()
-                .position(|c| !matches!(c, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'));
-            if run.is_none() {
-                return Err(Halt::More);
-            }
+            return Err(Halt::More);
         }
-        self.i = self.number_end()?;
+        self.i = number_end(self.b, self.i)?;
         Ok(())
     }
 
-    /// Where the number at `i` ends.
-    fn number_end(&self) -> Result<usize, ScanError> {
+    /// Reads the string whose opening quote is at `i` (a key, the model): a short plain one
+    /// is borrowed as it is, anything else decoded by [`decode_string`].
+    #[inline(always)]
+    fn read_string(&mut self) -> Result<Cow<'a, str>, Halt> {
         let b = self.b;
-        let start = self.i;
-        let mut i = self.i;
-        if b.get(i) == Some(&b'-') {
-            i += 1;
-        }
-        match b.get(i) {
-            Some(b'0') => i += 1,
-            Some(b'1'..=b'9') => {
-                while matches!(b.get(i), Some(b'0'..=b'9')) {
-                    i += 1;
-                }
-            }
-            _ => return Err(invalid(start, "invalid number")),
-        }
-        let int_end = i;
-        if b.get(i) == Some(&b'.') {
-            i += 1;
-            if !matches!(b.get(i), Some(b'0'..=b'9')) {
-                return Err(invalid(i, "invalid number: digits must follow '.'"));
-            }
-            while matches!(b.get(i), Some(b'0'..=b'9')) {
-                i += 1;
-            }
-        }
-        let exponent = matches!(b.get(i), Some(b'e' | b'E'));
-        if exponent {
-            i += 1;
-            if matches!(b.get(i), Some(b'+' | b'-')) {
-                i += 1;
-            }
-            if !matches!(b.get(i), Some(b'0'..=b'9')) {
-                return Err(invalid(
-                    i,
-                    "invalid number: digits must follow the exponent",
-                ));
-            }
-            while matches!(b.get(i), Some(b'0'..=b'9')) {
-                i += 1;
-            }
-        }
-        // Past an f64 (±1.8e308), serde_json (agentgateway), Go's encoding/json (Envoy AI
-        // Gateway) and Python's json (as a float) cannot hold the number: refused here as
-        // invalid rather than passed on to a gateway or engine that answers with an error of its
-        // own. Only a long integer part or an exponent can get there; the rest skips the parse.
-        if int_end - start > 300 || exponent {
-            let finite = std::str::from_utf8(&b[start..i])
-                .ok()
-                .and_then(|t| t.parse::<f64>().ok())
-                .is_some_and(f64::is_finite);
-            if !finite {
-                return Err(invalid(start, "number out of range (past a 64-bit float)"));
-            }
-        }
-        Ok(i)
+        let start = self.i + 1;
+        let (s, next) = match crate::fast::plain_string_end(b, start) {
+            // SAFETY: `plain_string_end` saw only ASCII bytes before the quote.
+            Some(q) => (
+                Cow::Borrowed(unsafe { std::str::from_utf8_unchecked(&b[start..q]) }),
+                q + 1,
+            ),
+            None => decode_string(b, start, self.complete)?,
+        };
+        self.i = next;
+        Ok(s)
     }
 
-    /// Skips the rest of a string value nobody reads from `from` (just after its opening quote,
-    /// or where an earlier piece cut it). Nearly every byte of a body is in such strings (prompt
-    /// text): they are validated (escapes and UTF-8) without copying, escapes handled in place.
-    fn skip_string(&mut self, from: usize) -> Result<(), Halt> {
-        use crate::fast::Walk;
-        let b = self.b;
-        let mut cut = None;
-        let walked = crate::fast::skip_string(b, from, |j| {
-            if b[j] != b'\\' {
-                return Err(Halt::Error(invalid(j, "control character in string")));
-            }
-            // The two-byte escapes (`\n`, `\"`, ...) inline; `\u` and errors in escape().
-            match b.get(j + 1) {
-                Some(&e) if SIMPLE_ESCAPE[e as usize] => Ok(j + 2),
-                _ => self.escape(j, false).inspect_err(|h| {
-                    if matches!(h, Halt::More) {
-                        cut = Some(j);
-                    }
-                }),
-            }
-        });
-        match walked {
-            Walk::Quote(q) => {
+    /// Skips the string value whose opening quote is at `i`: a short plain one in a load or
+    /// two, anything else by [`skip_string`].
+    #[inline(always)]
+    fn skip_value_string(&mut self) -> Result<(), Halt> {
+        match crate::fast::plain_string_end(self.b, self.i + 1) {
+            Some(q) => {
                 self.i = q + 1;
                 Ok(())
             }
-            Walk::BadUtf8(x) => Err(invalid(x, "invalid UTF-8").into()),
-            Walk::Special(Halt::More) => {
-                self.resume_at = cut;
+            None => self.skip_string(self.i + 1),
+        }
+    }
+
+    /// Skips the rest of a string value nobody reads from `from` (just after its opening quote,
+    /// or where an earlier piece cut it); a cut one leaves where to go on in `resume_at`.
+    #[inline(always)]
+    fn skip_string(&mut self, from: usize) -> Result<(), Halt> {
+        match skip_string(self.b, from, self.complete) {
+            Ok(next) => {
+                self.i = next;
+                Ok(())
+            }
+            Err(Skipped::Cut(at)) => {
+                self.resume_at = Some(at);
                 Err(Halt::More)
             }
-            Walk::Special(e) => Err(e),
-            // The bytes ran out inside the string: check what the walk left, knowing now
-            // whether the body ends here (then a cut sequence is invalid) or goes on (then the
-            // next piece resumes at the cut sequence's first byte).
-            Walk::End { unchecked } => match crate::fast::validate_utf8(&b[unchecked..]) {
-                Err(n) if self.complete || !cut_sequence(&b[unchecked + n..]) => {
-                    Err(invalid(unchecked + n, "invalid UTF-8").into())
-                }
-                Err(n) => {
-                    self.resume_at = Some(unchecked + n);
-                    Err(Halt::More)
-                }
-                Ok(()) if self.complete => Err(invalid(b.len(), "unterminated string").into()),
-                Ok(()) => {
-                    self.resume_at = Some(b.len());
-                    Err(Halt::More)
-                }
-            },
+            Err(Skipped::Halt(h)) => Err(h),
         }
     }
+}
 
-    /// Reads and decodes the string whose opening quote is at `i` (keys, and the model). Its
-    /// raw bytes are UTF-8-checked before any error in them is reported, so the first problem by
-    /// offset wins, as in a skipped string.
-    fn string(&mut self) -> Result<Cow<'a, str>, Halt> {
-        let b = self.b;
-        let start = self.i + 1;
-        let mut i = start;
-        let mut escaped = false;
-        // Bytes in `copied..i` are not yet in `scratch` (only used once an escape shows up).
-        let mut copied = start;
-        self.scratch.clear();
-        // The raw content up to `to` (an ASCII byte, or the end of a whole body): a sequence
-        // `to` cuts is invalid.
-        let utf8 = move |to: usize| -> Result<&'a str, Halt> {
-            std::str::from_utf8(&b[start..to])
-                .map_err(|e| invalid(start + e.valid_up_to(), "invalid UTF-8").into())
-        };
-        loop {
-            i = crate::fast::find_string_special(b, i);
-            let Some(&c) = b.get(i) else {
-                if self.complete {
-                    utf8(i)?;
+/// A number at `i` that runs to the end of the bytes.
+fn number_runs_to_end(b: &[u8], i: usize) -> bool {
+    b[i..]
+        .iter()
+        .all(|c| matches!(c, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'))
+}
+
+/// Where the number at `start` ends.
+fn number_end(b: &[u8], start: usize) -> Result<usize, ScanError> {
+    let mut i = start;
+    if b.get(i) == Some(&b'-') {
+        i += 1;
+    }
+    match b.get(i) {
+        Some(b'0') => i += 1,
+        Some(b'1'..=b'9') => {
+            while matches!(b.get(i), Some(b'0'..=b'9')) {
+                i += 1;
+            }
+        }
+        _ => return Err(invalid(start, "invalid number")),
+    }
+    let int_end = i;
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        if !matches!(b.get(i), Some(b'0'..=b'9')) {
+            return Err(invalid(i, "invalid number: digits must follow '.'"));
+        }
+        while matches!(b.get(i), Some(b'0'..=b'9')) {
+            i += 1;
+        }
+    }
+    let exponent = matches!(b.get(i), Some(b'e' | b'E'));
+    if exponent {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        if !matches!(b.get(i), Some(b'0'..=b'9')) {
+            return Err(invalid(
+                i,
+                "invalid number: digits must follow the exponent",
+            ));
+        }
+        while matches!(b.get(i), Some(b'0'..=b'9')) {
+            i += 1;
+        }
+    }
+    // Past an f64 (±1.8e308), serde_json (agentgateway), Go's encoding/json (Envoy AI
+    // Gateway) and Python's json (as a float) cannot hold the number: refused here as
+    // invalid rather than passed on to a gateway or engine that answers with an error of its
+    // own. Only a long integer part or an exponent can get there; the rest skips the parse.
+    if int_end - start > 300 || exponent {
+        let finite = std::str::from_utf8(&b[start..i])
+            .ok()
+            .and_then(|t| t.parse::<f64>().ok())
+            .is_some_and(f64::is_finite);
+        if !finite {
+            return Err(invalid(start, "number out of range (past a 64-bit float)"));
+        }
+    }
+    Ok(i)
+}
+
+/// Why a string walk stopped before the closing quote.
+enum Skipped {
+    Halt(Halt),
+    /// The bytes ran out inside the string: the next piece goes on from this index.
+    Cut(usize),
+}
+
+/// Skips the rest of a string value nobody reads from `from` (just after its opening quote,
+/// or where an earlier piece cut it) and returns the index after its closing quote. Nearly
+/// every byte of a body is in such strings (prompt text): they are validated (escapes and
+/// UTF-8) without copying, escapes handled in place.
+fn skip_string(b: &[u8], from: usize, complete: bool) -> Result<usize, Skipped> {
+    use crate::fast::Walk;
+    let mut cut = None;
+    let walked = crate::fast::skip_string(b, from, |j| {
+        if b[j] != b'\\' {
+            return Err(Halt::Error(invalid(j, "control character in string")));
+        }
+        // The two-byte escapes (`\n`, `\"`, ...) inline; `\u` and errors in escape().
+        match b.get(j + 1) {
+            Some(&e) if SIMPLE_ESCAPE[e as usize] => Ok(j + 2),
+            _ => escape(b, j, complete, None).inspect_err(|h| {
+                if matches!(h, Halt::More) {
+                    cut = Some(j);
                 }
-                return Err(self.end(i, "unterminated string"));
-            };
-            match c {
-                b'"' => {
-                    self.i = i + 1;
-                    let raw = utf8(i)?;
-                    if !escaped {
-                        return Ok(Cow::Borrowed(raw));
+            }),
+        }
+    });
+    match walked {
+        Walk::Quote(q) => Ok(q + 1),
+        Walk::BadUtf8(x) => Err(Skipped::Halt(invalid(x, "invalid UTF-8").into())),
+        Walk::Special(Halt::More) => match cut {
+            Some(j) => Err(Skipped::Cut(j)),
+            None => Err(Skipped::Halt(Halt::More)),
+        },
+        Walk::Special(e) => Err(Skipped::Halt(e)),
+        // The bytes ran out inside the string: check what the walk left, knowing now
+        // whether the body ends here (then a cut sequence is invalid) or goes on (then the
+        // next piece resumes at the cut sequence's first byte).
+        Walk::End { unchecked } => match crate::fast::validate_utf8(&b[unchecked..]) {
+            Err(n) if complete || !cut_sequence(&b[unchecked + n..]) => Err(Skipped::Halt(
+                invalid(unchecked + n, "invalid UTF-8").into(),
+            )),
+            Err(n) => Err(Skipped::Cut(unchecked + n)),
+            Ok(()) if complete => Err(Skipped::Halt(
+                invalid(b.len(), "unterminated string").into(),
+            )),
+            Ok(()) => Err(Skipped::Cut(b.len())),
+        },
+    }
+}
+
+/// Reads and decodes the string whose content starts at `start` (after its opening quote;
+/// keys and the model) and returns it with the index after its closing quote. Its raw bytes
+/// are UTF-8-checked before any error in them is reported, so the first problem by offset
+/// wins, as in a skipped string.
+fn decode_string(b: &[u8], start: usize, complete: bool) -> Result<(Cow<'_, str>, usize), Halt> {
+    let end = |at: usize, what: &'static str| {
+        if complete {
+            Halt::Error(invalid(at, what))
+        } else {
+            Halt::More
+        }
+    };
+    let mut i = start;
+    // Decoded content, only used once an escape shows up; bytes in `copied..i` are not in it yet.
+    let mut decoded: Vec<u8> = Vec::new();
+    let mut escaped = false;
+    let mut copied = start;
+    // The raw content up to `to` (an ASCII byte, or the end of a whole body): a sequence
+    // `to` cuts is invalid.
+    let utf8 = move |to: usize| -> Result<&str, Halt> {
+        std::str::from_utf8(&b[start..to])
+            .map_err(|e| invalid(start + e.valid_up_to(), "invalid UTF-8").into())
+    };
+    loop {
+        i = crate::fast::find_string_special(b, i);
+        let Some(&c) = b.get(i) else {
+            if complete {
+                utf8(i)?;
+            }
+            return Err(end(i, "unterminated string"));
+        };
+        match c {
+            b'"' => {
+                let raw = utf8(i)?;
+                if !escaped {
+                    return Ok((Cow::Borrowed(raw), i + 1));
+                }
+                decoded.extend_from_slice(&b[copied..i]);
+                let s = String::from_utf8(decoded).map_err(|_| invalid(start, "invalid UTF-8"))?;
+                return Ok((Cow::Owned(s), i + 1));
+            }
+            b'\\' => {
+                decoded.extend_from_slice(&b[copied..i]);
+                escaped = true;
+                i = match escape(b, i, complete, Some(&mut decoded)) {
+                    Ok(next) => next,
+                    Err(e) => {
+                        utf8(i)?;
+                        return Err(e);
                     }
-                    self.scratch.extend_from_slice(&b[copied..i]);
-                    let s = String::from_utf8(std::mem::take(&mut self.scratch))
-                        .map_err(|_| invalid(start, "invalid UTF-8"))?;
-                    return Ok(Cow::Owned(s));
-                }
-                b'\\' => {
-                    self.scratch.extend_from_slice(&b[copied..i]);
-                    escaped = true;
-                    i = match self.escape(i, true) {
-                        Ok(next) => next,
-                        Err(e) => {
-                            utf8(i)?;
-                            return Err(e);
-                        }
-                    };
-                    copied = i;
-                }
-                _ => {
-                    utf8(i)?;
-                    return Err(invalid(i, "control character in string").into());
-                }
+                };
+                copied = i;
+            }
+            _ => {
+                utf8(i)?;
+                return Err(invalid(i, "control character in string").into());
             }
         }
     }
+}
 
-    /// Handles the escape at `i` (a backslash); returns the index after it. An escape the end
-    /// of the bytes so far may have cut (the longest, a surrogate pair, is 12 bytes) is judged
-    /// once more bytes are here.
-    fn escape(&mut self, i: usize, decode: bool) -> Result<usize, Halt> {
-        let r = self.escape_end(i, decode);
-        if r.is_err() && !self.complete && i + 12 > self.b.len() {
-            return Err(Halt::More);
-        }
-        Ok(r?)
+/// Handles the escape at `i` (a backslash); returns the index after it, its character added to
+/// `out` when given. An escape the end of the bytes so far may have cut (the longest, a
+/// surrogate pair, is 12 bytes) is judged once more bytes are here.
+fn escape(b: &[u8], i: usize, complete: bool, out: Option<&mut Vec<u8>>) -> Result<usize, Halt> {
+    let r = escape_end(b, i, out);
+    if r.is_err() && !complete && i + 12 > b.len() {
+        return Err(Halt::More);
     }
+    Ok(r?)
+}
 
-    fn escape_end(&mut self, i: usize, decode: bool) -> Result<usize, ScanError> {
-        let b = self.b;
-        let Some(&e) = b.get(i + 1) else {
-            return Err(invalid(i, "unterminated escape"));
-        };
-        let simple = match e {
-            b'"' => Some(b'"'),
-            b'\\' => Some(b'\\'),
-            b'/' => Some(b'/'),
-            b'b' => Some(0x08),
-            b'f' => Some(0x0C),
-            b'n' => Some(b'\n'),
-            b'r' => Some(b'\r'),
-            b't' => Some(b'\t'),
-            b'u' => None,
-            _ => return Err(invalid(i, "invalid escape")),
-        };
-        if let Some(ch) = simple {
-            if decode {
-                self.scratch.push(ch);
-            }
-            return Ok(i + 2);
+fn escape_end(b: &[u8], i: usize, out: Option<&mut Vec<u8>>) -> Result<usize, ScanError> {
+    let Some(&e) = b.get(i + 1) else {
+        return Err(invalid(i, "unterminated escape"));
+    };
+    let simple = match e {
+        b'"' => Some(b'"'),
+        b'\\' => Some(b'\\'),
+        b'/' => Some(b'/'),
+        b'b' => Some(0x08),
+        b'f' => Some(0x0C),
+        b'n' => Some(b'\n'),
+        b'r' => Some(b'\r'),
+        b't' => Some(b'\t'),
+        b'u' => None,
+        _ => return Err(invalid(i, "invalid escape")),
+    };
+    if let Some(ch) = simple {
+        if let Some(out) = out {
+            out.push(ch);
         }
-        let hi = hex4(b, i + 2).ok_or(invalid(i, "invalid \\u escape"))?;
-        let (cp, next) = match hi {
-            0xD800..=0xDBFF => {
-                if b.get(i + 6) != Some(&b'\\') || b.get(i + 7) != Some(&b'u') {
-                    return Err(invalid(i, "lone surrogate in \\u escape"));
-                }
-                let lo = hex4(b, i + 8).ok_or(invalid(i + 6, "invalid \\u escape"))?;
-                if !(0xDC00..=0xDFFF).contains(&lo) {
-                    return Err(invalid(i, "lone surrogate in \\u escape"));
-                }
-                (0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00), i + 12)
-            }
-            0xDC00..=0xDFFF => return Err(invalid(i, "lone surrogate in \\u escape")),
-            _ => (hi, i + 6),
-        };
-        if decode {
-            // Surrogates were excluded above, so this is always a valid char.
-            let ch = char::from_u32(cp).ok_or(invalid(i, "invalid \\u escape"))?;
-            let mut buf = [0u8; 4];
-            self.scratch
-                .extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
-        }
-        Ok(next)
+        return Ok(i + 2);
     }
+    let hi = hex4(b, i + 2).ok_or(invalid(i, "invalid \\u escape"))?;
+    let (cp, next) = match hi {
+        0xD800..=0xDBFF => {
+            if b.get(i + 6) != Some(&b'\\') || b.get(i + 7) != Some(&b'u') {
+                return Err(invalid(i, "lone surrogate in \\u escape"));
+            }
+            let lo = hex4(b, i + 8).ok_or(invalid(i + 6, "invalid \\u escape"))?;
+            if !(0xDC00..=0xDFFF).contains(&lo) {
+                return Err(invalid(i, "lone surrogate in \\u escape"));
+            }
+            (0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00), i + 12)
+        }
+        0xDC00..=0xDFFF => return Err(invalid(i, "lone surrogate in \\u escape")),
+        _ => (hi, i + 6),
+    };
+    if let Some(out) = out {
+        // Surrogates were excluded above, so this is always a valid char.
+        let ch = char::from_u32(cp).ok_or(invalid(i, "invalid \\u escape"))?;
+        let mut buf = [0u8; 4];
+        out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
+    }
+    Ok(next)
 }
 
 /// The bytes that may follow a backslash as a two-byte escape (`\u` is handled apart).

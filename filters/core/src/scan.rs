@@ -773,6 +773,17 @@ impl<'a> Parser<'a> {
 
     #[inline(always)]
     fn ws(&mut self) {
+        // Most tokens follow nothing or one space (`", "`, `": "`): decided without the loop.
+        match self.b.get(self.i) {
+            Some(&c) if c > b' ' => return,
+            Some(b' ') => {
+                self.i += 1;
+                if self.b.get(self.i).is_some_and(|&c| c > b' ') {
+                    return;
+                }
+            }
+            _ => {}
+        }
         while let Some(&c) = self.b.get(self.i) {
             // Every token starts with a byte above the space: one compare decides most bytes.
             if c > b' ' || !(c == b' ' || c == b'\n' || c == b'\r' || c == b'\t') {

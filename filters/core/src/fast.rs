@@ -306,12 +306,9 @@ mod imp {
             // Chat text escapes `\n`, `\"`, `\\` and `\t` nearly always: classifying those in
             // the vectors leaves no per-escape loop (whose varying trip count mispredicts) in
             // the common block; the other escapes are looked up one by one below.
-            let common = bits([0, 1, 2, 3].map(|k| {
-                v128_or(
-                    v128_or(quote[k], bslash[k]),
-                    v128_or(u8x16_eq(v[k], n_c), u8x16_eq(v[k], t_c)),
-                )
-            }));
+            // (The quotes and backslashes are in their bitmasks already: only `n` and `t` are
+            // compared and extracted again.)
+            let common = quotes | bs | bits(v.map(|x| v128_or(u8x16_eq(x, n_c), u8x16_eq(x, t_c))));
             // Control bytes are rare inside strings (but common just after one, in pretty-printed
             // JSON), and so are non-ASCII bytes in most prompts. Read as signed bytes, both are
             // below 0x20 (non-ASCII ones are negative): one compare tests the block for either,

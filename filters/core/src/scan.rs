@@ -1554,6 +1554,67 @@ mod tests {
     }
 
     #[test]
+    fn distinct_keys_get_distinct_fingerprints() {
+        // Keys of up to 8 bytes are read whole: none of one length may collide. Every key of one
+        // and two printable bytes, the request fields and their neighbours at each length up to
+        // and past a word, and keys differing only in length or in their middle byte.
+        let mut keys: Vec<Vec<u8>> = (b' '..=b'~').map(|c| vec![c]).collect();
+        for a in b' '..=b'~' {
+            for b in b' '..=b'~' {
+                keys.push(vec![a, b]);
+            }
+        }
+        for k in [
+            "model",
+            "messages",
+            "role",
+            "content",
+            "tools",
+            "tool_calls",
+            "stream",
+            "stream_options",
+            "include_usage",
+            "max_tokens",
+            "max_completion_tokens",
+            "max_output_tokens",
+            "temperature",
+            "n",
+            "best_of",
+            "user",
+            "name",
+            "type",
+            "a",
+            "aa",
+            "aaa",
+            "aaaa",
+            "aaaaa",
+            "aaaaaaa",
+            "aaaaaaaa",
+            "aaaaaaaaa",
+            "aaaaaaaaaaaaaaaa",
+            "aaaaaaaaaaaaaaaaa",
+            "abcdefgh",
+            "abcdefgi",
+            "abcXefgh",
+            "abcdefghijklmnop",
+            "abcdefghijklmnoq",
+            "Xbcdefghijklmnop",
+            "\0",
+            "\0\0",
+        ] {
+            keys.push(k.as_bytes().to_vec());
+        }
+        keys.sort();
+        keys.dedup();
+        let mut seen = std::collections::HashMap::new();
+        for k in &keys {
+            if let Some(other) = seen.insert(fingerprint(k), k) {
+                panic!("{other:?} and {k:?} share a fingerprint");
+            }
+        }
+    }
+
+    #[test]
     fn duplicates_found_in_objects_with_many_keys() {
         let mut body = String::from(r#"{"model":"m","o":{"#);
         for k in 0..100 {

@@ -11,7 +11,7 @@ use router_core::audit::{caller_label, client_address, AuditRecord, Outcome};
 use router_core::body::BodyWindow;
 use router_core::config::Tier;
 use router_core::errors::{ApiError, ErrorShape};
-use router_core::headers::{ATTEMPT_COUNT_HEADER, DESTINATION_ENDPOINT_HEADER, MODEL_SPAN_HEADER};
+use router_core::headers::{ATTEMPT_COUNT_HEADER, DESTINATION_ENDPOINT_HEADER};
 use router_core::plan::{
     check_body_size, check_request, plan_head, plan_request, retry_after_quarantine, Forward,
     HeadPlan, Refusal, RequestInputs,
@@ -61,6 +61,8 @@ pub(crate) struct Request {
     path: Vec<u8>,
     /// What the request holds on its budgets until it settles or releases.
     budget: Option<budget::Metered>,
+    /// The usage its response reports (`crate::usage`).
+    meter: crate::usage::Meter,
     /// The pod this request holds, for an endpoint-picked backend (released in `on_log`).
     pick: Option<crate::pick::Held>,
     /// The pick's inputs while a shared ledger decides on the request.
@@ -121,6 +123,7 @@ impl Request {
             backend_index: None,
             path: Vec::new(),
             budget: None,
+            meter: crate::usage::Meter::default(),
             pick: None,
             pending_pick: None,
             shape: ErrorShape::OpenAi,
@@ -309,6 +312,10 @@ impl Request {
                 spans: f.spans.clone(),
                 knobs: f.knobs,
             });
+        let ask_usage = scanned
+            .as_ref()
+            .ok()
+            .and_then(|f| crate::usage::asking(f, body_len, &self.path));
         let audit_body = body.filter(|_| worker.router.config.audit.include_request_body);
         let spans = scanned
             .as_ref()
@@ -368,8 +375,14 @@ impl Request {
         self.rule_index = forward.decision.rule;
         self.backend_index = Some(forward.decision.backend());
         let fields = budget_fields.as_ref();
+        self.meter = crate::usage::Meter::new(body_len, false);
         if let Some(action) = self.budget_step(worker, &mut forward, body, body_len, fields) {
             return action;
+        }
+        if self.budget.is_none() {
+            if let Some(action) = self.ask_usage(&mut forward, ask_usage, body, body_len) {
+                return action;
+            }
         }
         self.note_failover_skipped(worker, forward.decision.order.len(), body_len);
         self.phase = Phase::Forwarded(Routed {
@@ -456,20 +469,33 @@ impl Request {
         };
         self.budget = Some(admitted.metered);
         let splice = admitted.splice?;
-        if let Err(e) = budget::send_splice(body_len, &splice) {
+        if let Err(e) = crate::usage::send(forward, body_len, &splice) {
             return Some(self.internal(&e));
         }
-        // The per-attempt filter finds `model` by the stamped span and body length.
-        for (name, value) in forward.stamps.iter_mut() {
-            if *name == MODEL_SPAN_HEADER {
-                if let Some((span, _)) = router_core::rewrite::parse_span(value.as_bytes()) {
-                    *value = router_core::rewrite::format_span(
-                        splice.moved(span),
-                        splice.new_len(body_len),
-                    );
-                }
+        self.meter = crate::usage::Meter::new(body_len, splice.asked);
+        None
+    }
+
+    /// A stream no budget covers asks for usage all the same (`crate::usage::asking`); its
+    /// usage-only chunk is then stripped. A head that cannot be read leaves the body as sent.
+    fn ask_usage(
+        &mut self,
+        forward: &mut Forward,
+        edits: Option<router_core::budget::inject::Edits>,
+        body: Option<&[u8]>,
+        body_len: usize,
+    ) -> Option<Action> {
+        let splice = match crate::usage::splice_of(&edits?, body) {
+            Ok(s) => s?,
+            Err(e) => {
+                edge::log(Level::Warn, &format!("model-router: usage: {e}"));
+                return None;
             }
+        };
+        if let Err(e) = crate::usage::send(forward, body_len, &splice) {
+            return Some(self.internal(&e));
         }
+        self.meter = crate::usage::Meter::new(body_len, splice.asked);
         None
     }
 
@@ -691,9 +717,7 @@ impl HttpContext for Request {
             }
             HeadPlan::ReadBody => {
                 self.audited = true;
-                if worker.budgets.is_some() {
-                    self.path = path;
-                }
+                self.path = path;
                 self.phase = Phase::ReadingBody(None);
                 Action::Pause
             }
@@ -795,9 +819,10 @@ impl HttpContext for Request {
             routed.complete = end_of_stream;
         }
         self.settle(verdict.outcome);
+        self.meter.start(head.status, head.streaming);
         if let (Some(budgets), Some(m)) = (&worker.budgets, self.budget.as_mut()) {
-            budgets.on_response_headers(m, head.status, head.streaming, self.backend_index);
-            if end_of_stream && budgets.on_response_end(m, &mut self.audit) {
+            budgets.on_response_headers(m, head.status, self.backend_index);
+            if end_of_stream && budgets.on_response_end(m, &mut self.meter, &mut self.audit) {
                 return Action::Pause;
             }
         }
@@ -811,9 +836,12 @@ impl HttpContext for Request {
         if let (true, Phase::Forwarded(routed)) = (end_of_stream, &mut self.phase) {
             routed.complete = true;
         }
+        if !self.meter.feed(body_size, end_of_stream) {
+            return Action::Continue;
+        }
         if let (Some(worker), Some(m)) = (&self.worker, self.budget.as_mut()) {
             if let Some(budgets) = &worker.budgets {
-                if budgets.on_response_body(m, body_size, end_of_stream, &mut self.audit) {
+                if budgets.on_response_end(m, &mut self.meter, &mut self.audit) {
                     // Until the shared ledger has the settle (`settle_answered` resumes).
                     return Action::Pause;
                 }
@@ -834,8 +862,12 @@ impl HttpContext for Request {
         // streamed.
         if let (Some(worker), Some(m)) = (&self.worker, self.budget.as_mut()) {
             if let Some(budgets) = &worker.budgets {
-                budgets.end(m, &mut self.audit);
+                budgets.end(m, &mut self.meter, &mut self.audit);
             }
+        }
+        if let Some(worker) = &self.worker {
+            let backend = self.backend_index;
+            crate::usage::publish(&mut self.meter, &worker.usage, backend, &mut self.audit);
         }
         self.settle(Outcome::Cancelled);
         // The audit line goes to the gateway's log at info; if the operator set the wasm log

@@ -42,12 +42,16 @@ use router_core::budget::table::{TableError, TeamTable};
 use router_core::budget::template;
 use router_core::budget::usage::Charge;
 use router_core::budget::window::Amount;
+use router_core::budget::wire::LedgerState;
 use router_core::budget::worker_lease::{LeasedLedgers, Leases as WorkerLeases};
 use router_core::errors::ApiError;
 use router_core::router::{RequestHeaders, Router};
 use router_core::scan::Fields;
 use std::cell::RefCell;
 use std::rc::Rc;
+
+/// Lease states a worker keeps for the rate-limit headers (every lease it can hold reports one).
+const LEASE_SEEN_MAX: usize = 4096;
 
 /// Per team budget (by index), team → its slot, a time until which the team table is known
 /// to keep that slot the team's (`quiet_until` as this worker last wrote or read it), and the
@@ -96,12 +100,16 @@ pub(crate) struct Budgets {
     /// The team slots this worker knows, so a request of a known team neither reads nor writes
     /// the team table ([`Budgets::team_slot`]).
     slots: RefCell<SlotCache>,
+    /// Lease mode of the shared ledger: each leased ledger's state as the last lease report
+    /// this worker got answered it (the rate-limit headers of lease-admitted responses).
+    lease_seen: RefCell<Vec<LedgerState>>,
 }
 
 /// What the client gets instead of an upstream answer.
 pub(crate) enum Answer {
-    /// 429 with `Retry-After`.
-    Refused(Refused),
+    /// 429 with `Retry-After`, and the rate-limit headers of the ledgers as admission saw them
+    /// (none when it read none).
+    Refused(Refused, RateLimit),
     /// 503 `budget_store_unavailable` (the ledgers cannot be read or written).
     Unavailable(ApiError),
 }
@@ -281,6 +289,7 @@ impl Budgets {
             attempts,
             compiled,
             slots: RefCell::new(SlotCache::default()),
+            lease_seen: RefCell::new(Vec::new()),
         };
         let ttl = budgets.compiled.hold_ttl_s;
         budgets.shapes = budgets
@@ -472,7 +481,10 @@ impl Budgets {
                 Err(TableError::Full { max }) => {
                     let free_at = table.next_free_at().unwrap_or(now_ms);
                     let wait = free_at.saturating_sub(now_ms).div_ceil(1000);
-                    return Err(Answer::Refused(reply::teams_full(&b.name, max, wait)));
+                    return Err(Answer::Refused(
+                        reply::teams_full(&b.name, max, wait),
+                        RateLimit::default(),
+                    ));
                 }
                 Err(TableError::Corrupt) => {
                     return Err(unavailable(&SharedError::Corrupt(key.clone())))
@@ -484,7 +496,7 @@ impl Budgets {
         });
         claimed.map_err(|e| match e {
             CasError::Step(answer) => {
-                if matches!(answer, Answer::Refused(_)) {
+                if matches!(answer, Answer::Refused(..)) {
                     self.stats.refused(budget);
                 }
                 answer
@@ -539,7 +551,9 @@ impl Budgets {
             audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
             if let Some(hold) = leases.as_ref().and_then(|l| l.admit(&p.keys, p.amount)) {
                 // Covered by this gateway's leases: no callout.
-                return Ok(Some(admitted(splice, Holding::Lease(hold))));
+                let mut a = admitted(splice, Holding::Lease(hold));
+                a.metered.rate = self.lease_rate(&p.keys);
+                return Ok(Some(a));
             }
             let id = remote.new_id();
             let pending = match remote.reserve(&self.compiled, &p.keys, p.amount, &id) {
@@ -615,7 +629,7 @@ impl Budgets {
         let holds = match admitted_holds.map_err(|e| unavailable(&e))? {
             Ok(holds) => holds,
             Err(refusal) => {
-                let answer = self.refusal(&refusal);
+                let answer = self.refusal(&refusal, rate);
                 for key in &refusal.refused {
                     if let (Ok(r), Some(shared)) = (store.usage(key), named(&p.keys, &names, key)) {
                         self.stats.record_ledger(key, shared, r);
@@ -740,7 +754,7 @@ impl Budgets {
                     self.stats.refused(k.budget);
                 }
                 m.holding = Holding::Ended;
-                Err(Answer::Refused(refused))
+                Err(Answer::Refused(refused, self.rate_limit_of(&states)))
             }
             Admission::Unavailable { why } => {
                 // A reserve that timed out here may still be applied there: release its id
@@ -867,14 +881,15 @@ impl Budgets {
                 .as_ref()
                 .and_then(|l| l.answered(token, num_headers, body_size))
             {
-                let gauges = router_core::budget::remote::gauges(
-                    &self.compiled,
-                    state
-                        .as_ref()
-                        .map(|(_, s)| std::slice::from_ref(s))
-                        .unwrap_or(&[]),
-                );
+                let states = state
+                    .as_ref()
+                    .map(|(_, s)| std::slice::from_ref(s))
+                    .unwrap_or(&[]);
+                let gauges = router_core::budget::remote::gauges(&self.compiled, states);
                 self.stats.record_all(&gauges);
+                if let Some((_, s)) = state {
+                    self.lease_saw(s);
+                }
                 return;
             }
             let answers = remote.ended(token, num_headers, body_size);
@@ -925,6 +940,39 @@ impl Budgets {
         }
     }
 
+    /// Keeps a lease report's ledger state, newest per ledger (at most one per lease: a worker
+    /// holds a bounded number).
+    fn lease_saw(&self, s: LedgerState) {
+        let mut seen = self.lease_seen.borrow_mut();
+        let full = seen.len() >= LEASE_SEEN_MAX;
+        match seen
+            .iter_mut()
+            .find(|o| o.budget == s.budget && o.team == s.team)
+        {
+            Some(o) if o.version <= s.version => *o = s,
+            Some(_) => {}
+            None if !full => seen.push(s),
+            None => {}
+        }
+    }
+
+    /// The rate-limit view of a lease-admitted request: its ledgers as the last lease reports
+    /// answered them (at most a report period old; the leases' own unused room counts as held).
+    /// `None` when no report has answered yet.
+    fn lease_rate(&self, keys: &[LedgerKey]) -> Option<RateLimit> {
+        let seen = self.lease_seen.borrow();
+        let states: Vec<LedgerState> = keys
+            .iter()
+            .filter_map(|k| {
+                let name = &self.compiled.budgets.get(k.budget)?.name;
+                seen.iter()
+                    .find(|s| s.budget == *name && s.team == k.team)
+                    .cloned()
+            })
+            .collect();
+        (!states.is_empty()).then(|| self.rate_limit_of(&states))
+    }
+
     /// The rate-limit view of the ledger states in a shared-ledger answer. The service does not
     /// say when a ledger's spend rolls off: the reset is its window, an upper bound.
     fn rate_limit_of(&self, states: &[router_core::budget::wire::LedgerState]) -> RateLimit {
@@ -944,7 +992,7 @@ impl Budgets {
         rate
     }
 
-    fn refusal(&self, refusal: &Refusal) -> Answer {
+    fn refusal(&self, refusal: &Refusal, rate: RateLimit) -> Answer {
         let names: Vec<String> = refusal.refused.iter().map(|k| self.label(k)).collect();
         let window = refusal
             .refused
@@ -955,11 +1003,14 @@ impl Budgets {
         for k in &refusal.refused {
             self.stats.refused(k.budget);
         }
-        Answer::Refused(reply::exceeded(
-            &names,
-            refusal.retry_after_s(window),
-            refusal.wait == Wait::Never,
-        ))
+        Answer::Refused(
+            reply::exceeded(
+                &names,
+                refusal.retry_after_s(window),
+                refusal.wait == Wait::Never,
+            ),
+            rate,
+        )
     }
 
     /// The response headers came through with `status` from backend `served`.

@@ -139,13 +139,10 @@ impl Request {
     fn fail_retry(&mut self, err: &ApiError, outcome: Outcome, retry_after: Option<u64>) -> Action {
         self.settle(outcome);
         let body = err.body_in(self.shape, self.audit.request_id.as_deref());
-        let retry_after = retry_after.map(|s| s.to_string());
-        self.reply(
-            err.status,
-            &body,
-            err.code,
-            retry_after.as_deref().map(|s| ("retry-after", s)),
-        )
+        match retry_after.map(|s| s.to_string()) {
+            Some(s) => self.reply(err.status, &body, err.code, &[("retry-after", &s)]),
+            None => self.reply(err.status, &body, err.code, &[]),
+        }
     }
 
     fn refuse(&mut self, refusal: Refusal) -> Action {
@@ -172,13 +169,13 @@ impl Request {
         status: u32,
         body: &[u8],
         details: &str,
-        extra: Option<(&'static str, &str)>,
+        extra: &[(&'static str, &str)],
     ) -> Action {
         self.phase = Phase::Answered;
         self.audit.status = status;
         let mut headers = vec![("content-type", "application/json")];
         headers.extend(self.id_headers());
-        headers.extend(extra);
+        headers.extend_from_slice(extra);
         if let Err(e) = edge::respond(status, &headers, body, details) {
             edge::log(
                 Level::Error,
@@ -501,28 +498,30 @@ impl Request {
 
     /// A budget refusal: 429 with `Retry-After`, or 503 when the ledgers cannot be reached.
     fn answer_budget(&mut self, answer: &budget::Answer) -> Action {
-        let (err, retry_after, refused) = match answer {
+        let (err, retry_after, rate) = match answer {
             // No waiting admits a request over a cap on its own: tell clients not to retry.
-            budget::Answer::Refused(r) if r.never => (&r.error, None, true),
-            budget::Answer::Refused(r) => (&r.error, Some(r.retry_after_s.to_string()), true),
-            budget::Answer::Unavailable(e) => (e, None, false),
+            budget::Answer::Refused(r, rate) if r.never => (&r.error, None, Some(rate)),
+            budget::Answer::Refused(r, rate) => {
+                (&r.error, Some(r.retry_after_s.to_string()), Some(rate))
+            }
+            budget::Answer::Unavailable(e) => (e, None, None),
         };
-        self.settle(if refused {
+        self.settle(if rate.is_some() {
             Outcome::BudgetExceeded
         } else {
             Outcome::FailClosedRuntime
         });
         let body = err.body_in(self.shape, self.audit.request_id.as_deref());
-        match (&retry_after, refused) {
-            (Some(s), _) => self.reply(err.status, &body, err.code, Some(("retry-after", s))),
-            (None, true) => self.reply(
-                err.status,
-                &body,
-                err.code,
-                Some(("x-should-retry", "false")),
-            ),
-            (None, false) => self.reply(err.status, &body, err.code, None),
+        // The rate-limit headers of the ledgers that refused, as on an admitted response.
+        let limits = rate.map(|r| r.headers()).unwrap_or_default();
+        let mut extra: Vec<(&'static str, &str)> =
+            limits.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        match (&retry_after, rate.is_some()) {
+            (Some(s), _) => extra.push(("retry-after", s)),
+            (None, true) => extra.push(("x-should-retry", "false")),
+            (None, false) => {}
         }
+        self.reply(err.status, &body, err.code, &extra)
     }
 
     /// A request whose last attempt failed in a way that leaves its backends ejected by Envoy:
@@ -694,7 +693,7 @@ impl HttpContext for Request {
             HeadPlan::Models => {
                 self.audited = true;
                 self.settle(Outcome::Ok);
-                self.reply(200, worker.router.models_body(), "llmkube_models", None)
+                self.reply(200, worker.router.models_body(), "llmkube_models", &[])
             }
             HeadPlan::Model(id) => {
                 self.audited = true;
@@ -702,7 +701,7 @@ impl HttpContext for Request {
                 match listed {
                     Some(body) => {
                         self.settle(Outcome::Ok);
-                        self.reply(200, body, "llmkube_models", None)
+                        self.reply(200, body, "llmkube_models", &[])
                     }
                     None => {
                         let err = ApiError::model_not_listed(id.as_deref().unwrap_or_default());

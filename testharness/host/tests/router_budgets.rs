@@ -74,6 +74,10 @@ fn holds_in_flight_refuse_and_settling_frees_what_was_not_used() {
     let second = post(&mut h, &[], BODY);
     assert_eq!(error_of(&second), (429, "budget_exceeded".into()));
     assert_eq!(retry_after(&second), 1, "only a hold is in the way");
+    // The 429 carries the rate-limit headers of the ledger that refused: 896 − 853 held.
+    let refused = second.local_response.as_ref().unwrap();
+    assert_eq!(refused.header("x-ratelimit-limit-tokens"), Some("896"));
+    assert_eq!(refused.header("x-ratelimit-remaining-tokens"), Some("43"));
     h.log_and_done(second.stream).unwrap();
     usage_json(&mut h, &first);
     assert_eq!(gauge(&h, "all.tokens_used"), 30);

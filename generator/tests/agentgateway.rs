@@ -682,7 +682,8 @@ fn auth_is_refused_with_the_reason() {
 
 /// Budgets settle from the response body, which agentgateway streams to ext_proc only in
 /// `fullDuplexStreamed` mode: with budgets the generated policy asks for it (standalone and
-/// in-cluster, both valid against their schemas), without them it asks for no body; and
+/// in-cluster, both valid against their schemas), and without them too (usage is read from
+/// every response); and
 /// `--budgets-service` becomes the `llmkube-budgets` cluster of the server's config, named by
 /// the plugin config's budget service.
 #[test]
@@ -744,12 +745,13 @@ fn budgets_stream_the_response_body_full_duplex_and_reach_the_budgets_service() 
     let server = yaml(file(&out, "ext-proc.yaml"));
     assert!(server.get("clusters").is_none(), "{server}");
     assert!(server["plugin_config"]["budgets"].get("service").is_none());
-    // No budgets: the routing filter needs no response body.
+    // No budgets: the body is streamed all the same (the filter reads every response's usage
+    // and strips the usage chunk it asked a stream for).
     let out = compile(&example(), &opts(Some(RETRY_REPLAY_LIMIT)));
     let cfg = yaml(file(&out, "agentgateway.yaml"));
     assert_eq!(
         listener(&cfg)["policies"]["extProc"]["processingOptions"]["responseBodyMode"],
-        "none"
+        "fullDuplexStreamed"
     );
 }
 

@@ -211,7 +211,7 @@ fn ext_proc_policy(ir: &Ir, gw: &Gateway) -> Vec<Value> {
                 "extProc": {
                     "backendRef": backend_ref,
                     "failureMode": "FailClosed",
-                    "processingOptions": k8s_processing_options(ir),
+                    "processingOptions": k8s_processing_options(),
                 },
             },
         }),
@@ -231,9 +231,9 @@ fn ext_proc_policy(ir: &Ir, gw: &Gateway) -> Vec<Value> {
 }
 
 /// The standalone processing options in the CRD's spelling (`Send`, `Buffered`, ...).
-fn k8s_processing_options(ir: &Ir) -> Value {
+fn k8s_processing_options() -> Value {
     let mut out = serde_json::Map::new();
-    if let Value::Object(m) = processing_options(ir) {
+    if let Value::Object(m) = processing_options() {
         for (k, v) in m {
             let s = v.as_str().unwrap_or_default();
             let mut c = s.chars();

@@ -44,7 +44,7 @@ pub(super) fn config(ir: &Ir, opts: &AgentgatewayOptions) -> Value {
                 "policies": {"extProc": {
                     "host": host_port(host, *port),
                     "failureMode": "failClosed",
-                    "processingOptions": processing_options(ir),
+                    "processingOptions": processing_options(),
                     "policies": {"http": {"requestTimeout": super::ext_proc::CALL_TIMEOUT}},
                 }},
                 "routes": routes,
@@ -60,13 +60,13 @@ pub(super) fn config(ir: &Ir, opts: &AgentgatewayOptions) -> Value {
 
 /// The filter reads the whole request (model, messages) and the response status; it needs the
 /// response body only to settle budgets (streamed full duplex), and no trailers.
-pub(super) fn processing_options(ir: &Ir) -> Value {
+pub(super) fn processing_options() -> Value {
     json!({
         "requestHeaderMode": "send",
         "requestBodyMode": "buffered",
         "requestTrailerMode": "skip",
         "responseHeaderMode": "send",
-        "responseBodyMode": super::budgets::response_body_mode(ir),
+        "responseBodyMode": super::budgets::response_body_mode(),
         "responseTrailerMode": "skip",
     })
 }

@@ -405,10 +405,29 @@ fn per_attempt_timeouts_are_per_provider() {
         .iter()
         .find(|d| {
             d["kind"] == "AgentgatewayBackend"
-                && d["spec"]["ai"]["groups"].as_array().unwrap().len() == 2
+                && d["spec"]["ai"]["groups"].as_array().unwrap().len() == 3
         })
         .unwrap();
     assert_eq!(group_timeouts(&b["spec"]["ai"]["groups"]), ["10s", "1m"]);
+    // Last: the routing server's no-backend listener, a port of its Service.
+    let sink = &b["spec"]["ai"]["groups"][2]["providers"][0];
+    assert_eq!(sink["name"], NO_BACKEND_PROVIDER);
+    assert!(sink.get("policies").is_none(), "{sink}");
+    let service = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "Service"
+                && sink["host"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(d["metadata"]["name"].as_str().unwrap())
+        })
+        .unwrap();
+    assert!(service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["port"] == sink["port"]));
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! AgentgatewayPolicy running it on the `spec.agentGatewayRef` Gateway (PreRouting is the phase
 //! that runs before route selection; PostRouting, the only phase for HTTPRoute targets, runs
 //! after it), HTTPRoutes with one rule per route key, one AgentgatewayBackend per route key (the
-//! attempt order as priority groups) and PostRouting AgentgatewayPolicies for the retries and the
+//! attempt order as priority groups, then the routing server's no-backend listener) and PostRouting AgentgatewayPolicies for the retries and the
 //! removal of internal headers. Credentials are Secret references only.
 //!
 //! No AgentgatewayModel: agentgateway routes an AgentgatewayModel by the request's `model` on its
@@ -17,7 +17,9 @@ use serde_json::{json, Value};
 
 use super::attempts::{attempts, Attempt};
 use super::ext_proc;
-use super::options::{AgentgatewayOptions, EXT_PROC_PORT, IMAGE_WASM_DIR, INTERNAL_HEADERS};
+use super::options::{
+    AgentgatewayOptions, EXT_PROC_PORT, IMAGE_WASM_DIR, INTERNAL_HEADERS, NO_BACKEND_PROVIDER,
+};
 use super::standalone::{processing_options, RETRY_BACKOFF, RETRY_CONDITION};
 use crate::duration::gateway_duration;
 use crate::ir::{Ir, RoutePlan};
@@ -115,9 +117,31 @@ pub(super) fn documents(ir: &Ir, opts: &AgentgatewayOptions, sha256: &str) -> Ve
 /// Service of `llmkube-ext-proc`.
 fn server(ir: &Ir, opts: &AgentgatewayOptions, sha256: &str) -> Vec<Value> {
     let module = format!("{IMAGE_WASM_DIR}/{}", super::super::module::WASM_FILE);
-    let config = ext_proc::config(ir, &module, sha256, opts);
-    server_named(ir, opts, &server_name(ir), &config)
+    let mut config = ext_proc::config(ir, &module, sha256, opts);
+    config["no_backend_listen"] = json!(format!("0.0.0.0:{NO_BACKEND_PORT}"));
+    let mut docs = server_named(ir, opts, &server_name(ir), &config);
+    // The no-backend listener's port on the container and the Service.
+    for d in &mut docs {
+        let (ports, port) = match d["kind"].as_str() {
+            Some("Deployment") => (
+                &mut d["spec"]["template"]["spec"]["containers"][0]["ports"],
+                json!({"name": "no-backend", "containerPort": NO_BACKEND_PORT}),
+            ),
+            Some("Service") => (
+                &mut d["spec"]["ports"],
+                json!({"name": "no-backend", "port": NO_BACKEND_PORT, "targetPort": NO_BACKEND_PORT}),
+            ),
+            _ => continue,
+        };
+        if let Some(ports) = ports.as_array_mut() {
+            ports.push(port);
+        }
+    }
+    docs
 }
+
+/// The routing server's no-backend listener in the cluster (ext-proc/src/no_backend.rs).
+const NO_BACKEND_PORT: u16 = EXT_PROC_PORT + 2;
 
 /// The endpoint picker's server (`resolution: endpoint` backends).
 fn picker_name(ir: &Ir) -> String {
@@ -249,10 +273,18 @@ fn k8s_processing_options() -> Value {
 
 /// One route key's attempt order: one priority group per attempt.
 fn backend(ir: &Ir, index: usize, p: &RoutePlan) -> Value {
-    let groups: Vec<Value> = attempts(ir, p)
+    let mut groups: Vec<Value> = attempts(ir, p)
         .iter()
         .map(|a| json!({"providers": [provider(ir, a)]}))
         .collect();
+    // Last, never evicted: the routing server's no-backend listener (as in the standalone
+    // config), so a request whose backends all failed gets the filter's answer.
+    groups.push(json!({"providers": [{
+        "name": NO_BACKEND_PROVIDER,
+        "openai": {},
+        "host": format!("{}.{}.svc.cluster.local", server_name(ir), ir.namespace),
+        "port": NO_BACKEND_PORT,
+    }]}));
     object(
         AGW_API,
         "AgentgatewayBackend",
@@ -355,7 +387,9 @@ fn routes(ir: &Ir, gw: &Gateway) -> Vec<Value> {
 fn traffic_policies(ir: &Ir) -> Vec<Value> {
     let mut groups: BTreeMap<usize, Vec<Value>> = BTreeMap::new();
     for (i, p) in ir.routes.iter().enumerate() {
-        groups.entry(p.order.len()).or_default().push(json!({
+        // Attempts: the order's backends, and the no-backend group of a route that has one.
+        let tries = p.order.len() + usize::from(super::picked::picked_route(ir, p).is_none());
+        groups.entry(tries).or_default().push(json!({
             "group": GW_GROUP,
             "kind": "HTTPRoute",
             "name": route_name(ir, i / MAX_RULES),
@@ -363,15 +397,15 @@ fn traffic_policies(ir: &Ir) -> Vec<Value> {
         }));
     }
     let mut docs = Vec::new();
-    for (order_len, targets) in groups {
+    for (tries, targets) in groups {
         for chunk in targets.chunks(MAX_TARGETS) {
             let mut traffic = json!({
                 "phase": "PostRouting",
                 "headerModifiers": {"request": {"remove": INTERNAL_HEADERS}},
             });
-            if order_len > 1 {
+            if tries > 1 {
                 traffic["retry"] = json!({
-                    "attempts": order_len - 1,
+                    "attempts": tries - 1,
                     "codes": [500, 502, 503, 504],
                     "condition": RETRY_CONDITION,
                     "backoff": RETRY_BACKOFF,

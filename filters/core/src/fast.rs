@@ -11,6 +11,20 @@ pub fn find_string_special(b: &[u8], from: usize) -> usize {
     imp::find_string_special(b, from)
 }
 
+/// The closing quote of a short plain string: when the string content from `from` reaches its
+/// closing quote within [`PLAIN_SPAN`] bytes with nothing before it but printable ASCII (no
+/// escape, control or non-ASCII byte), the quote's index; otherwise `None` and the caller takes
+/// the full walk ([`skip_string`]). Keys and most scalar strings of a request (`"role"`,
+/// `"user"`, a model name) are such strings: one or two loads decide them, where the full walk
+/// sets up its 64-byte blocks and checks UTF-8 apart.
+#[inline(always)]
+pub fn plain_string_end(b: &[u8], from: usize) -> Option<usize> {
+    imp::plain_string_end(b, from)
+}
+
+/// How far [`plain_string_end`] looks.
+pub const PLAIN_SPAN: usize = 32;
+
 /// Index of the first `\r` or `\n` at or after `from`, or `b.len()` if there is none (the
 /// end of a server-sent-events line).
 #[inline]
@@ -156,6 +170,23 @@ mod imp {
         At(usize),
     }
 
+    #[inline(always)]
+    pub fn plain_string_end(b: &[u8], from: usize) -> Option<usize> {
+        let mut i = from;
+        while i + 16 <= b.len() && i < from + super::PLAIN_SPAN {
+            // SAFETY: i + 16 <= len, and v128_load has no alignment requirement.
+            let v = unsafe { v128_load(b.as_ptr().add(i) as *const v128) };
+            // Special or non-ASCII (the sign bit): the first such byte must be the quote.
+            let stop = special16(v) | u8x16_bitmask(v) as u32;
+            if stop != 0 {
+                let j = i + stop.trailing_zeros() as usize;
+                return (b[j] == b'"').then_some(j);
+            }
+            i += 16;
+        }
+        None
+    }
+
     /// Bitmask of the lanes of `v` that are '"', '\\' or < 0x20.
     #[inline(always)]
     fn special16(v: v128) -> u32 {
@@ -275,12 +306,9 @@ mod imp {
             // Chat text escapes `\n`, `\"`, `\\` and `\t` nearly always: classifying those in
             // the vectors leaves no per-escape loop (whose varying trip count mispredicts) in
             // the common block; the other escapes are looked up one by one below.
-            let common = bits([0, 1, 2, 3].map(|k| {
-                v128_or(
-                    v128_or(quote[k], bslash[k]),
-                    v128_or(u8x16_eq(v[k], n_c), u8x16_eq(v[k], t_c)),
-                )
-            }));
+            // (The quotes and backslashes are in their bitmasks already: only `n` and `t` are
+            // compared and extracted again.)
+            let common = quotes | bs | bits(v.map(|x| v128_or(u8x16_eq(x, n_c), u8x16_eq(x, t_c))));
             // Control bytes are rare inside strings (but common just after one, in pretty-printed
             // JSON), and so are non-ASCII bytes in most prompts. Read as signed bytes, both are
             // below 0x20 (non-ASCII ones are negative): one compare tests the block for either,
@@ -436,6 +464,20 @@ mod imp {
         (has_quote | has_bslash | ctrl) & HI
     }
 
+    #[inline(always)]
+    pub fn plain_string_end(b: &[u8], from: usize) -> Option<usize> {
+        let end = b.len().min(from + super::PLAIN_SPAN);
+        for (j, &c) in b.iter().enumerate().take(end).skip(from) {
+            if c == b'"' {
+                return Some(j);
+            }
+            if is_special(c) || c >= 0x80 {
+                return None;
+            }
+        }
+        None
+    }
+
     #[inline]
     pub fn find_string_special(b: &[u8], from: usize) -> usize {
         let mut i = from;
@@ -544,6 +586,52 @@ mod tests {
         // Non-ASCII bytes never count as special, even right before a hit.
         let b = "ééééééééé\"".as_bytes();
         assert_eq!(find_string_special(b, 0), b.len() - 1);
+    }
+
+    #[test]
+    fn a_plain_string_end_is_the_quote_after_printable_ascii_only() {
+        // Each stop byte (quote, escape, control, non-ASCII) and an ordinary one at every
+        // position around the 16-byte steps and the span's end, from several starts: a quote
+        // found must be the string's end with only printable ASCII before it; `None` is always
+        // allowed (the full walk decides).
+        for p in [b'"', b'\\', 0x01, 0x1f, 0x80, 0xC3, 0xFF, b'a'] {
+            for pos in 0..48 {
+                for len in [pos + 1, pos + 3, 40, 48] {
+                    let mut b = vec![b'x'; len.max(pos + 1)];
+                    b[pos] = p;
+                    for from in [0, 1, 5, 15, 16, 17] {
+                        if from > b.len() {
+                            continue;
+                        }
+                        let got = plain_string_end(&b, from);
+                        let first_stop =
+                            (from..b.len()).find(|&j| is_special(b[j]) || b[j] >= 0x80);
+                        match got {
+                            Some(q) => {
+                                assert_eq!(
+                                    Some(q),
+                                    first_stop,
+                                    "{p:#x} at {pos} of {len} from {from}"
+                                );
+                                assert_eq!(b[q], b'"');
+                                assert!(q < from + PLAIN_SPAN);
+                            }
+                            None => {
+                                // A quote within reach with nothing before it must be found
+                                // where 16 bytes can be read past every block it sits in.
+                                if let Some(q) = first_stop.filter(|&q| b[q] == b'"') {
+                                    let reach = from + (q - from) / 16 * 16 + 16;
+                                    assert!(
+                                        q >= from + PLAIN_SPAN || reach > b.len(),
+                                        "missed the quote at {q} ({len} bytes from {from})"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

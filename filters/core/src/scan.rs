@@ -12,7 +12,6 @@
 
 use std::borrow::Cow;
 use std::collections::hash_map::RandomState;
-use std::hash::Hasher;
 
 /// Nesting deeper than this is refused; the scanner itself is iterative, the bound protects
 /// whatever parses the body after us (Python's json recursion limit is about 1000).
@@ -122,8 +121,6 @@ struct Progress {
     serial: u32,
     top_key: TopKey,
     top_value_start: usize,
-    /// End of the last value parsed (the end of a top-level value's span).
-    last_end: usize,
 }
 
 impl Default for Progress {
@@ -142,7 +139,6 @@ impl Default for Progress {
             serial: 0,
             top_key: TopKey::Other,
             top_value_start: 0,
-            last_end: 0,
         }
     }
 }
@@ -319,14 +315,13 @@ impl Scanner {
             base,
             i: skipping.unwrap_or(self.at.pos) - base,
             complete,
-            scratch: Vec::new(),
             resume_at: None,
         };
         let mut state = self.at.state;
         let mut r = Ok(());
         if skipping.is_some() {
             // Inside a string value: no whitespace or dispatch, just skip on.
-            r = p.skip_string(p.i).map(|()| self.ended(&p, &mut state));
+            r = p.skip_string(p.i).map(|()| state = self.string_ended(&p));
         }
         if r.is_ok() {
             r = self.parse_from(&mut p, &mut state);
@@ -346,197 +341,244 @@ impl Scanner {
         }
     }
 
-    /// A value ended at `p.i`.
-    fn ended(&mut self, p: &Parser<'_>, state: &mut State) {
-        self.at.last_end = p.base + p.i;
-        *state = State::AfterValue;
+    /// The grammar, one token per turn: each state's step reads what that state allows and
+    /// names the state that follows (`None`: the object closed and nothing follows). The state
+    /// is a local while the bytes last and is saved only when they run out (`Halt::More`: the
+    /// step that stopped is the one taken again).
+    fn parse_from(&mut self, p: &mut Parser<'_>, state: &mut State) -> Result<(), Halt> {
+        let mut now = *state;
+        let r = loop {
+            p.ws();
+            let next = match now {
+                State::Start => self.open_body(p).map(Some),
+                State::KeyOrEnd { first } => self.key_or_end(p, first).map(Some),
+                State::ValueOrEnd => self.value_or_end(p).map(Some),
+                State::Value => self.value(p).map(Some),
+                State::AfterValue => self.after_value(p),
+            };
+            match next {
+                Ok(Some(s)) => now = s,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        *state = now;
+        r
     }
 
-    fn parse_from(&mut self, p: &mut Parser<'_>, state: &mut State) -> Result<(), Halt> {
-        let body = p.b;
-        loop {
-            p.ws();
-            match *state {
-                State::Start => match p.peek() {
-                    None => return Err(p.end(p.i, "the body is empty")),
-                    Some(b'{') => {
-                        self.at.knobs.open = p.base + p.i;
-                        p.i += 1;
-                        self.push_frame(true)?;
-                        *state = State::KeyOrEnd { first: true };
-                    }
-                    Some(_) => return Err(ScanError::NotObject.into()),
-                },
-                State::KeyOrEnd { first } => match p.peek() {
-                    Some(b'}') if first => {
-                        p.i += 1;
-                        self.pop_frame();
-                        self.ended(p, state);
-                    }
-                    Some(b'"') => {
-                        let depth = self.frames.len();
-                        let key_start = p.i;
-                        let key = p.string()?;
-                        p.ws();
-                        if p.peek().is_none() && !p.complete {
-                            // Key and colon are one step (the key is noted once): cut between
-                            // them, the key is read again.
-                            p.i = key_start;
-                            return Err(Halt::More);
-                        }
-                        if depth == 1 {
-                            self.at.top_key = classify_top(&key);
-                            self.at.at_include_usage = false;
-                        } else if depth == 2 {
-                            self.at.at_include_usage =
-                                self.at.top_key == TopKey::StreamOptions && key == "include_usage";
-                        } else if depth == 3
-                            && self.at.top_key == TopKey::Messages
-                            && key == "tool_calls"
-                        {
-                            self.at.knobs.tool_calls = true;
-                        }
-                        self.note_key(fingerprint(&key), &key, depth == 1)?;
-                        if p.peek() != Some(b':') {
-                            return Err(invalid(p.i, "expected ':' after an object key").into());
-                        }
-                        p.i += 1;
-                        *state = State::Value;
-                    }
-                    Some(_) => {
-                        return Err(invalid(
-                            p.i,
-                            if first {
-                                "expected a string key or '}'"
-                            } else {
-                                "expected a string key after ','"
-                            },
-                        )
-                        .into())
-                    }
-                    None => return Err(p.end(p.i, "unexpected end of body inside an object")),
-                },
-                State::ValueOrEnd => match p.peek() {
-                    Some(b']') => {
-                        p.i += 1;
-                        self.pop_frame();
-                        self.ended(p, state);
-                    }
-                    None if !p.complete => return Err(Halt::More),
-                    _ => *state = State::Value,
-                },
-                State::Value => {
-                    let at_top = self.frames.len() == 1;
-                    if at_top {
-                        self.at.top_value_start = p.base + p.i;
-                    }
-                    let is_model = at_top && self.at.top_key == TopKey::Model;
-                    match p.peek() {
-                        Some(b'{') => {
-                            p.i += 1;
-                            self.push_frame(true)?;
-                            *state = State::KeyOrEnd { first: true };
-                        }
-                        Some(b'[') => {
-                            p.i += 1;
-                            self.push_frame(false)?;
-                            *state = State::ValueOrEnd;
-                        }
-                        Some(b'"') if is_model => {
-                            self.at.model = Some(p.string()?.into_owned());
-                            self.ended(p, state);
-                        }
-                        Some(b'"') => {
-                            p.skip_string(p.i + 1)?;
-                            self.ended(p, state);
-                        }
-                        Some(b't') => {
-                            p.literal(b"true")?;
-                            if at_top && self.at.top_key == TopKey::Stream {
-                                self.at.stream = true;
-                            }
-                            self.note_include_usage(true);
-                            self.ended(p, state);
-                        }
-                        Some(b'f') => {
-                            p.literal(b"false")?;
-                            self.note_include_usage(false);
-                            self.ended(p, state);
-                        }
-                        Some(b'n') => {
-                            p.literal(b"null")?;
-                            self.ended(p, state);
-                        }
-                        Some(b'-' | b'0'..=b'9') => {
-                            let start = p.i;
-                            p.number()?;
-                            if at_top {
-                                self.note_number(&p.b[start..p.i]);
-                            }
-                            self.ended(p, state);
-                        }
-                        Some(_) => return Err(invalid(p.i, "expected a JSON value").into()),
-                        None => return Err(p.end(p.i, "unexpected end of body, expected a value")),
-                    }
-                    if is_model && self.at.model.is_none() {
-                        self.at.model_not_string = true;
-                    }
+    /// The body's first token: it must open an object.
+    fn open_body(&mut self, p: &mut Parser<'_>) -> Result<State, Halt> {
+        match p.peek() {
+            None => Err(p.end(p.i, "the body is empty")),
+            Some(b'{') => {
+                self.at.knobs.open = p.base + p.i;
+                p.i += 1;
+                self.push_frame(true)?;
+                Ok(State::KeyOrEnd { first: true })
+            }
+            Some(_) => Err(ScanError::NotObject.into()),
+        }
+    }
+
+    /// Inside an object, before a key (or its `}` when `first`): the key is read, noted (the
+    /// top-level facts, then duplicates) and its colon passed in one step.
+    #[inline(always)]
+    fn key_or_end(&mut self, p: &mut Parser<'_>, first: bool) -> Result<State, Halt> {
+        match p.peek() {
+            Some(b'"') => {
+                let depth = self.frames.len();
+                let key_start = p.i;
+                let key = p.read_string()?;
+                p.ws();
+                let colon = p.peek();
+                if colon.is_none() && !p.complete {
+                    // Key and colon are one step (the key is noted once): cut between them,
+                    // the key is read again.
+                    p.i = key_start;
+                    return Err(Halt::More);
                 }
-                State::AfterValue => {
-                    if self.frames.len() == 1 && self.at.top_key != TopKey::Other {
-                        // A top-level value just ended: remember where it sat.
-                        let span = Some((self.at.top_value_start, self.at.last_end));
-                        let spans = &mut self.at.spans;
-                        match self.at.top_key {
-                            TopKey::Model => spans.model = span,
-                            TopKey::Stream => spans.stream = span,
-                            TopKey::StreamOptions => spans.stream_options = span,
-                            TopKey::Messages => spans.messages = span,
-                            TopKey::Tools => spans.tools = span,
-                            TopKey::System => spans.system = span,
-                            TopKey::Prompt => spans.prompt = span,
-                            TopKey::Input => spans.input = span,
-                            TopKey::MaxOutput | TopKey::Choices | TopKey::Other => {}
-                        }
-                        self.at.top_key = TopKey::Other;
-                    }
-                    let Some(frame) = self.frames.last().copied() else {
-                        if p.i != body.len() {
-                            return Err(
-                                invalid(p.i, "unexpected data after the JSON object").into()
-                            );
-                        }
-                        if !p.complete {
-                            return Err(Halt::More);
-                        }
-                        return Ok(());
-                    };
-                    match (p.peek(), frame.is_object) {
-                        (Some(b','), true) => {
-                            p.i += 1;
-                            *state = State::KeyOrEnd { first: false };
-                        }
-                        (Some(b'}'), true) => {
-                            p.i += 1;
-                            self.pop_frame();
-                            self.at.last_end = p.base + p.i;
-                        }
-                        (Some(b','), false) => {
-                            p.i += 1;
-                            *state = State::Value;
-                        }
-                        (Some(b']'), false) => {
-                            p.i += 1;
-                            self.pop_frame();
-                            self.at.last_end = p.base + p.i;
-                        }
-                        (None, _) => return Err(p.end(p.i, "unexpected end of body")),
-                        (Some(_), true) => return Err(invalid(p.i, "expected ',' or '}'").into()),
-                        (Some(_), false) => return Err(invalid(p.i, "expected ',' or ']'").into()),
-                    }
+                self.note_key_facts(depth, &key);
+                self.note_key(fingerprint(key.as_bytes()), &key, depth == 1)?;
+                if colon != Some(b':') {
+                    return Err(invalid(p.i, "expected ':' after an object key").into());
+                }
+                p.i += 1;
+                Ok(State::Value)
+            }
+            Some(b'}') if first => {
+                p.i += 1;
+                Ok(self.closed(p))
+            }
+            Some(_) => Err(invalid(
+                p.i,
+                if first {
+                    "expected a string key or '}'"
+                } else {
+                    "expected a string key after ','"
+                },
+            )
+            .into()),
+            None => Err(p.end(p.i, "unexpected end of body inside an object")),
+        }
+    }
+
+    /// What a key says about the request, by where it sits: which top-level field the next value
+    /// is, `stream_options.include_usage`, a message's `tool_calls`.
+    #[inline(always)]
+    fn note_key_facts(&mut self, depth: usize, key: &str) {
+        match depth {
+            1 => {
+                self.at.top_key = classify_top(key);
+                self.at.at_include_usage = false;
+            }
+            2 => {
+                self.at.at_include_usage =
+                    self.at.top_key == TopKey::StreamOptions && key == "include_usage";
+            }
+            3 if self.at.top_key == TopKey::Messages && key == "tool_calls" => {
+                self.at.knobs.tool_calls = true;
+            }
+            _ => {}
+        }
+    }
+
+    /// Just inside an array: its `]`, or its first value.
+    #[inline(always)]
+    fn value_or_end(&mut self, p: &mut Parser<'_>) -> Result<State, Halt> {
+        match p.peek() {
+            Some(b']') => {
+                p.i += 1;
+                Ok(self.closed(p))
+            }
+            None if !p.complete => Err(Halt::More),
+            _ => self.value(p),
+        }
+    }
+
+    /// A value starts at `p.i`: containers open, scalars are read whole (the model, the
+    /// top-level numbers and flags routing and budgets use) or skipped.
+    #[inline(always)]
+    fn value(&mut self, p: &mut Parser<'_>) -> Result<State, Halt> {
+        let at_top = self.frames.len() == 1;
+        let is_model = at_top && self.at.top_key == TopKey::Model;
+        if at_top {
+            self.at.top_value_start = p.base + p.i;
+            // Until it turns out to be a string.
+            self.at.model_not_string |= is_model;
+        }
+        match p.peek() {
+            Some(b'"') if is_model => {
+                self.at.model = Some(p.read_string()?.into_owned());
+                self.at.model_not_string = false;
+            }
+            Some(b'"') => p.skip_value_string()?,
+            Some(b'{') => {
+                p.i += 1;
+                self.push_frame(true)?;
+                return Ok(State::KeyOrEnd { first: true });
+            }
+            Some(b'[') => {
+                p.i += 1;
+                self.push_frame(false)?;
+                return Ok(State::ValueOrEnd);
+            }
+            Some(b'-' | b'0'..=b'9') => {
+                let start = p.i;
+                p.number()?;
+                if at_top {
+                    self.note_number(&p.b[start..p.i]);
                 }
             }
+            Some(b't') => {
+                p.literal(b"true")?;
+                if at_top && self.at.top_key == TopKey::Stream {
+                    self.at.stream = true;
+                }
+                self.note_include_usage(true);
+            }
+            Some(b'f') => {
+                p.literal(b"false")?;
+                self.note_include_usage(false);
+            }
+            Some(b'n') => p.literal(b"null")?,
+            Some(_) => return Err(invalid(p.i, "expected a JSON value").into()),
+            None => return Err(p.end(p.i, "unexpected end of body, expected a value")),
         }
+        if at_top {
+            self.note_top_span(p.base + p.i);
+        }
+        Ok(State::AfterValue)
+    }
+
+    /// The container whose closing byte is just before `p.i` ended: a top-level value's
+    /// span is noted.
+    #[inline(always)]
+    fn closed(&mut self, p: &Parser<'_>) -> State {
+        self.pop_frame();
+        if self.frames.len() == 1 {
+            self.note_top_span(p.base + p.i);
+        }
+        State::AfterValue
+    }
+
+    /// A string value skipped across pieces ended at `p.i`.
+    fn string_ended(&mut self, p: &Parser<'_>) -> State {
+        if self.frames.len() == 1 {
+            self.note_top_span(p.base + p.i);
+        }
+        State::AfterValue
+    }
+
+    /// After a value: a top-level one has its span noted; then the enclosing container goes on
+    /// (`,`) or closes. `None` once the body's object closed with nothing after it.
+    #[inline(always)]
+    fn after_value(&mut self, p: &mut Parser<'_>) -> Result<Option<State>, Halt> {
+        let Some(frame) = self.frames.last() else {
+            if p.i != p.b.len() {
+                return Err(invalid(p.i, "unexpected data after the JSON object").into());
+            }
+            if !p.complete {
+                return Err(Halt::More);
+            }
+            return Ok(None);
+        };
+        let is_object = frame.is_object;
+        match (p.peek(), is_object) {
+            (Some(b','), true) => {
+                p.i += 1;
+                Ok(Some(State::KeyOrEnd { first: false }))
+            }
+            (Some(b','), false) => {
+                p.i += 1;
+                Ok(Some(State::Value))
+            }
+            (Some(b'}'), true) | (Some(b']'), false) => {
+                p.i += 1;
+                Ok(Some(self.closed(p)))
+            }
+            (None, _) => Err(p.end(p.i, "unexpected end of body")),
+            (Some(_), true) => Err(invalid(p.i, "expected ',' or '}'").into()),
+            (Some(_), false) => Err(invalid(p.i, "expected ',' or ']'").into()),
+        }
+    }
+
+    /// A top-level value just ended at `end`: remember where it sat.
+    #[inline(always)]
+    fn note_top_span(&mut self, end: usize) {
+        let span = Some((self.at.top_value_start, end));
+        let spans = &mut self.at.spans;
+        match self.at.top_key {
+            TopKey::Model => spans.model = span,
+            TopKey::Stream => spans.stream = span,
+            TopKey::StreamOptions => spans.stream_options = span,
+            TopKey::Messages => spans.messages = span,
+            TopKey::Tools => spans.tools = span,
+            TopKey::System => spans.system = span,
+            TopKey::Prompt => spans.prompt = span,
+            TopKey::Input => spans.input = span,
+            TopKey::MaxOutput | TopKey::Choices | TopKey::Other => {}
+        }
+        self.at.top_key = TopKey::Other;
     }
 
     /// A top-level number: a cap when its key is one and it is a non-negative integer.
@@ -647,12 +689,45 @@ fn classify_top(key: &str) -> TopKey {
     }
 }
 
-/// FNV-1a of the decoded key. Two distinct keys colliding is a false "duplicate" that only rejects
-/// the sender's own request, so a fast non-cryptographic fingerprint is enough.
-fn fingerprint(key: &str) -> u64 {
-    let mut h = fnv::FnvHasher::default();
-    h.write(key.as_bytes());
-    h.finish()
+/// A fingerprint of the decoded key, 8 bytes per multiply. Two distinct keys colliding is a
+/// false "duplicate" that only rejects the sender's own request, so a fast non-cryptographic
+/// fingerprint is enough; keys of up to 8 bytes (nearly all) of one length never collide: their
+/// bytes are read whole into one word and every step after that is a bijection.
+fn fingerprint(key: &[u8]) -> u64 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mix = |h: u64, w: u64| {
+        let x = (h ^ w).wrapping_mul(K);
+        x ^ (x >> 29)
+    };
+    let n = key.len();
+    let h = mix(0, n as u64);
+    let word = match n {
+        0 => 0,
+        1..=3 => key[0] as u64 | (key[n / 2] as u64) << 8 | (key[n - 1] as u64) << 16,
+        4..=8 => u32_at(key, 0) as u64 | (u32_at(key, n - 4) as u64) << 32,
+        _ => {
+            let mut h = h;
+            let mut at = 0;
+            while at + 8 < n {
+                h = mix(h, u64_at(key, at));
+                at += 8;
+            }
+            return mix(h, u64_at(key, n - 8));
+        }
+    };
+    mix(h, word)
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
 }
 
 /// Keys go into error messages: keep them short and printable.
@@ -675,13 +750,17 @@ pub fn printable(s: &str) -> String {
 
 /// Parses a window of the body: `b` holds the bytes from offset `base` on; `i` and the offsets
 /// in its errors are relative to the window.
+///
+/// Its methods are inlined into the grammar's loop and the work they hand off (a long string, a
+/// string to decode, a number) goes to free functions that take the bytes and an index and
+/// return one: the parser's address never leaves the loop, so its position lives in a register
+/// rather than being stored and reloaded around every byte.
 struct Parser<'a> {
     b: &'a [u8],
     base: usize,
     i: usize,
     /// `b` is the whole body: its end is the body's end, not just the bytes so far.
     complete: bool,
-    scratch: Vec<u8>,
     /// Where skipping a cut string goes on (see `Progress::skipping`).
     resume_at: Option<usize>,
 }
@@ -694,16 +773,28 @@ impl<'a> Parser<'a> {
 
     #[inline(always)]
     fn ws(&mut self) {
-        while let Some(&c) = self.b.get(self.i) {
-            if c == b' ' || c == b'\n' || c == b'\r' || c == b'\t' {
+        // Most tokens follow nothing or one space (`", "`, `": "`): decided without the loop.
+        match self.b.get(self.i) {
+            Some(&c) if c > b' ' => return,
+            Some(b' ') => {
                 self.i += 1;
-            } else {
+                if self.b.get(self.i).is_some_and(|&c| c > b' ') {
+                    return;
+                }
+            }
+            _ => {}
+        }
+        while let Some(&c) = self.b.get(self.i) {
+            // Every token starts with a byte above the space: one compare decides most bytes.
+            if c > b' ' || !(c == b' ' || c == b'\n' || c == b'\r' || c == b'\t') {
                 break;
             }
+            self.i += 1;
         }
     }
 
     /// The bytes ran out: an error at `at` for a whole body, else wait for more.
+    #[inline(always)]
     fn end(&self, at: usize, what: &'static str) -> Halt {
         if self.complete {
             Halt::Error(invalid(at, what))
@@ -712,9 +803,14 @@ impl<'a> Parser<'a> {
         }
     }
 
+    #[inline(always)]
     fn literal(&mut self, lit: &'static [u8]) -> Result<(), Halt> {
         let rest = &self.b[self.i..];
-        if rest.starts_with(lit) {
+        // The literals are 4 or 5 bytes: a word compare, not a call to a byte-wise memcmp.
+        if rest.len() >= lit.len()
+            && u32_at(rest, 0) == u32_at(lit, 0)
+            && rest[4..lit.len()] == lit[4..]
+        {
             self.i += lit.len();
             Ok(())
         } else if rest.len() < lit.len() && lit.starts_with(rest) {
@@ -724,246 +820,297 @@ impl<'a> Parser<'a> {
         }
     }
 
+    #[inline(always)]
     fn number(&mut self) -> Result<(), Halt> {
-        if !self.complete {
+        if !self.complete && number_runs_to_end(self.b, self.i) {
             // A number that runs to the end of the bytes so far may go on in the next piece.
-            let run = self.b[self.i..]
-                .iter()
-                .position(|c| !matches!(c, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'));
-            if run.is_none() {
-                return Err(Halt::More);
-            }
+            return Err(Halt::More);
         }
-        self.i = self.number_end()?;
+        self.i = number_end(self.b, self.i)?;
         Ok(())
     }
 
-    /// Where the number at `i` ends.
-    fn number_end(&self) -> Result<usize, ScanError> {
+    /// Reads the string whose opening quote is at `i` (a key, the model): a short plain one
+    /// is borrowed as it is, anything else decoded by [`decode_string`].
+    #[inline(always)]
+    fn read_string(&mut self) -> Result<Cow<'a, str>, Halt> {
         let b = self.b;
-        let start = self.i;
-        let mut i = self.i;
-        if b.get(i) == Some(&b'-') {
-            i += 1;
-        }
-        match b.get(i) {
-            Some(b'0') => i += 1,
-            Some(b'1'..=b'9') => {
-                while matches!(b.get(i), Some(b'0'..=b'9')) {
-                    i += 1;
-                }
-            }
-            _ => return Err(invalid(start, "invalid number")),
-        }
-        let int_end = i;
-        if b.get(i) == Some(&b'.') {
-            i += 1;
-            if !matches!(b.get(i), Some(b'0'..=b'9')) {
-                return Err(invalid(i, "invalid number: digits must follow '.'"));
-            }
-            while matches!(b.get(i), Some(b'0'..=b'9')) {
-                i += 1;
-            }
-        }
-        if matches!(b.get(i), Some(b'e' | b'E')) {
-            i += 1;
-            if matches!(b.get(i), Some(b'+' | b'-')) {
-                i += 1;
-            }
-            if !matches!(b.get(i), Some(b'0'..=b'9')) {
-                return Err(invalid(
-                    i,
-                    "invalid number: digits must follow the exponent",
-                ));
-            }
-            while matches!(b.get(i), Some(b'0'..=b'9')) {
-                i += 1;
-            }
-        }
-        // Past an f64 (±1.8e308), serde_json (agentgateway), Go's encoding/json (Envoy AI
-        // Gateway) and Python's json (as a float) cannot hold the number: refused here as
-        // invalid rather than passed on to a gateway or engine that answers with an error of its
-        // own. Only a long integer part or an exponent can get there; the rest skips the parse.
-        let exponent = b[int_end..i].iter().any(|c| matches!(c, b'e' | b'E'));
-        if int_end - start > 300 || exponent {
-            let finite = std::str::from_utf8(&b[start..i])
-                .ok()
-                .and_then(|t| t.parse::<f64>().ok())
-                .is_some_and(f64::is_finite);
-            if !finite {
-                return Err(invalid(start, "number out of range (past a 64-bit float)"));
-            }
-        }
-        Ok(i)
+        let start = self.i + 1;
+        let (s, next) = match crate::fast::plain_string_end(b, start) {
+            // SAFETY: `plain_string_end` saw only ASCII bytes before the quote.
+            Some(q) => (
+                Cow::Borrowed(unsafe { std::str::from_utf8_unchecked(&b[start..q]) }),
+                q + 1,
+            ),
+            None => decode_string(b, start, self.complete)?,
+        };
+        self.i = next;
+        Ok(s)
     }
 
-    /// Skips the rest of a string value nobody reads from `from` (just after its opening quote,
-    /// or where an earlier piece cut it). Nearly every byte of a body is in such strings (prompt
-    /// text): they are validated (escapes and UTF-8) without copying, escapes handled in place.
-    fn skip_string(&mut self, from: usize) -> Result<(), Halt> {
-        use crate::fast::Walk;
-        let b = self.b;
-        let mut cut = None;
-        let walked = crate::fast::skip_string(b, from, |j| {
-            if b[j] != b'\\' {
-                return Err(Halt::Error(invalid(j, "control character in string")));
-            }
-            // The two-byte escapes (`\n`, `\"`, ...) inline; `\u` and errors in escape().
-            match b.get(j + 1) {
-                Some(&e) if SIMPLE_ESCAPE[e as usize] => Ok(j + 2),
-                _ => self.escape(j, false).inspect_err(|h| {
-                    if matches!(h, Halt::More) {
-                        cut = Some(j);
-                    }
-                }),
-            }
-        });
-        match walked {
-            Walk::Quote(q) => {
+    /// Skips the string value whose opening quote is at `i`: a short plain one in a load or
+    /// two, anything else by [`skip_string`].
+    #[inline(always)]
+    fn skip_value_string(&mut self) -> Result<(), Halt> {
+        match crate::fast::plain_string_end(self.b, self.i + 1) {
+            Some(q) => {
                 self.i = q + 1;
                 Ok(())
             }
-            Walk::BadUtf8(x) => Err(invalid(x, "invalid UTF-8").into()),
-            Walk::Special(Halt::More) => {
-                self.resume_at = cut;
+            None => self.skip_string(self.i + 1),
+        }
+    }
+
+    /// Skips the rest of a string value nobody reads from `from` (just after its opening quote,
+    /// or where an earlier piece cut it); a cut one leaves where to go on in `resume_at`.
+    #[inline(always)]
+    fn skip_string(&mut self, from: usize) -> Result<(), Halt> {
+        match skip_string(self.b, from, self.complete) {
+            Ok(next) => {
+                self.i = next;
+                Ok(())
+            }
+            Err(Skipped::Cut(at)) => {
+                self.resume_at = Some(at);
                 Err(Halt::More)
             }
-            Walk::Special(e) => Err(e),
-            // The bytes ran out inside the string: check what the walk left, knowing now
-            // whether the body ends here (then a cut sequence is invalid) or goes on (then the
-            // next piece resumes at the cut sequence's first byte).
-            Walk::End { unchecked } => match crate::fast::validate_utf8(&b[unchecked..]) {
-                Err(n) if self.complete || !cut_sequence(&b[unchecked + n..]) => {
-                    Err(invalid(unchecked + n, "invalid UTF-8").into())
-                }
-                Err(n) => {
-                    self.resume_at = Some(unchecked + n);
-                    Err(Halt::More)
-                }
-                Ok(()) if self.complete => Err(invalid(b.len(), "unterminated string").into()),
-                Ok(()) => {
-                    self.resume_at = Some(b.len());
-                    Err(Halt::More)
-                }
-            },
+            Err(Skipped::Halt(h)) => Err(h),
         }
     }
+}
 
-    /// Reads and decodes the string whose opening quote is at `i` (keys, and the model). Its
-    /// raw bytes are UTF-8-checked before any error in them is reported, so the first problem by
-    /// offset wins, as in a skipped string.
-    fn string(&mut self) -> Result<Cow<'a, str>, Halt> {
-        let b = self.b;
-        let start = self.i + 1;
-        let mut i = start;
-        let mut escaped = false;
-        // Bytes in `copied..i` are not yet in `scratch` (only used once an escape shows up).
-        let mut copied = start;
-        self.scratch.clear();
-        // The raw content up to `to` (an ASCII byte, or the end of a whole body): a sequence
-        // `to` cuts is invalid.
-        let utf8 = move |to: usize| -> Result<&'a str, Halt> {
-            std::str::from_utf8(&b[start..to])
-                .map_err(|e| invalid(start + e.valid_up_to(), "invalid UTF-8").into())
-        };
-        loop {
-            i = crate::fast::find_string_special(b, i);
-            let Some(&c) = b.get(i) else {
-                if self.complete {
-                    utf8(i)?;
+/// A number at `i` that runs to the end of the bytes.
+fn number_runs_to_end(b: &[u8], i: usize) -> bool {
+    b[i..]
+        .iter()
+        .all(|c| matches!(c, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'))
+}
+
+/// Where the number at `start` ends.
+fn number_end(b: &[u8], start: usize) -> Result<usize, ScanError> {
+    let mut i = start;
+    if b.get(i) == Some(&b'-') {
+        i += 1;
+    }
+    match b.get(i) {
+        Some(b'0') => i += 1,
+        Some(b'1'..=b'9') => {
+            while matches!(b.get(i), Some(b'0'..=b'9')) {
+                i += 1;
+            }
+        }
+        _ => return Err(invalid(start, "invalid number")),
+    }
+    let int_end = i;
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        if !matches!(b.get(i), Some(b'0'..=b'9')) {
+            return Err(invalid(i, "invalid number: digits must follow '.'"));
+        }
+        while matches!(b.get(i), Some(b'0'..=b'9')) {
+            i += 1;
+        }
+    }
+    let exponent = matches!(b.get(i), Some(b'e' | b'E'));
+    if exponent {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        if !matches!(b.get(i), Some(b'0'..=b'9')) {
+            return Err(invalid(
+                i,
+                "invalid number: digits must follow the exponent",
+            ));
+        }
+        while matches!(b.get(i), Some(b'0'..=b'9')) {
+            i += 1;
+        }
+    }
+    // Past an f64 (±1.8e308), serde_json (agentgateway), Go's encoding/json (Envoy AI
+    // Gateway) and Python's json (as a float) cannot hold the number: refused here as
+    // invalid rather than passed on to a gateway or engine that answers with an error of its
+    // own. Only a long integer part or an exponent can get there; the rest skips the parse.
+    if int_end - start > 300 || exponent {
+        let finite = std::str::from_utf8(&b[start..i])
+            .ok()
+            .and_then(|t| t.parse::<f64>().ok())
+            .is_some_and(f64::is_finite);
+        if !finite {
+            return Err(invalid(start, "number out of range (past a 64-bit float)"));
+        }
+    }
+    Ok(i)
+}
+
+/// Why a string walk stopped before the closing quote.
+enum Skipped {
+    Halt(Halt),
+    /// The bytes ran out inside the string: the next piece goes on from this index.
+    Cut(usize),
+}
+
+/// Skips the rest of a string value nobody reads from `from` (just after its opening quote,
+/// or where an earlier piece cut it) and returns the index after its closing quote. Nearly
+/// every byte of a body is in such strings (prompt text): they are validated (escapes and
+/// UTF-8) without copying, escapes handled in place.
+fn skip_string(b: &[u8], from: usize, complete: bool) -> Result<usize, Skipped> {
+    use crate::fast::Walk;
+    let mut cut = None;
+    let walked = crate::fast::skip_string(b, from, |j| {
+        if b[j] != b'\\' {
+            return Err(Halt::Error(invalid(j, "control character in string")));
+        }
+        // The two-byte escapes (`\n`, `\"`, ...) inline; `\u` and errors in escape().
+        match b.get(j + 1) {
+            Some(&e) if SIMPLE_ESCAPE[e as usize] => Ok(j + 2),
+            _ => escape(b, j, complete, None).inspect_err(|h| {
+                if matches!(h, Halt::More) {
+                    cut = Some(j);
                 }
-                return Err(self.end(i, "unterminated string"));
-            };
-            match c {
-                b'"' => {
-                    self.i = i + 1;
-                    let raw = utf8(i)?;
-                    if !escaped {
-                        return Ok(Cow::Borrowed(raw));
+            }),
+        }
+    });
+    match walked {
+        Walk::Quote(q) => Ok(q + 1),
+        Walk::BadUtf8(x) => Err(Skipped::Halt(invalid(x, "invalid UTF-8").into())),
+        Walk::Special(Halt::More) => match cut {
+            Some(j) => Err(Skipped::Cut(j)),
+            None => Err(Skipped::Halt(Halt::More)),
+        },
+        Walk::Special(e) => Err(Skipped::Halt(e)),
+        // The bytes ran out inside the string: check what the walk left, knowing now
+        // whether the body ends here (then a cut sequence is invalid) or goes on (then the
+        // next piece resumes at the cut sequence's first byte).
+        Walk::End { unchecked } => match crate::fast::validate_utf8(&b[unchecked..]) {
+            Err(n) if complete || !cut_sequence(&b[unchecked + n..]) => Err(Skipped::Halt(
+                invalid(unchecked + n, "invalid UTF-8").into(),
+            )),
+            Err(n) => Err(Skipped::Cut(unchecked + n)),
+            Ok(()) if complete => Err(Skipped::Halt(
+                invalid(b.len(), "unterminated string").into(),
+            )),
+            Ok(()) => Err(Skipped::Cut(b.len())),
+        },
+    }
+}
+
+/// Reads and decodes the string whose content starts at `start` (after its opening quote;
+/// keys and the model) and returns it with the index after its closing quote. Its raw bytes
+/// are UTF-8-checked before any error in them is reported, so the first problem by offset
+/// wins, as in a skipped string.
+fn decode_string(b: &[u8], start: usize, complete: bool) -> Result<(Cow<'_, str>, usize), Halt> {
+    let end = |at: usize, what: &'static str| {
+        if complete {
+            Halt::Error(invalid(at, what))
+        } else {
+            Halt::More
+        }
+    };
+    let mut i = start;
+    // Decoded content, only used once an escape shows up; bytes in `copied..i` are not in it yet.
+    let mut decoded: Vec<u8> = Vec::new();
+    let mut escaped = false;
+    let mut copied = start;
+    // The raw content up to `to` (an ASCII byte, or the end of a whole body): a sequence
+    // `to` cuts is invalid.
+    let utf8 = move |to: usize| -> Result<&str, Halt> {
+        std::str::from_utf8(&b[start..to])
+            .map_err(|e| invalid(start + e.valid_up_to(), "invalid UTF-8").into())
+    };
+    loop {
+        i = crate::fast::find_string_special(b, i);
+        let Some(&c) = b.get(i) else {
+            if complete {
+                utf8(i)?;
+            }
+            return Err(end(i, "unterminated string"));
+        };
+        match c {
+            b'"' => {
+                let raw = utf8(i)?;
+                if !escaped {
+                    return Ok((Cow::Borrowed(raw), i + 1));
+                }
+                decoded.extend_from_slice(&b[copied..i]);
+                let s = String::from_utf8(decoded).map_err(|_| invalid(start, "invalid UTF-8"))?;
+                return Ok((Cow::Owned(s), i + 1));
+            }
+            b'\\' => {
+                decoded.extend_from_slice(&b[copied..i]);
+                escaped = true;
+                i = match escape(b, i, complete, Some(&mut decoded)) {
+                    Ok(next) => next,
+                    Err(e) => {
+                        utf8(i)?;
+                        return Err(e);
                     }
-                    self.scratch.extend_from_slice(&b[copied..i]);
-                    let s = String::from_utf8(std::mem::take(&mut self.scratch))
-                        .map_err(|_| invalid(start, "invalid UTF-8"))?;
-                    return Ok(Cow::Owned(s));
-                }
-                b'\\' => {
-                    self.scratch.extend_from_slice(&b[copied..i]);
-                    escaped = true;
-                    i = match self.escape(i, true) {
-                        Ok(next) => next,
-                        Err(e) => {
-                            utf8(i)?;
-                            return Err(e);
-                        }
-                    };
-                    copied = i;
-                }
-                _ => {
-                    utf8(i)?;
-                    return Err(invalid(i, "control character in string").into());
-                }
+                };
+                copied = i;
+            }
+            _ => {
+                utf8(i)?;
+                return Err(invalid(i, "control character in string").into());
             }
         }
     }
+}
 
-    /// Handles the escape at `i` (a backslash); returns the index after it. An escape the end
-    /// of the bytes so far may have cut (the longest, a surrogate pair, is 12 bytes) is judged
-    /// once more bytes are here.
-    fn escape(&mut self, i: usize, decode: bool) -> Result<usize, Halt> {
-        let r = self.escape_end(i, decode);
-        if r.is_err() && !self.complete && i + 12 > self.b.len() {
-            return Err(Halt::More);
-        }
-        Ok(r?)
+/// Handles the escape at `i` (a backslash); returns the index after it, its character added to
+/// `out` when given. An escape the end of the bytes so far may have cut (the longest, a
+/// surrogate pair, is 12 bytes) is judged once more bytes are here.
+fn escape(b: &[u8], i: usize, complete: bool, out: Option<&mut Vec<u8>>) -> Result<usize, Halt> {
+    let r = escape_end(b, i, out);
+    if r.is_err() && !complete && i + 12 > b.len() {
+        return Err(Halt::More);
     }
+    Ok(r?)
+}
 
-    fn escape_end(&mut self, i: usize, decode: bool) -> Result<usize, ScanError> {
-        let b = self.b;
-        let Some(&e) = b.get(i + 1) else {
-            return Err(invalid(i, "unterminated escape"));
-        };
-        let simple = match e {
-            b'"' => Some(b'"'),
-            b'\\' => Some(b'\\'),
-            b'/' => Some(b'/'),
-            b'b' => Some(0x08),
-            b'f' => Some(0x0C),
-            b'n' => Some(b'\n'),
-            b'r' => Some(b'\r'),
-            b't' => Some(b'\t'),
-            b'u' => None,
-            _ => return Err(invalid(i, "invalid escape")),
-        };
-        if let Some(ch) = simple {
-            if decode {
-                self.scratch.push(ch);
-            }
-            return Ok(i + 2);
+fn escape_end(b: &[u8], i: usize, out: Option<&mut Vec<u8>>) -> Result<usize, ScanError> {
+    let Some(&e) = b.get(i + 1) else {
+        return Err(invalid(i, "unterminated escape"));
+    };
+    let simple = match e {
+        b'"' => Some(b'"'),
+        b'\\' => Some(b'\\'),
+        b'/' => Some(b'/'),
+        b'b' => Some(0x08),
+        b'f' => Some(0x0C),
+        b'n' => Some(b'\n'),
+        b'r' => Some(b'\r'),
+        b't' => Some(b'\t'),
+        b'u' => None,
+        _ => return Err(invalid(i, "invalid escape")),
+    };
+    if let Some(ch) = simple {
+        if let Some(out) = out {
+            out.push(ch);
         }
-        let hi = hex4(b, i + 2).ok_or(invalid(i, "invalid \\u escape"))?;
-        let (cp, next) = match hi {
-            0xD800..=0xDBFF => {
-                if b.get(i + 6) != Some(&b'\\') || b.get(i + 7) != Some(&b'u') {
-                    return Err(invalid(i, "lone surrogate in \\u escape"));
-                }
-                let lo = hex4(b, i + 8).ok_or(invalid(i + 6, "invalid \\u escape"))?;
-                if !(0xDC00..=0xDFFF).contains(&lo) {
-                    return Err(invalid(i, "lone surrogate in \\u escape"));
-                }
-                (0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00), i + 12)
-            }
-            0xDC00..=0xDFFF => return Err(invalid(i, "lone surrogate in \\u escape")),
-            _ => (hi, i + 6),
-        };
-        if decode {
-            // Surrogates were excluded above, so this is always a valid char.
-            let ch = char::from_u32(cp).ok_or(invalid(i, "invalid \\u escape"))?;
-            let mut buf = [0u8; 4];
-            self.scratch
-                .extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
-        }
-        Ok(next)
+        return Ok(i + 2);
     }
+    let hi = hex4(b, i + 2).ok_or(invalid(i, "invalid \\u escape"))?;
+    let (cp, next) = match hi {
+        0xD800..=0xDBFF => {
+            if b.get(i + 6) != Some(&b'\\') || b.get(i + 7) != Some(&b'u') {
+                return Err(invalid(i, "lone surrogate in \\u escape"));
+            }
+            let lo = hex4(b, i + 8).ok_or(invalid(i + 6, "invalid \\u escape"))?;
+            if !(0xDC00..=0xDFFF).contains(&lo) {
+                return Err(invalid(i, "lone surrogate in \\u escape"));
+            }
+            (0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00), i + 12)
+        }
+        0xDC00..=0xDFFF => return Err(invalid(i, "lone surrogate in \\u escape")),
+        _ => (hi, i + 6),
+    };
+    if let Some(out) = out {
+        // Surrogates were excluded above, so this is always a valid char.
+        let ch = char::from_u32(cp).ok_or(invalid(i, "invalid \\u escape"))?;
+        let mut buf = [0u8; 4];
+        out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
+    }
+    Ok(next)
 }
 
 /// The bytes that may follow a backslash as a two-byte escape (`\u` is handled apart).
@@ -1404,6 +1551,67 @@ mod tests {
         }
         // The same key in sibling objects is fine.
         assert!(scan(r#"{"model":"a","m":[{"role":"u"},{"role":"s"}],"o":{"role":1}}"#).is_ok());
+    }
+
+    #[test]
+    fn distinct_keys_get_distinct_fingerprints() {
+        // Keys of up to 8 bytes are read whole: none of one length may collide. Every key of one
+        // and two printable bytes, the request fields and their neighbours at each length up to
+        // and past a word, and keys differing only in length or in their middle byte.
+        let mut keys: Vec<Vec<u8>> = (b' '..=b'~').map(|c| vec![c]).collect();
+        for a in b' '..=b'~' {
+            for b in b' '..=b'~' {
+                keys.push(vec![a, b]);
+            }
+        }
+        for k in [
+            "model",
+            "messages",
+            "role",
+            "content",
+            "tools",
+            "tool_calls",
+            "stream",
+            "stream_options",
+            "include_usage",
+            "max_tokens",
+            "max_completion_tokens",
+            "max_output_tokens",
+            "temperature",
+            "n",
+            "best_of",
+            "user",
+            "name",
+            "type",
+            "a",
+            "aa",
+            "aaa",
+            "aaaa",
+            "aaaaa",
+            "aaaaaaa",
+            "aaaaaaaa",
+            "aaaaaaaaa",
+            "aaaaaaaaaaaaaaaa",
+            "aaaaaaaaaaaaaaaaa",
+            "abcdefgh",
+            "abcdefgi",
+            "abcXefgh",
+            "abcdefghijklmnop",
+            "abcdefghijklmnoq",
+            "Xbcdefghijklmnop",
+            "\0",
+            "\0\0",
+        ] {
+            keys.push(k.as_bytes().to_vec());
+        }
+        keys.sort();
+        keys.dedup();
+        let mut seen = std::collections::HashMap::new();
+        for k in &keys {
+            if let Some(other) = seen.insert(fingerprint(k), k) {
+                panic!("{other:?} and {k:?} share a fingerprint");
+            }
+        }
     }
 
     #[test]

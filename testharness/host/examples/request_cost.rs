@@ -12,7 +12,12 @@
 //! `--pieces N`, in N callbacks and an empty end-of-stream one. The log level is what
 //! `proxy_get_log_level` reports: the bench's Envoy runs at `warn` (no audit line), a gateway's
 //! default is `info`. With several modules each is run in turn.
+//!
+//! `--with budgets` or `--with pick` adds a budget step (a router and a team budget on the local
+//! ledger) or endpoint picking (four pods, prefix affinity) to the route the body takes: what
+//! that step costs per request, by callback and hostcall.
 
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use wasm_host::{Host, LogLevel, VmOptions};
@@ -98,9 +103,43 @@ fn one(h: &mut Host, body: &[u8], pieces: usize) -> [u64; 6] {
     marks
 }
 
+/// The same router with a budget or picking step on the path of the bench's request
+/// (`--with budgets|pick`): what that step adds per request.
+fn with_step(config: &[u8], step: &str) -> Vec<u8> {
+    let mut c: Value = serde_json::from_slice(config).expect("PLUGIN.json is JSON");
+    match step {
+        // As `bash bench/budgets` and `budget_cost`: a router budget and a team budget, caps
+        // no request reaches, on the worker's local ledger.
+        "budgets" => {
+            c["budgets"] = json!({"budgets": [
+                {"name": "all", "scope": "router", "max_tokens": 1_000_000_000_000u64, "window_s": 3600},
+                {"name": "teams", "scope": "team", "max_tokens": 1_000_000_000_000u64, "window_s": 3600}
+            ]});
+        }
+        // Four pods with prefix affinity on the backend the bench's model routes to.
+        "pick" => {
+            let backends = c["backends"].as_array_mut().expect("backends");
+            let be = backends
+                .iter_mut()
+                .find(|b| b["name"] == "llama-3-70b")
+                .expect("the bench route's backend, llama-3-70b");
+            be["pick"] = json!({
+                "endpoints": ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"],
+                "prefix_affinity": {"block_bytes": 256}
+            });
+        }
+        other => panic!("--with {other}: budgets or pick"),
+    }
+    serde_json::to_vec(&c).unwrap()
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let config = std::fs::read(arg(&args, "--config").expect("--config PLUGIN.json")).unwrap();
+    let config = match arg(&args, "--with").as_deref() {
+        None => config,
+        Some(step) => with_step(&config, step),
+    };
     let body = std::fs::read(arg(&args, "--body").expect("--body BODY.json")).unwrap();
     let pieces: usize = arg(&args, "--pieces").map_or(1, |p| p.parse().unwrap());
     let level = match arg(&args, "--log-level").as_deref() {

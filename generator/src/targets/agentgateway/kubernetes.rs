@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use super::attempts::{attempts, Attempt};
 use super::ext_proc;
 use super::options::{AgentgatewayOptions, EXT_PROC_PORT, IMAGE_WASM_DIR, INTERNAL_HEADERS};
-use super::standalone::{processing_options, RETRY_CONDITION};
+use super::standalone::{processing_options, RETRY_BACKOFF, RETRY_CONDITION};
 use crate::duration::gateway_duration;
 use crate::ir::{Ir, RoutePlan};
 use crate::model::Provider;
@@ -374,6 +374,7 @@ fn traffic_policies(ir: &Ir) -> Vec<Value> {
                     "attempts": order_len - 1,
                     "codes": [500, 502, 503, 504],
                     "condition": RETRY_CONDITION,
+                    "backoff": RETRY_BACKOFF,
                 });
             }
             let name = format!("llmkube-{}-traffic-{}", router_name(ir), docs.len());

@@ -109,7 +109,7 @@ pub(crate) struct Budgets {
 pub(crate) enum Answer {
     /// 429 with `Retry-After`, and the rate-limit headers of the ledgers as admission saw them
     /// (none when it read none).
-    Refused(Refused, RateLimit),
+    Refused(Refused, Box<RateLimit>),
     /// 503 `budget_store_unavailable` (the ledgers cannot be read or written).
     Unavailable(ApiError),
 }
@@ -483,7 +483,7 @@ impl Budgets {
                     let wait = free_at.saturating_sub(now_ms).div_ceil(1000);
                     return Err(Answer::Refused(
                         reply::teams_full(&b.name, max, wait),
-                        RateLimit::default(),
+                        Box::default(),
                     ));
                 }
                 Err(TableError::Corrupt) => {
@@ -754,7 +754,10 @@ impl Budgets {
                     self.stats.refused(k.budget);
                 }
                 m.holding = Holding::Ended;
-                Err(Answer::Refused(refused, self.rate_limit_of(&states)))
+                Err(Answer::Refused(
+                    refused,
+                    Box::new(self.rate_limit_of(&states)),
+                ))
             }
             Admission::Unavailable { why } => {
                 // A reserve that timed out here may still be applied there: release its id
@@ -1009,7 +1012,7 @@ impl Budgets {
                 refusal.retry_after_s(window),
                 refusal.wait == Wait::Never,
             ),
-            rate,
+            Box::new(rate),
         )
     }
 

@@ -36,6 +36,10 @@ struct File {
     /// `HOST:PORT` of the Prometheus endpoint (`--metrics` overrides it).
     #[serde(default)]
     metrics: Option<String>,
+    /// `HOST:PORT` of the no-backend listener (`sink.rs`): every HTTP request there is answered
+    /// 503, never forwarded.
+    #[serde(default)]
+    no_backend_listen: Option<String>,
     /// Answer as an Inference Extension endpoint picker (see `epp.rs`).
     #[serde(default)]
     endpoint_picker: Option<crate::epp::SettingsFile>,
@@ -114,6 +118,7 @@ pub struct Config {
     pub max_calls_in_flight: usize,
     pub max_callout_response_bytes: usize,
     pub metrics: Option<SocketAddr>,
+    pub no_backend_listen: Option<SocketAddr>,
     pub endpoint_picker: Option<crate::epp::Settings>,
     pub deadlines: crate::service::Deadlines,
     pub max_uploading_streams: usize,
@@ -262,6 +267,13 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
                 .map_err(|e| anyhow!("metrics: {m:?} is not HOST:PORT ({e})"))
         })
         .transpose()?;
+    let no_backend_listen = file
+        .no_backend_listen
+        .map(|m| {
+            m.parse::<SocketAddr>()
+                .map_err(|e| anyhow!("no_backend_listen: {m:?} is not HOST:PORT ({e})"))
+        })
+        .transpose()?;
     Ok(Config {
         module_path,
         wasm,
@@ -276,6 +288,7 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
         max_calls_in_flight,
         max_callout_response_bytes,
         metrics,
+        no_backend_listen,
         endpoint_picker: file.endpoint_picker.map(crate::epp::SettingsFile::settings),
         deadlines,
         max_uploading_streams,

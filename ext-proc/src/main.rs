@@ -9,6 +9,7 @@ mod epp;
 mod grpc_callout;
 mod health;
 mod metrics;
+mod no_backend;
 mod phases;
 mod pool;
 mod replies;

@@ -375,6 +375,14 @@ pub async fn serve(
         });
         background.push(tokio::spawn(metrics::serve(l, sources)));
     }
+    if let Some(addr) = cfg.no_backend_listen {
+        let l = crate::no_backend::bind(addr).await?;
+        metrics_line += &format!(", no-backend answers on {}", l.local_addr()?);
+        background.push(tokio::spawn(crate::no_backend::serve(
+            l,
+            cfg.max_body_bytes,
+        )));
+    }
     let (cut_tx, cut) = watch::channel(false);
     // A gRPC message carries at most the whole body the filter accepts, plus framing.
     let max_message = cfg.max_body_bytes.saturating_add(1 << 20);

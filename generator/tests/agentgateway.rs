@@ -8,7 +8,7 @@ mod common;
 use common::crds::{crds_dir, Crds, Report};
 use common::*;
 use llmkube_gen::targets::agentgateway::{
-    compile_agentgateway, AgentgatewayOptions, Output, RETRY_REPLAY_LIMIT,
+    compile_agentgateway, AgentgatewayOptions, Output, NO_BACKEND_PROVIDER, RETRY_REPLAY_LIMIT,
 };
 use llmkube_gen::{CompileOptions, Source};
 use serde_json::{json, Value};
@@ -317,6 +317,9 @@ fn one_route_per_route_key_in_attempt_order() {
         .filter(|p| p.rule.as_deref() != Some("sh"))
         .collect();
     assert_eq!(keyed.len(), plans.len());
+    // The local server's no-backend listener: the `--ext-proc` port plus two.
+    let server = yaml(file(&out, "ext-proc.yaml"));
+    assert_eq!(server["no_backend_listen"], "127.0.0.1:50053");
     for (r, p) in keyed.iter().zip(&plans) {
         assert_eq!(r["matches"][0]["headers"][0]["name"], "x-llmkube-route");
         assert_eq!(
@@ -324,23 +327,28 @@ fn one_route_per_route_key_in_attempt_order() {
             p.key.as_str()
         );
         let groups = r["backends"][0]["ai"]["groups"].as_array().unwrap();
-        let names: Vec<&str> = groups
+        let mut names: Vec<&str> = groups
             .iter()
             .map(|g| {
                 assert_eq!(g["providers"].as_array().unwrap().len(), 1);
                 g["providers"][0]["name"].as_str().unwrap()
             })
             .collect();
+        // The last group: the no-backend listener, never evicted, after the whole order.
+        assert_eq!(names.pop(), Some(NO_BACKEND_PROVIDER), "{}", p.key);
+        let sink = &groups.last().unwrap()["providers"][0];
+        assert_eq!(sink["hostOverride"], server["no_backend_listen"]);
+        assert!(sink.get("policies").is_none(), "{sink}");
         let expected: Vec<&str> = p
             .order
             .iter()
             .map(|&b| router.backend(b).name.as_str())
             .collect();
         assert_eq!(names, expected, "{}", p.key);
-        match p.order.len() {
-            1 => assert!(r["policies"].get("retry").is_none()),
-            n => assert_eq!(r["policies"]["retry"]["attempts"], n as u64 - 1),
-        }
+        // One retry per backend of the order: the last one reaches the no-backend group.
+        let retry = &r["policies"]["retry"];
+        assert_eq!(retry["attempts"], p.order.len() as u64, "{}", p.key);
+        assert_eq!(retry["backoff"], "25ms");
         if p.rule.as_deref() == Some("pii") {
             assert!(names.iter().all(|n| n.starts_with("local-")), "{names:?}");
         }
@@ -364,6 +372,7 @@ fn group_timeouts(groups: &Value) -> Vec<&str> {
         .as_array()
         .unwrap()
         .iter()
+        .filter(|g| g["providers"][0]["name"] != NO_BACKEND_PROVIDER)
         .map(|g| {
             g["providers"][0]["policies"]["http"]["requestTimeout"]
                 .as_str()
@@ -384,7 +393,7 @@ fn per_attempt_timeouts_are_per_provider() {
         .find(|r| {
             r["backends"][0]["ai"]["groups"]
                 .as_array()
-                .is_some_and(|g| g.len() == 2)
+                .is_some_and(|g| g.len() == 3)
         })
         .unwrap();
     assert_eq!(
@@ -682,7 +691,8 @@ fn auth_is_refused_with_the_reason() {
 
 /// Budgets settle from the response body, which agentgateway streams to ext_proc only in
 /// `fullDuplexStreamed` mode: with budgets the generated policy asks for it (standalone and
-/// in-cluster, both valid against their schemas), without them it asks for no body; and
+/// in-cluster, both valid against their schemas), and without them too (usage is read from
+/// every response); and
 /// `--budgets-service` becomes the `llmkube-budgets` cluster of the server's config, named by
 /// the plugin config's budget service.
 #[test]
@@ -744,12 +754,13 @@ fn budgets_stream_the_response_body_full_duplex_and_reach_the_budgets_service() 
     let server = yaml(file(&out, "ext-proc.yaml"));
     assert!(server.get("clusters").is_none(), "{server}");
     assert!(server["plugin_config"]["budgets"].get("service").is_none());
-    // No budgets: the routing filter needs no response body.
+    // No budgets: the body is streamed all the same (the filter reads every response's usage
+    // and strips the usage chunk it asked a stream for).
     let out = compile(&example(), &opts(Some(RETRY_REPLAY_LIMIT)));
     let cfg = yaml(file(&out, "agentgateway.yaml"));
     assert_eq!(
         listener(&cfg)["policies"]["extProc"]["processingOptions"]["responseBodyMode"],
-        "none"
+        "fullDuplexStreamed"
     );
 }
 
@@ -807,6 +818,12 @@ fn a_picked_backend_is_a_service_whose_pod_the_endpoint_picker_names() {
     obj.remove("plugin_config");
     let mut rest = server.clone();
     rest.as_object_mut().unwrap().remove("plugin_config");
+    // Only the routing server answers the routes' no-backend group.
+    assert!(rest
+        .as_object_mut()
+        .unwrap()
+        .remove("no_backend_listen")
+        .is_some());
     assert_eq!(picker, rest);
 
     // Kubernetes: an InferencePool of the pods, its picker the llmkube-epp Service.

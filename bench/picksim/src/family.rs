@@ -454,7 +454,12 @@ pub struct Measured {
 
 /// Runs a draw with `setup` changed by `tweak` (the picker's configuration).
 pub fn evaluate(draw: &Draw, tweak: &dyn Fn(&mut Setup)) -> Measured {
-    let inst = Instance::new(draw);
+    evaluate_instance(&Instance::new(draw), tweak)
+}
+
+/// Runs a concrete draw (possibly cut short: `pick_envoy` replays the first requests of one).
+pub fn evaluate_instance(inst: &Instance, tweak: &dyn Fn(&mut Setup)) -> Measured {
+    let draw = &inst.draw;
     let mut s = inst.setup.clone();
     tweak(&mut s);
     let rr = simulate(Policy::RoundRobin, &s, &inst.reqs);
@@ -465,17 +470,7 @@ pub fn evaluate(draw: &Draw, tweak: &dyn Fn(&mut Setup)) -> Measured {
     };
     let pr = simulate(Policy::Picker, &many, &inst.reqs);
     let or = simulate(Policy::PrefixOracle, &s, &inst.reqs);
-    let unique = draw.kind == Kind::Unique;
-    let hits = !unique && or.hit_rate > 0.02;
-    let targets = Targets {
-        hit_vs_oracle: hits.then(|| pk.hit_rate / or.hit_rate),
-        hit_vs_round_robin: (hits && or.hit_rate >= 2.0 * rr.hit_rate)
-            .then(|| pk.hit_rate / rr.hit_rate.max(1e-9)),
-        imbalance: Some(pk.imbalance),
-        p99_vs_oracle: (!unique).then(|| pk.e2e_p99_ms / or.e2e_p99_ms.max(1e-9)),
-        unique_p99_vs_round_robin: unique.then(|| pk.e2e_p99_ms / rr.e2e_p99_ms.max(1e-9)),
-        replicas_vs_one: (pk.hit_rate > 0.02).then(|| pr.hit_rate / pk.hit_rate),
-    };
+    let targets = judge(draw.kind, &rr, &pk, &pr, &or);
     Measured {
         draw: draw.clone(),
         round_robin: rr,
@@ -483,6 +478,22 @@ pub fn evaluate(draw: &Draw, tweak: &dyn Fn(&mut Setup)) -> Measured {
         replicas: pr,
         oracle: or,
         targets,
+    }
+}
+
+/// The targets of a draw of `kind` from what round-robin, the picker (one replica and the
+/// draw's replicas) and the prefix oracle measured.
+pub fn judge(kind: Kind, rr: &Report, pk: &Report, pr: &Report, or: &Report) -> Targets {
+    let unique = kind == Kind::Unique;
+    let hits = !unique && or.hit_rate > 0.02;
+    Targets {
+        hit_vs_oracle: hits.then(|| pk.hit_rate / or.hit_rate),
+        hit_vs_round_robin: (hits && or.hit_rate >= 2.0 * rr.hit_rate)
+            .then(|| pk.hit_rate / rr.hit_rate.max(1e-9)),
+        imbalance: Some(pk.imbalance),
+        p99_vs_oracle: (!unique).then(|| pk.e2e_p99_ms / or.e2e_p99_ms.max(1e-9)),
+        unique_p99_vs_round_robin: unique.then(|| pk.e2e_p99_ms / rr.e2e_p99_ms.max(1e-9)),
+        replicas_vs_one: (pk.hit_rate > 0.02).then(|| pr.hit_rate / pk.hit_rate),
     }
 }
 

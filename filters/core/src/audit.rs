@@ -76,7 +76,8 @@ pub struct AuditRecord {
     /// Budgets the request was charged to or refused by: `name`, or `name/team` for team budgets.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<String>,
-    /// What the budgets charged.
+    /// The tokens of a served response: what it reported, a missing side estimated (then
+    /// `usage_estimated`); what budgets charge.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens: Option<AuditTokens>,
     /// USD charged at the serving backend's prices, an exact decimal string.
@@ -99,6 +100,9 @@ pub struct AuditRecord {
 pub struct AuditTokens {
     pub prompt: u64,
     pub completion: u64,
+    /// Prompt tokens the engine served from its prompt cache, when the response said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached: Option<u64>,
 }
 
 impl AuditRecord {

@@ -327,6 +327,7 @@ pub fn now_nanos() -> u64 {
 pub enum MetricKind {
     Counter = 0,
     Gauge = 1,
+    Histogram = 2,
 }
 
 /// Defines (or finds) a metric; Envoy exports it as `wasmcustom.<name>`.
@@ -341,7 +342,7 @@ pub fn increment_metric(id: u32, by: i64) {
     let _ = unsafe { proxy_increment_metric(id, by) };
 }
 
-/// Sets a gauge.
+/// Sets a gauge, or records a value into a histogram.
 pub fn record_metric(id: u32, value: u64) {
     // A lost gauge update is not worth failing a request over; the next one corrects it.
     let _ = unsafe { proxy_record_metric(id, value) };

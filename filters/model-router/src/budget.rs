@@ -21,8 +21,9 @@
 use crate::budget_lease::{LeaseHold, Leases};
 use crate::budget_remote::{PendingEnd, Remote, RemoteHold};
 use crate::metrics::BudgetStats;
-use filter_edge::{self as edge, table::HostStore, Buffer, Level, Map};
-use router_core::audit::{AuditRecord, AuditTokens};
+use crate::usage::Meter;
+use filter_edge::{self as edge, table::HostStore, Buffer, Level};
+use router_core::audit::AuditRecord;
 use router_core::budget::admit::{admit_all, LedgerKey, LedgerStore, Refusal, Scope};
 use router_core::budget::bound::request_facts;
 use router_core::budget::config::{CompiledBudgets, Mode, UnsafeMode};
@@ -39,14 +40,18 @@ use router_core::budget::shared::{
 };
 use router_core::budget::table::{TableError, TeamTable};
 use router_core::budget::template;
-use router_core::budget::usage::{charge, BodyKind, Charge, Usage, UsageReader};
+use router_core::budget::usage::Charge;
 use router_core::budget::window::Amount;
+use router_core::budget::wire::LedgerState;
 use router_core::budget::worker_lease::{LeasedLedgers, Leases as WorkerLeases};
 use router_core::errors::ApiError;
 use router_core::router::{RequestHeaders, Router};
 use router_core::scan::Fields;
 use std::cell::RefCell;
 use std::rc::Rc;
+
+/// Lease states a worker keeps for the rate-limit headers (every lease it can hold reports one).
+const LEASE_SEEN_MAX: usize = 4096;
 
 /// Per team budget (by index), team → its slot, a time until which the team table is known
 /// to keep that slot the team's (`quiet_until` as this worker last wrote or read it), and the
@@ -95,12 +100,16 @@ pub(crate) struct Budgets {
     /// The team slots this worker knows, so a request of a known team neither reads nor writes
     /// the team table ([`Budgets::team_slot`]).
     slots: RefCell<SlotCache>,
+    /// Lease mode of the shared ledger: each leased ledger's state as the last lease report
+    /// this worker got answered it (the rate-limit headers of lease-admitted responses).
+    lease_seen: RefCell<Vec<LedgerState>>,
 }
 
 /// What the client gets instead of an upstream answer.
 pub(crate) enum Answer {
-    /// 429 with `Retry-After`.
-    Refused(Refused),
+    /// 429 with `Retry-After`, and the rate-limit headers of the ledgers as admission saw them
+    /// (none when it read none).
+    Refused(Refused, RateLimit),
     /// 503 `budget_store_unavailable` (the ledgers cannot be read or written).
     Unavailable(ApiError),
 }
@@ -136,13 +145,8 @@ enum Holding {
 /// An admitted request, from admission to settlement.
 pub(crate) struct Metered {
     holding: Holding,
-    request_bytes: u64,
-    /// The gateway added `include_usage`: the usage-only chunk is not the client's.
-    strip: bool,
-    reader: Option<UsageReader>,
-    /// The backend whose response headers came through with a 2xx.
-    served: Option<usize>,
-    out: Vec<u8>,
+    /// The response headers came through with a 2xx, from this backend (if known).
+    served: Option<Option<usize>>,
     /// The room left on its budgets as admission saw it (embedded: in the reserve's own
     /// compare-and-swap, or the worker's leases; shared: the reservation's answer), for the
     /// rate-limit headers.
@@ -285,6 +289,7 @@ impl Budgets {
             attempts,
             compiled,
             slots: RefCell::new(SlotCache::default()),
+            lease_seen: RefCell::new(Vec::new()),
         };
         let ttl = budgets.compiled.hold_ttl_s;
         budgets.shapes = budgets
@@ -476,7 +481,10 @@ impl Budgets {
                 Err(TableError::Full { max }) => {
                     let free_at = table.next_free_at().unwrap_or(now_ms);
                     let wait = free_at.saturating_sub(now_ms).div_ceil(1000);
-                    return Err(Answer::Refused(reply::teams_full(&b.name, max, wait)));
+                    return Err(Answer::Refused(
+                        reply::teams_full(&b.name, max, wait),
+                        RateLimit::default(),
+                    ));
                 }
                 Err(TableError::Corrupt) => {
                     return Err(unavailable(&SharedError::Corrupt(key.clone())))
@@ -488,7 +496,7 @@ impl Budgets {
         });
         claimed.map_err(|e| match e {
             CasError::Step(answer) => {
-                if matches!(answer, Answer::Refused(_)) {
+                if matches!(answer, Answer::Refused(..)) {
                     self.stats.refused(budget);
                 }
                 answer
@@ -543,7 +551,9 @@ impl Budgets {
             audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
             if let Some(hold) = leases.as_ref().and_then(|l| l.admit(&p.keys, p.amount)) {
                 // Covered by this gateway's leases: no callout.
-                return Ok(Some(admitted(&facts, splice, Holding::Lease(hold))));
+                let mut a = admitted(splice, Holding::Lease(hold));
+                a.metered.rate = self.lease_rate(&p.keys);
+                return Ok(Some(a));
             }
             let id = remote.new_id();
             let pending = match remote.reserve(&self.compiled, &p.keys, p.amount, &id) {
@@ -558,7 +568,7 @@ impl Budgets {
                         .map(|()| None);
                 }
             };
-            return Ok(Some(admitted(&facts, splice, Holding::Remote(pending))));
+            return Ok(Some(admitted(splice, Holding::Remote(pending))));
         }
         let now = now_ms();
         // Per key of `p.keys`, in its order: the ledger's shared-data name and until when the
@@ -619,7 +629,7 @@ impl Budgets {
         let holds = match admitted_holds.map_err(|e| unavailable(&e))? {
             Ok(holds) => holds,
             Err(refusal) => {
-                let answer = self.refusal(&refusal);
+                let answer = self.refusal(&refusal, rate);
                 for key in &refusal.refused {
                     if let (Ok(r), Some(shared)) = (store.usage(key), named(&p.keys, &names, key)) {
                         self.stats.record_ledger(key, shared, r);
@@ -651,7 +661,7 @@ impl Budgets {
             Ledgers::WorkerLeases(_) => Holding::WorkerLeases(held),
             _ => Holding::Ledgers(held),
         };
-        let mut a = admitted(&facts, splice, holding);
+        let mut a = admitted(splice, holding);
         a.metered.rate = Some(rate);
         Ok(Some(a))
     }
@@ -675,24 +685,10 @@ impl Budgets {
         ) else {
             return Ok(None);
         };
-        let needed = e.needed();
-        let read;
-        let head: &[u8] = match r.body {
-            Some(b) => b,
-            None if needed == 1 => b"{",
-            None => match edge::buffer(Buffer::RequestBody, 0, needed) {
-                Ok(b) => {
-                    read = b.unwrap_or_default();
-                    &read
-                }
-                Err(e) => {
-                    let why = format!("reading the request body: {e}");
-                    edge::log(Level::Error, &format!("model-router: budgets: {why}"));
-                    return Err(Answer::Unavailable(ApiError::internal(&why)));
-                }
-            },
-        };
-        Ok(e.splice(head))
+        crate::usage::splice_of(&e, r.body).map_err(|why| {
+            edge::log(Level::Error, &format!("model-router: budgets: {why}"));
+            Answer::Unavailable(ApiError::internal(&why))
+        })
     }
 
     /// The shared ledger gave no usable answer: 503 `budget_store_unavailable`, or with
@@ -758,7 +754,7 @@ impl Budgets {
                     self.stats.refused(k.budget);
                 }
                 m.holding = Holding::Ended;
-                Err(Answer::Refused(refused))
+                Err(Answer::Refused(refused, self.rate_limit_of(&states)))
             }
             Admission::Unavailable { why } => {
                 // A reserve that timed out here may still be applied there: release its id
@@ -885,14 +881,15 @@ impl Budgets {
                 .as_ref()
                 .and_then(|l| l.answered(token, num_headers, body_size))
             {
-                let gauges = router_core::budget::remote::gauges(
-                    &self.compiled,
-                    state
-                        .as_ref()
-                        .map(|(_, s)| std::slice::from_ref(s))
-                        .unwrap_or(&[]),
-                );
+                let states = state
+                    .as_ref()
+                    .map(|(_, s)| std::slice::from_ref(s))
+                    .unwrap_or(&[]);
+                let gauges = router_core::budget::remote::gauges(&self.compiled, states);
                 self.stats.record_all(&gauges);
+                if let Some((_, s)) = state {
+                    self.lease_saw(s);
+                }
                 return;
             }
             let answers = remote.ended(token, num_headers, body_size);
@@ -943,6 +940,39 @@ impl Budgets {
         }
     }
 
+    /// Keeps a lease report's ledger state, newest per ledger (at most one per lease: a worker
+    /// holds a bounded number).
+    fn lease_saw(&self, s: LedgerState) {
+        let mut seen = self.lease_seen.borrow_mut();
+        let full = seen.len() >= LEASE_SEEN_MAX;
+        match seen
+            .iter_mut()
+            .find(|o| o.budget == s.budget && o.team == s.team)
+        {
+            Some(o) if o.version <= s.version => *o = s,
+            Some(_) => {}
+            None if !full => seen.push(s),
+            None => {}
+        }
+    }
+
+    /// The rate-limit view of a lease-admitted request: its ledgers as the last lease reports
+    /// answered them (at most a report period old; the leases' own unused room counts as held).
+    /// `None` when no report has answered yet.
+    fn lease_rate(&self, keys: &[LedgerKey]) -> Option<RateLimit> {
+        let seen = self.lease_seen.borrow();
+        let states: Vec<LedgerState> = keys
+            .iter()
+            .filter_map(|k| {
+                let name = &self.compiled.budgets.get(k.budget)?.name;
+                seen.iter()
+                    .find(|s| s.budget == *name && s.team == k.team)
+                    .cloned()
+            })
+            .collect();
+        (!states.is_empty()).then(|| self.rate_limit_of(&states))
+    }
+
     /// The rate-limit view of the ledger states in a shared-ledger answer. The service does not
     /// say when a ledger's spend rolls off: the reset is its window, an upper bound.
     fn rate_limit_of(&self, states: &[router_core::budget::wire::LedgerState]) -> RateLimit {
@@ -962,7 +992,7 @@ impl Budgets {
         rate
     }
 
-    fn refusal(&self, refusal: &Refusal) -> Answer {
+    fn refusal(&self, refusal: &Refusal, rate: RateLimit) -> Answer {
         let names: Vec<String> = refusal.refused.iter().map(|k| self.label(k)).collect();
         let window = refusal
             .refused
@@ -973,88 +1003,37 @@ impl Budgets {
         for k in &refusal.refused {
             self.stats.refused(k.budget);
         }
-        Answer::Refused(reply::exceeded(
-            &names,
-            refusal.retry_after_s(window),
-            refusal.wait == Wait::Never,
-        ))
+        Answer::Refused(
+            reply::exceeded(
+                &names,
+                refusal.retry_after_s(window),
+                refusal.wait == Wait::Never,
+            ),
+            rate,
+        )
     }
 
     /// The response headers came through with `status` from backend `served`.
-    pub fn on_response_headers(
-        &self,
-        m: &mut Metered,
-        status: u32,
-        streaming: bool,
-        served: Option<usize>,
-    ) {
+    pub fn on_response_headers(&self, m: &mut Metered, status: u32, served: Option<usize>) {
         if (200..300).contains(&status) {
             if let Some(rate) = &m.rate {
                 crate::budget_headers::send(rate);
             }
-            m.served = served;
-            let kind = if streaming {
-                BodyKind::EventStream
-            } else {
-                BodyKind::Json
-            };
-            m.reader = Some(UsageReader::new(kind, m.strip));
+            m.served = Some(served);
         }
     }
 
-    /// A piece of the response body (`size` bytes, as Envoy hands it over: this chunk only).
-    /// Returns `true` when this chunk must wait: the request settled on the shared ledger and
-    /// the answer is out ([`Budgets::settle_answered`] resumes it).
-    pub fn on_response_body(
+    /// The response ended (its last body chunk, or headers without a body), `meter` having
+    /// read it. `true`: that chunk waits for the shared ledger's answer to the settle
+    /// ([`Budgets::settle_answered`] resumes it).
+    pub fn on_response_end(
         &self,
         m: &mut Metered,
-        size: usize,
-        end: bool,
+        meter: &mut Meter,
         audit: &mut AuditRecord,
     ) -> bool {
-        let Some(reader) = m.reader.as_mut() else {
-            return false;
-        };
-        let chunk = if size > 0 {
-            match edge::buffer(Buffer::ResponseBody, 0, size) {
-                Ok(c) => c.unwrap_or_default(),
-                Err(e) => {
-                    // Usage is then estimated from what was read; the body goes on unchanged.
-                    edge::log(
-                        Level::Warn,
-                        &format!("model-router: budgets: response body: {e}"),
-                    );
-                    Vec::new()
-                }
-            }
-        } else {
-            Vec::new()
-        };
-        m.out.clear();
-        reader.feed(&chunk, &mut m.out);
-        let usage = end.then(|| reader.finish(&mut m.out));
-        if reader.strips() && (size > 0 || !m.out.is_empty()) {
-            if let Err(e) = edge::replace_buffer(Buffer::ResponseBody, size, &m.out) {
-                edge::log(
-                    Level::Warn,
-                    &format!("model-router: budgets: stripping usage: {e}"),
-                );
-            }
-        }
-        match usage {
-            Some(u) => {
-                self.settle(m, u, audit, true);
-                m.settling()
-            }
-            None => false,
-        }
-    }
-
-    /// The response ended without a body. `true`: the response headers wait for the shared
-    /// ledger's answer to the settle, as [`Budgets::on_response_body`]'s last chunk does.
-    pub fn on_response_end(&self, m: &mut Metered, audit: &mut AuditRecord) -> bool {
-        if m.reader.is_some() {
-            self.settle(m, Usage::default(), audit, true);
+        if m.served.is_some() {
+            self.settle(m, meter, audit, true);
         }
         m.settling()
     }
@@ -1089,7 +1068,7 @@ impl Budgets {
     /// The request ended (`on_log`) with holds left: a served response cut short is charged its
     /// estimate; anything else (refused locally, failed upstream, client gone before an answer)
     /// releases.
-    pub fn end(&self, m: &mut Metered, audit: &mut AuditRecord) {
+    pub fn end(&self, m: &mut Metered, meter: &mut Meter, audit: &mut AuditRecord) {
         match std::mem::replace(&mut m.holding, Holding::Ended) {
             Holding::Settling(_, end) => {
                 // Its answer would come to a context that is going: the root sends it again.
@@ -1101,15 +1080,8 @@ impl Budgets {
             Holding::Ended => return,
             held => m.holding = held,
         }
-        let streamed = m.reader.as_ref().is_some_and(|r| r.content_bytes() > 0);
-        if m.served.is_some() && streamed {
-            let mut sink = Vec::new();
-            let usage = m
-                .reader
-                .as_mut()
-                .map(|r| r.finish(&mut sink))
-                .unwrap_or_default();
-            self.settle(m, usage, audit, false);
+        if m.served.is_some() && meter.content_bytes() > 0 {
+            self.settle(m, meter, audit, false);
             return;
         }
         self.finish(m, None, false);
@@ -1117,11 +1089,14 @@ impl Budgets {
 
     /// Charges the request. `now`: the request is still there to wait for the shared ledger's
     /// answer (its last response chunk), so the settle goes out at once instead of being queued.
-    fn settle(&self, m: &mut Metered, usage: Usage, audit: &mut AuditRecord, now: bool) {
-        let content = m.reader.as_ref().map_or(0, |r| r.content_bytes());
-        let c: Charge = charge(usage, m.request_bytes, content);
+    fn settle(&self, m: &mut Metered, meter: &mut Meter, audit: &mut AuditRecord, now: bool) {
+        let Some(c): Option<Charge> = meter.charge() else {
+            self.finish(m, None, now);
+            return;
+        };
         let price = m
             .served
+            .flatten()
             .and_then(|b| self.attempts.get(b))
             .map(|a| a.price)
             .unwrap_or_default();
@@ -1132,12 +1107,7 @@ impl Budgets {
             }
         }
         self.finish(m, Some(amount), now);
-        audit.tokens = Some(AuditTokens {
-            prompt: c.prompt,
-            completion: c.completion,
-        });
         audit.usd = Some(format_usd(amount.pico));
-        audit.usage_estimated = c.estimated;
     }
 
     /// Settles the holds in the ledgers themselves (per-request mode; a zero `amount` is a
@@ -1200,19 +1170,11 @@ fn push_decimal(s: &mut String, v: u64) {
 }
 
 /// An admitted request, what it holds and its body edit.
-fn admitted(
-    facts: &router_core::budget::bound::RequestFacts,
-    splice: Option<Splice>,
-    holding: Holding,
-) -> Admitted {
+fn admitted(splice: Option<Splice>, holding: Holding) -> Admitted {
     Admitted {
         metered: Metered {
             holding,
-            request_bytes: facts.body_bytes,
-            strip: splice.as_ref().is_some_and(|s| s.asked),
-            reader: None,
             served: None,
-            out: Vec::new(),
             rate: None,
         },
         splice,
@@ -1235,17 +1197,4 @@ fn charge_after_check<S: LedgerStore>(
         }
     }
     Ok(Ok(Vec::new()))
-}
-
-/// The edited head goes upstream in place of the client's first bytes, the rest of the body
-/// untouched (Envoy does not fix `content-length` itself). `len`: the client's body length.
-pub(crate) fn send_splice(len: usize, splice: &Splice) -> Result<(), String> {
-    edge::replace_buffer(Buffer::RequestBody, splice.replace, &splice.with)
-        .map_err(|e| format!("editing the request body: {e}"))?;
-    edge::set_header(
-        Map::RequestHeaders,
-        "content-length",
-        &splice.new_len(len).to_string(),
-    )
-    .map_err(|e| format!("setting content-length: {e}"))
 }

@@ -11,7 +11,7 @@ use router_core::audit::{caller_label, client_address, AuditRecord, Outcome};
 use router_core::body::BodyWindow;
 use router_core::config::Tier;
 use router_core::errors::{ApiError, ErrorShape};
-use router_core::headers::{ATTEMPT_COUNT_HEADER, DESTINATION_ENDPOINT_HEADER, MODEL_SPAN_HEADER};
+use router_core::headers::{ATTEMPT_COUNT_HEADER, DESTINATION_ENDPOINT_HEADER};
 use router_core::plan::{
     check_body_size, check_request, plan_head, plan_request, retry_after_quarantine, Forward,
     HeadPlan, Refusal, RequestInputs,
@@ -61,6 +61,8 @@ pub(crate) struct Request {
     path: Vec<u8>,
     /// What the request holds on its budgets until it settles or releases.
     budget: Option<budget::Metered>,
+    /// The usage its response reports (`crate::usage`).
+    meter: crate::usage::Meter,
     /// The pod this request holds, for an endpoint-picked backend (released in `on_log`).
     pick: Option<crate::pick::Held>,
     /// The pick's inputs while a shared ledger decides on the request.
@@ -121,6 +123,7 @@ impl Request {
             backend_index: None,
             path: Vec::new(),
             budget: None,
+            meter: crate::usage::Meter::default(),
             pick: None,
             pending_pick: None,
             shape: ErrorShape::OpenAi,
@@ -136,13 +139,10 @@ impl Request {
     fn fail_retry(&mut self, err: &ApiError, outcome: Outcome, retry_after: Option<u64>) -> Action {
         self.settle(outcome);
         let body = err.body_in(self.shape, self.audit.request_id.as_deref());
-        let retry_after = retry_after.map(|s| s.to_string());
-        self.reply(
-            err.status,
-            &body,
-            err.code,
-            retry_after.as_deref().map(|s| ("retry-after", s)),
-        )
+        match retry_after.map(|s| s.to_string()) {
+            Some(s) => self.reply(err.status, &body, err.code, &[("retry-after", &s)]),
+            None => self.reply(err.status, &body, err.code, &[]),
+        }
     }
 
     fn refuse(&mut self, refusal: Refusal) -> Action {
@@ -169,13 +169,13 @@ impl Request {
         status: u32,
         body: &[u8],
         details: &str,
-        extra: Option<(&'static str, &str)>,
+        extra: &[(&'static str, &str)],
     ) -> Action {
         self.phase = Phase::Answered;
         self.audit.status = status;
         let mut headers = vec![("content-type", "application/json")];
         headers.extend(self.id_headers());
-        headers.extend(extra);
+        headers.extend_from_slice(extra);
         if let Err(e) = edge::respond(status, &headers, body, details) {
             edge::log(
                 Level::Error,
@@ -309,6 +309,10 @@ impl Request {
                 spans: f.spans.clone(),
                 knobs: f.knobs,
             });
+        let ask_usage = scanned
+            .as_ref()
+            .ok()
+            .and_then(|f| crate::usage::asking(f, body_len, &self.path));
         let audit_body = body.filter(|_| worker.router.config.audit.include_request_body);
         let spans = scanned
             .as_ref()
@@ -368,8 +372,14 @@ impl Request {
         self.rule_index = forward.decision.rule;
         self.backend_index = Some(forward.decision.backend());
         let fields = budget_fields.as_ref();
+        self.meter = crate::usage::Meter::new(body_len, false);
         if let Some(action) = self.budget_step(worker, &mut forward, body, body_len, fields) {
             return action;
+        }
+        if self.budget.is_none() {
+            if let Some(action) = self.ask_usage(&mut forward, ask_usage, body, body_len) {
+                return action;
+            }
         }
         self.note_failover_skipped(worker, forward.decision.order.len(), body_len);
         self.phase = Phase::Forwarded(Routed {
@@ -456,47 +466,62 @@ impl Request {
         };
         self.budget = Some(admitted.metered);
         let splice = admitted.splice?;
-        if let Err(e) = budget::send_splice(body_len, &splice) {
+        if let Err(e) = crate::usage::send(forward, body_len, &splice) {
             return Some(self.internal(&e));
         }
-        // The per-attempt filter finds `model` by the stamped span and body length.
-        for (name, value) in forward.stamps.iter_mut() {
-            if *name == MODEL_SPAN_HEADER {
-                if let Some((span, _)) = router_core::rewrite::parse_span(value.as_bytes()) {
-                    *value = router_core::rewrite::format_span(
-                        splice.moved(span),
-                        splice.new_len(body_len),
-                    );
-                }
+        self.meter = crate::usage::Meter::new(body_len, splice.asked);
+        None
+    }
+
+    /// A stream no budget covers asks for usage all the same (`crate::usage::asking`); its
+    /// usage-only chunk is then stripped. A head that cannot be read leaves the body as sent.
+    fn ask_usage(
+        &mut self,
+        forward: &mut Forward,
+        edits: Option<router_core::budget::inject::Edits>,
+        body: Option<&[u8]>,
+        body_len: usize,
+    ) -> Option<Action> {
+        let splice = match crate::usage::splice_of(&edits?, body) {
+            Ok(s) => s?,
+            Err(e) => {
+                edge::log(Level::Warn, &format!("model-router: usage: {e}"));
+                return None;
             }
+        };
+        if let Err(e) = crate::usage::send(forward, body_len, &splice) {
+            return Some(self.internal(&e));
         }
+        self.meter = crate::usage::Meter::new(body_len, splice.asked);
         None
     }
 
     /// A budget refusal: 429 with `Retry-After`, or 503 when the ledgers cannot be reached.
     fn answer_budget(&mut self, answer: &budget::Answer) -> Action {
-        let (err, retry_after, refused) = match answer {
+        let (err, retry_after, rate) = match answer {
             // No waiting admits a request over a cap on its own: tell clients not to retry.
-            budget::Answer::Refused(r) if r.never => (&r.error, None, true),
-            budget::Answer::Refused(r) => (&r.error, Some(r.retry_after_s.to_string()), true),
-            budget::Answer::Unavailable(e) => (e, None, false),
+            budget::Answer::Refused(r, rate) if r.never => (&r.error, None, Some(rate)),
+            budget::Answer::Refused(r, rate) => {
+                (&r.error, Some(r.retry_after_s.to_string()), Some(rate))
+            }
+            budget::Answer::Unavailable(e) => (e, None, None),
         };
-        self.settle(if refused {
+        self.settle(if rate.is_some() {
             Outcome::BudgetExceeded
         } else {
             Outcome::FailClosedRuntime
         });
         let body = err.body_in(self.shape, self.audit.request_id.as_deref());
-        match (&retry_after, refused) {
-            (Some(s), _) => self.reply(err.status, &body, err.code, Some(("retry-after", s))),
-            (None, true) => self.reply(
-                err.status,
-                &body,
-                err.code,
-                Some(("x-should-retry", "false")),
-            ),
-            (None, false) => self.reply(err.status, &body, err.code, None),
+        // The rate-limit headers of the ledgers that refused, as on an admitted response.
+        let limits = rate.map(|r| r.headers()).unwrap_or_default();
+        let mut extra: Vec<(&'static str, &str)> =
+            limits.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        match (&retry_after, rate.is_some()) {
+            (Some(s), _) => extra.push(("retry-after", s)),
+            (None, true) => extra.push(("x-should-retry", "false")),
+            (None, false) => {}
         }
+        self.reply(err.status, &body, err.code, &extra)
     }
 
     /// A request whose last attempt failed in a way that leaves its backends ejected by Envoy:
@@ -668,7 +693,7 @@ impl HttpContext for Request {
             HeadPlan::Models => {
                 self.audited = true;
                 self.settle(Outcome::Ok);
-                self.reply(200, worker.router.models_body(), "llmkube_models", None)
+                self.reply(200, worker.router.models_body(), "llmkube_models", &[])
             }
             HeadPlan::Model(id) => {
                 self.audited = true;
@@ -676,7 +701,7 @@ impl HttpContext for Request {
                 match listed {
                     Some(body) => {
                         self.settle(Outcome::Ok);
-                        self.reply(200, body, "llmkube_models", None)
+                        self.reply(200, body, "llmkube_models", &[])
                     }
                     None => {
                         let err = ApiError::model_not_listed(id.as_deref().unwrap_or_default());
@@ -691,9 +716,7 @@ impl HttpContext for Request {
             }
             HeadPlan::ReadBody => {
                 self.audited = true;
-                if worker.budgets.is_some() {
-                    self.path = path;
-                }
+                self.path = path;
                 self.phase = Phase::ReadingBody(None);
                 Action::Pause
             }
@@ -795,9 +818,10 @@ impl HttpContext for Request {
             routed.complete = end_of_stream;
         }
         self.settle(verdict.outcome);
+        self.meter.start(head.status, head.streaming);
         if let (Some(budgets), Some(m)) = (&worker.budgets, self.budget.as_mut()) {
-            budgets.on_response_headers(m, head.status, head.streaming, self.backend_index);
-            if end_of_stream && budgets.on_response_end(m, &mut self.audit) {
+            budgets.on_response_headers(m, head.status, self.backend_index);
+            if end_of_stream && budgets.on_response_end(m, &mut self.meter, &mut self.audit) {
                 return Action::Pause;
             }
         }
@@ -811,9 +835,12 @@ impl HttpContext for Request {
         if let (true, Phase::Forwarded(routed)) = (end_of_stream, &mut self.phase) {
             routed.complete = true;
         }
+        if !self.meter.feed(body_size, end_of_stream) {
+            return Action::Continue;
+        }
         if let (Some(worker), Some(m)) = (&self.worker, self.budget.as_mut()) {
             if let Some(budgets) = &worker.budgets {
-                if budgets.on_response_body(m, body_size, end_of_stream, &mut self.audit) {
+                if budgets.on_response_end(m, &mut self.meter, &mut self.audit) {
                     // Until the shared ledger has the settle (`settle_answered` resumes).
                     return Action::Pause;
                 }
@@ -834,8 +861,12 @@ impl HttpContext for Request {
         // streamed.
         if let (Some(worker), Some(m)) = (&self.worker, self.budget.as_mut()) {
             if let Some(budgets) = &worker.budgets {
-                budgets.end(m, &mut self.audit);
+                budgets.end(m, &mut self.meter, &mut self.audit);
             }
+        }
+        if let Some(worker) = &self.worker {
+            let backend = self.backend_index;
+            crate::usage::publish(&mut self.meter, &worker.usage, backend, &mut self.audit);
         }
         self.settle(Outcome::Cancelled);
         // The audit line goes to the gateway's log at info; if the operator set the wasm log

@@ -18,6 +18,7 @@ mod http;
 mod metrics;
 mod pick;
 mod quarantine;
+mod usage;
 
 use filter_edge::{self as edge, Level};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -45,6 +46,8 @@ pub(crate) struct Worker {
     /// Weighted picks; seeded from the host's entropy (WASI random_get) once per VM.
     pub rng: RefCell<Rng>,
     pub metrics: metrics::Metrics,
+    /// `gen_ai.client.token.usage` per backend, model and team.
+    pub usage: usage::UsageStats,
     /// `auditLog.trustedProxyCIDRs`, parsed once.
     pub trusted_proxies: Vec<Cidr>,
     /// Backends this filter keeps out of attempt orders (stream-idle quarantine).
@@ -144,9 +147,13 @@ impl RootContext for Root {
                 let ejections = RefCell::new(router_core::quarantine::Ejections::new(
                     router.backends_len(),
                 ));
+                let usage = usage::UsageStats::new(
+                    (0..router.backends_len()).map(|i| router.backend(i).name.clone()),
+                );
                 self.worker = Some(Rc::new(Worker {
                     pick,
                     metrics,
+                    usage,
                     budgets,
                     quarantine,
                     audit_logged: Cell::new(edge::log_enabled(Level::Info)),

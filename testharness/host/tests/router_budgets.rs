@@ -74,6 +74,10 @@ fn holds_in_flight_refuse_and_settling_frees_what_was_not_used() {
     let second = post(&mut h, &[], BODY);
     assert_eq!(error_of(&second), (429, "budget_exceeded".into()));
     assert_eq!(retry_after(&second), 1, "only a hold is in the way");
+    // The 429 carries the rate-limit headers of the ledger that refused: 896 − 853 held.
+    let refused = second.local_response.as_ref().unwrap();
+    assert_eq!(refused.header("x-ratelimit-limit-tokens"), Some("896"));
+    assert_eq!(refused.header("x-ratelimit-remaining-tokens"), Some("43"));
     h.log_and_done(second.stream).unwrap();
     usage_json(&mut h, &first);
     assert_eq!(gauge(&h, "all.tokens_used"), 30);
@@ -228,7 +232,7 @@ fn two_ledgers(extra: Value) -> Value {
 
 /// The budget step's hostcalls in per-request mode (`per_request`) are what its guarantees need
 /// and no more: one read and one compare-and-swap per ledger to reserve, the same to settle (the
-/// gauges come from the settle's own read), the response body read for usage; a known team's
+/// gauges come from the settle's own read); a known team's
 /// slot costs nothing, and a body that arrived in pieces is not read back. (Worker leases, the
 /// default, make none of these shared-data calls per request: router_budgets_worker_lease.rs.)
 #[test]
@@ -255,11 +259,11 @@ fn a_budgeted_request_costs_one_cas_per_ledger_each_way_and_no_body_read_back() 
             n(&base, "proxy_set_shared_data") + 4,
             "{with:?}"
         );
-        // The response body (one piece), read for its usage; the request body exactly as often
-        // as routing reads it.
+        // The response body is read for its usage on every request, budget or not
+        // (router_usage.rs); the request body exactly as often as routing reads it.
         assert_eq!(
             n(&with, "proxy_get_buffer_bytes"),
-            n(&base, "proxy_get_buffer_bytes") + 1,
+            n(&base, "proxy_get_buffer_bytes"),
             "chunk {chunk}: {base:?} vs {with:?}"
         );
         assert_eq!(

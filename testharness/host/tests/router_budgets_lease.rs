@@ -84,6 +84,21 @@ fn a_granted_lease_admits_on_every_worker_without_a_callout_and_reports_the_use(
         a.metric("llmkube.budget.all.lease_tokens").map(|m| m.value),
         Some(5000)
     );
+    // A response admitted on the lease carries the rate-limit headers of its ledger as the
+    // lease report answered it (the lease's 5000 held).
+    let on_lease = post(&mut a, &[], BODY);
+    assert!(on_lease.local_response.is_none());
+    let res = a
+        .run_response(
+            on_lease.stream,
+            &[(":status", "200"), ("content-type", "application/json")],
+            br#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20}}"#,
+            0,
+        )
+        .unwrap();
+    a.log_and_done(on_lease.stream).unwrap();
+    assert_eq!(res.header("x-ratelimit-limit-tokens"), Some("100000"));
+    assert_eq!(res.header("x-ratelimit-remaining-tokens"), Some("95000"));
     // The other worker admits on it: no callout at all.
     let before = b.http_calls().len();
     let req = post(&mut b, &[], BODY);
@@ -113,7 +128,11 @@ fn a_granted_lease_admits_on_every_worker_without_a_callout_and_reports_the_use(
     assert_eq!(report.len(), 1, "{:?}", a.http_calls());
     let (token, body) = &report[0];
     assert_eq!(body["old"].as_str(), Some(lease_id.as_str()));
-    assert_eq!(body["used"]["tokens"].as_u64(), Some(30));
+    assert_eq!(
+        body["used"]["tokens"].as_u64(),
+        Some(60),
+        "two requests of 30"
+    );
     // While it is out, a request is not admitted on the lease: it reserves on its own.
     let before = b.http_calls().len();
     let req = post(&mut b, &[], BODY);

@@ -2,7 +2,9 @@
 //! loopback: `cargo run --release -p picksim --bin pick_envoy [-- --pods N] [--only WORKLOAD]
 //! [--rounds N] [--replicas-before] [--before-bounds JSON] [--no-filter-cost]` (default 8 pods;
 //! about seven minutes
-//! for 4). `--rounds`
+//! for 4), or on draws of the workload family:
+//! `pick_envoy --draws K [--skip S] [--requests N] [--slow F]` (held-out seeds S..S+K, the
+//! first N requests of each, 400 by default, on a clock F times slower; see [`family`]). `--rounds`
 //! repeats each workload with fresh pods, each round starting one arm later, so arms that run
 //! at different moments of a noisy machine can be compared round by round.
 //!
@@ -28,7 +30,9 @@ use e2e::engine::{render_prompt, EngineConfig, ANSWER_HEADER};
 use e2e::gateway::Gateway;
 use e2e::http;
 use e2e::MockUpstream;
+use picksim::family::{evaluate_instance, held_out_seeds, judge, table, Draw, Instance, Measured};
 use picksim::workload::{generate, Shape, SimRequest};
+use picksim::Report;
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -88,8 +92,12 @@ fn manifests(backends: &[(String, Kind, usize)]) -> String {
 }
 
 fn engine_pods(prefix: &str, n: usize) -> Vec<MockUpstream> {
+    pods_of(prefix, n, &ENGINE)
+}
+
+fn pods_of(prefix: &str, n: usize, engine: &EngineConfig) -> Vec<MockUpstream> {
     (0..n)
-        .map(|i| MockUpstream::start_engine(&format!("{prefix}{i}"), ENGINE.clone()))
+        .map(|i| MockUpstream::start_engine(&format!("{prefix}{i}"), engine.clone()))
         .collect()
 }
 
@@ -262,6 +270,30 @@ impl Oracle<'_> {
         flight[p].work_ns += work;
         flight[p].computed_blocks += computed;
         (p, work)
+    }
+
+    /// The family's reference ([`picksim::Policy::PrefixOracle`]): the pod whose engine holds
+    /// the longest prefix of the prompt among the pods with at most
+    /// [`picksim::PREFIX_ORACLE_SLACK`] more requests in flight (its own exact count) than the
+    /// least loaded; ties to the less loaded, then the first.
+    fn choose_prefix(&self, body: &[u8]) -> Hold {
+        let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let rendered = render_prompt("/v1/chat/completions", &v).into_bytes();
+        let mut flight = self.flight.lock().unwrap_or_else(|e| e.into_inner());
+        let least = flight.iter().map(|f| f.requests).min().unwrap_or(0);
+        let best = (0..self.pods.len())
+            .filter(|&p| flight[p].requests <= least + picksim::PREFIX_ORACLE_SLACK)
+            .max_by_key(|&p| {
+                let held = self.pods[p].engine_cached_prefix(&rendered).unwrap_or(0);
+                (
+                    held,
+                    std::cmp::Reverse(flight[p].requests),
+                    std::cmp::Reverse(p),
+                )
+            })
+            .unwrap_or(0);
+        flight[best].requests += 1;
+        (best, 0)
     }
 
     fn done(&self, (p, work): Hold) {
@@ -489,6 +521,147 @@ fn targets(shape: Shape, rows: &std::collections::HashMap<&str, Row>, ceiling: f
     );
 }
 
+/// What an arm measured, in the simulation's terms (hit rate and imbalance from the engines,
+/// p99 of the time to the full response at the client).
+fn as_report(pods: &[MockUpstream], lat: &[f64], errors: usize, label: &str) -> Report {
+    let row = report(label, pods, lat, errors);
+    Report {
+        requests: lat.len() + errors,
+        hit_rate: row.hit,
+        e2e_p99_ms: row.p99,
+        imbalance: row.imbalance,
+        unplaced: errors,
+        ..Report::default()
+    }
+}
+
+/// Draws of the workload family (`picksim::family`) through real Envoys: for each seed, the
+/// first `requests` requests of the draw, on the draw's pods (each arm its own, with the
+/// draw's KV cache per pod), replayed open-loop at their arrival times through round-robin
+/// (Envoy's own), the picker (one gateway), the draw's replicas (independent gateways sharing
+/// nothing, requests dealt in turn) and the prefix oracle, the four arms at once; then the same
+/// cut draw in the simulation. Prints each draw and the worst draw per target, through Envoy and simulated.
+fn family(seeds: &[u64], requests: usize, slow: u32) {
+    let (mut envoy, mut sim) = (Vec::new(), Vec::new());
+    for &seed in seeds {
+        let draw = Draw::new(seed);
+        let mut inst = Instance::new(&draw);
+        inst.reqs.truncate(requests);
+        // The same draw on a slower clock: arrivals and the engines' prefill and decode
+        // stretched alike keep every pod's utilisation and cache, and give a shared machine's
+        // Envoys time to spare.
+        for r in &mut inst.reqs {
+            r.at_ns *= u64::from(slow);
+        }
+        let e = &mut inst.setup.engine;
+        e.prefill_per_block *= slow;
+        e.decode_per_token *= slow;
+        let span = inst.reqs.last().map_or(0.0, |r| r.at_ns as f64 / 1e9);
+        let engine = inst.setup.engine.clone();
+        let n = draw.pods;
+        println!(
+            "draw {seed:x}: {} ({} requests over {span:.1} s, {} KV blocks of {} B per pod), load average {}",
+            draw.label(),
+            inst.reqs.len(),
+            engine.cache_blocks,
+            engine.block_bytes,
+            loadavg()
+        );
+        let (rr_pods, pk_pods, or_pods, rep_pods) = (
+            pods_of("rr", n, &engine),
+            pods_of("pk", n, &engine),
+            pods_of("or", n, &engine),
+            pods_of("pr", n, &engine),
+        );
+        // One gateway per arm (the replicas' arm has its own several), so no arm queues
+        // behind another's requests in a shared Envoy.
+        let one = |model: &str, kind: Kind, pods: &[MockUpstream]| {
+            Gateway::builder(&manifests(&[(model.to_string(), kind, n)]))
+                .endpoints(&format!("svc-{model}"), &addrs(pods))
+                .concurrency(2)
+                .start()
+        };
+        let (rr_gw, pk_gw) = (
+            one("rr", Kind::RoundRobin, &rr_pods),
+            one("pk", Kind::Picker, &pk_pods),
+        );
+        let backends: Vec<_> = (0..n)
+            .map(|p| (format!("or{p}"), Kind::RoundRobin, 1))
+            .collect();
+        let mut b = Gateway::builder(&manifests(&backends)).concurrency(2);
+        for (p, m) in or_pods.iter().enumerate() {
+            b = b.endpoints(&format!("svc-or{p}"), &[m.addr()]);
+        }
+        let or_gw = b.start();
+        let gws: Vec<Gateway> = (0..draw.replicas)
+            .map(|_| one("pk", Kind::Picker, &rep_pods))
+            .collect();
+        let urls: Vec<String> = gws.iter().map(Gateway::url).collect();
+        let url = or_gw.url();
+
+        let to = |gw: &Gateway, model: &'static str| {
+            let url = gw.url();
+            move |_: usize, _: &SimRequest| (url.clone(), model.to_string(), None)
+        };
+        let (to_rr, to_pk) = (to(&rr_gw, "rr"), to(&pk_gw, "pk"));
+        let to_replicas =
+            |i: usize, _: &SimRequest| (urls[i % urls.len()].clone(), "pk".into(), None);
+        let oracle = Oracle {
+            pods: &or_pods,
+            flight: Mutex::new(vec![Flight::default(); n]),
+        };
+        let to_oracle = |_: usize, r: &SimRequest| {
+            let hold = oracle.choose_prefix(&r.body);
+            (url.clone(), format!("or{}", hold.0), Some(hold))
+        };
+        let oracle_done = |h: Option<Hold>| {
+            if let Some(h) = h {
+                oracle.done(h);
+            }
+        };
+        // The four arms replay at the same moments, each on its own pods, so a loaded machine
+        // slows them alike.
+        let reqs = &inst.reqs;
+        let [rr, pk, pr, or] = std::thread::scope(|s| {
+            let arms = [
+                s.spawn(|| replay(reqs, &to_rr, &|_| {})),
+                s.spawn(|| replay(reqs, &to_pk, &|_| {})),
+                s.spawn(|| replay(reqs, &to_replicas, &|_| {})),
+                s.spawn(|| replay(reqs, &to_oracle, &oracle_done)),
+            ];
+            arms.map(|a| a.join().unwrap_or_default())
+        });
+        let rr = as_report(&rr_pods, &rr.0, rr.1, "round-robin");
+        let pk = as_report(&pk_pods, &pk.0, pk.1, "picker");
+        let label = format!("picker, {} replicas", draw.replicas);
+        let pr = as_report(&rep_pods, &pr.0, pr.1, &label);
+        let or = as_report(&or_pods, &or.0, or.1, "prefix oracle");
+        let targets = judge(draw.kind, &rr, &pk, &pr, &or);
+        let m = evaluate_instance(&inst, &|_| {});
+        println!(
+            "  simulated: hit rr / picker / replicas / oracle {:.3} / {:.3} / {:.3} / {:.3}, imbalance {:.2}, p99 picker / oracle {:.0} / {:.0} ms",
+            m.round_robin.hit_rate,
+            m.picker.hit_rate,
+            m.replicas.hit_rate,
+            m.oracle.hit_rate,
+            m.picker.imbalance,
+            m.picker.e2e_p99_ms,
+            m.oracle.e2e_p99_ms,
+        );
+        envoy.push(Measured {
+            draw: draw.clone(),
+            round_robin: rr,
+            picker: pk,
+            replicas: pr,
+            oracle: or,
+            targets,
+        });
+        sim.push(m);
+    }
+    println!("\n## Through Envoy\n\n{}", table(&envoy));
+    println!("\n## The same cut draws, simulated\n\n{}", table(&sim));
+}
+
 /// p50 of `n` sequential requests on one keep-alive connection.
 fn p50(gw: &Gateway, model: &str, prompt: &str, n: usize) -> f64 {
     let body =
@@ -536,6 +709,11 @@ fn filter_cost() {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    let num = |flag: &str| -> Option<usize> {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1)?.parse().ok())
+    };
     let pods = args
         .iter()
         .position(|a| a == "--pods")
@@ -563,6 +741,13 @@ fn main() {
         }
         None => None,
     };
+    if let Some(k) = num("--draws") {
+        let skip = num("--skip").unwrap_or(0);
+        let seeds = held_out_seeds(skip + k).split_off(skip);
+        let slow = num("--slow").unwrap_or(1).clamp(1, 100) as u32;
+        family(&seeds, num("--requests").unwrap_or(400), slow);
+        return;
+    }
     workloads(pods, only, rounds, before);
     if !args.iter().any(|a| a == "--no-filter-cost") {
         filter_cost();

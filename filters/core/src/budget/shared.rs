@@ -212,8 +212,8 @@ impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> LedgerSto
 }
 
 /// A [`LedgerStore`] over [`SharedLedgers`] that also keeps what each reserve left of its
-/// ledger (the rate-limit headers), seen inside the reserve's own compare-and-swap: no extra
-/// read.
+/// ledger, or found there when it refused (the rate-limit headers), seen inside the reserve's
+/// own compare-and-swap: no extra read.
 pub struct Seeing<'a, S: SharedData, F> {
     pub store: SharedLedgers<'a, S, F>,
     pub seen: Vec<Seen>,
@@ -231,13 +231,14 @@ impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> LedgerSto
     ) -> Result<Result<Hold, Wait>, SharedError> {
         let r = self.store.update(key, |l, shape, caps, now| {
             let r = l.try_reserve(shape, caps, amount, now);
-            let seen = r.is_ok().then(|| Seen {
+            // Refused too: the 429 carries the room that was there.
+            let seen = Seen {
                 caps: *caps,
                 spent: l.spent(shape, now),
                 held: l.held(shape, now),
                 reset_ms: l.spent_quiet_at(shape, now).saturating_sub(now),
-            });
-            (r, seen)
+            };
+            (r, Some(seen))
         })?;
         self.seen.extend(r.1);
         Ok(r.0)

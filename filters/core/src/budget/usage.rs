@@ -22,6 +22,17 @@
 //! oracle): unit tests compare the two at every split of a corpus and the `usage_stream` fuzz
 //! target on any input.
 
+/// The stat of the token usage the filter publishes (OpenTelemetry's GenAI name), and its
+/// labels in the order the filter writes them into the stat name as `label=.=value;.;`; the
+/// generated Envoy bootstrap extracts each as a tag (a Prometheus label).
+pub const USAGE_STAT: &str = "gen_ai.client.token.usage";
+pub const USAGE_STAT_TAGS: [&str; 4] = [
+    "gen_ai_token_type",
+    "llmkube_backend",
+    "gen_ai_request_model",
+    "llmkube_team",
+];
+
 /// A captured `usage` object longer than this is ignored (real ones are a few hundred bytes).
 pub const MAX_USAGE_BYTES: usize = 4096;
 /// Events longer than this are forwarded without being held.
@@ -36,12 +47,17 @@ const TRACKED_DEPTH: usize = 3;
 pub struct Usage {
     pub prompt: Option<u64>,
     pub completion: Option<u64>,
+    /// Prompt tokens served from the engine's prompt cache (part of `prompt`): OpenAI's
+    /// `prompt_tokens_details.cached_tokens`, Responses' `input_tokens_details.cached_tokens`,
+    /// Anthropic's `cache_read_input_tokens`.
+    pub cached: Option<u64>,
 }
 
 impl Usage {
     fn merge(&mut self, newer: Usage) {
         self.prompt = newer.prompt.or(self.prompt);
         self.completion = newer.completion.or(self.completion);
+        self.cached = newer.cached.or(self.cached);
     }
     pub fn is_empty(&self) -> bool {
         self.prompt.is_none() && self.completion.is_none()
@@ -761,13 +777,21 @@ mod tests {
         Usage {
             prompt: Some(p),
             completion: Some(c),
+            cached: None,
         }
     }
 
     fn cases() -> Vec<(BodyKind, &'static str, Usage)> {
         vec![
             (BodyKind::Json, OPENAI_JSON, u(12, 34)),
-            (BodyKind::Json, ANTHROPIC_JSON, u(15, 7)),
+            (
+                BodyKind::Json,
+                ANTHROPIC_JSON,
+                Usage {
+                    cached: Some(5),
+                    ..u(15, 7)
+                },
+            ),
             (BodyKind::Json, RESPONSES_JSON, u(3, 4)),
             (BodyKind::Json, NESTED_ONLY, Usage::default()),
             (BodyKind::EventStream, OPENAI_SSE, u(5, 2)),
@@ -893,6 +917,7 @@ mod tests {
             Usage {
                 prompt: None,
                 completion: Some(3),
+                cached: None,
             },
             8,
             999,

@@ -14,15 +14,20 @@ use super::usage::Usage;
 /// serde_json refuses a document nested this deep (it counts down from 128 per container).
 const DEPTH_LIMIT: usize = 128;
 
-/// The members read, by position in [`MEMBERS`].
-const MEMBERS: [&[u8]; 6] = [
+/// The members read, by position in [`MEMBERS`]; the last two are objects whose own
+/// `cached_tokens` is read (OpenAI chat's and Responses' prompt-cache hits).
+const MEMBERS: [&[u8]; 8] = [
     b"prompt_tokens",
     b"completion_tokens",
     b"input_tokens",
     b"output_tokens",
     b"cache_creation_input_tokens",
     b"cache_read_input_tokens",
+    b"prompt_tokens_details",
+    b"input_tokens_details",
 ];
+/// Where the details objects start in [`MEMBERS`].
+const DETAILS: usize = 6;
 
 /// The object's counts, or `Usage::default()` when it is not valid JSON.
 pub fn parse_usage(raw: &[u8]) -> Usage {
@@ -40,7 +45,8 @@ pub fn parse_usage(raw: &[u8]) -> Usage {
     if p.i != raw.len() {
         return Usage::default();
     }
-    let [prompt, completion, input, output, cache_creation, cache_read] = counts;
+    let [prompt, completion, input, output, cache_creation, cache_read, prompt_cached, input_cached] =
+        counts;
     let anthropic_input = input.map(|i| {
         i.saturating_add(cache_creation.unwrap_or(0))
             .saturating_add(cache_read.unwrap_or(0))
@@ -48,6 +54,7 @@ pub fn parse_usage(raw: &[u8]) -> Usage {
     Usage {
         prompt: prompt.or(anthropic_input),
         completion: completion.or(output),
+        cached: prompt_cached.or(input_cached).or(cache_read),
     }
 }
 
@@ -94,11 +101,19 @@ impl<'a> Parser<'a> {
             }
             self.i += 1;
             self.ws();
-            let value = self.value(depth)?;
-            if let Some(counts) = counts.as_deref_mut() {
-                if let Some(k) = MEMBERS.iter().position(|m| key.is(m)) {
-                    counts[k] = value;
+            let member = counts
+                .as_ref()
+                .and_then(|_| MEMBERS.iter().position(|m| key.is(m)));
+            let value = match member {
+                // A details object: its `cached_tokens` is the member's count.
+                Some(k) if k >= DETAILS && self.peek() == Some(b'{') => {
+                    self.i += 1;
+                    self.details(depth + 1)?
                 }
+                _ => self.value(depth)?,
+            };
+            if let (Some(counts), Some(k)) = (counts.as_deref_mut(), member) {
+                counts[k] = value;
             }
             self.ws();
             match self.peek() {
@@ -106,6 +121,43 @@ impl<'a> Parser<'a> {
                 Some(b'}') => {
                     self.i += 1;
                     return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// A details object whose `{` was just read: its `cached_tokens` (the last one), valid or
+    /// not as [`Parser::object`] judges it.
+    fn details(&mut self, depth: usize) -> Option<Count> {
+        if depth >= DEPTH_LIMIT {
+            return None;
+        }
+        let mut cached = None;
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+            return Some(None);
+        }
+        loop {
+            self.ws();
+            let key = self.string()?;
+            self.ws();
+            if self.peek() != Some(b':') {
+                return None;
+            }
+            self.i += 1;
+            self.ws();
+            let value = self.value(depth)?;
+            if key.is(b"cached_tokens") {
+                cached = value;
+            }
+            self.ws();
+            match self.peek() {
+                Some(b',') => self.i += 1,
+                Some(b'}') => {
+                    self.i += 1;
+                    return Some(cached);
                 }
                 _ => return None,
             }
@@ -328,5 +380,21 @@ mod tests {
         let u = parse_usage(OBJECTS[3].as_bytes());
         assert_eq!((u.prompt, u.completion), (Some(9), Some(u64::MAX)));
         assert_eq!(parse_usage(OBJECTS[10].as_bytes()), Usage::default());
+    }
+
+    #[test]
+    fn reads_cached_prompt_tokens_of_every_api() {
+        let u = parse_usage(OBJECTS[6].as_bytes());
+        assert_eq!((u.prompt, u.cached), (Some(120), Some(64)));
+        let u = parse_usage(OBJECTS[1].as_bytes());
+        assert_eq!((u.prompt, u.cached), (Some(17), Some(5)));
+        let responses =
+            br#"{"input_tokens":30,"input_tokens_details":{"cached_tokens":16},"output_tokens":2}"#;
+        assert_eq!(parse_usage(responses).cached, Some(16));
+        // Not an object, or no count in it: absent.
+        let odd = br#"{"prompt_tokens":3,"prompt_tokens_details":null}"#;
+        assert_eq!(parse_usage(odd).cached, None);
+        same(odd);
+        same(responses);
     }
 }

@@ -11,6 +11,7 @@ const TRACKED_DEPTH: usize = 3;
 fn merge(u: &mut Usage, newer: Usage) {
     u.prompt = newer.prompt.or(u.prompt);
     u.completion = newer.completion.or(u.completion);
+    u.cached = newer.cached.or(u.cached);
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,9 +217,18 @@ pub fn parse_usage(raw: &[u8]) -> Usage {
         i.saturating_add(n("cache_creation_input_tokens").unwrap_or(0))
             .saturating_add(n("cache_read_input_tokens").unwrap_or(0))
     });
+    let details = |k: &str| {
+        m.get(k)
+            .and_then(|d| d.as_object())
+            .and_then(|d| d.get("cached_tokens"))
+            .and_then(|v| v.as_u64())
+    };
     Usage {
         prompt: n("prompt_tokens").or(anthropic_input),
         completion: n("completion_tokens").or(n("output_tokens")),
+        cached: details("prompt_tokens_details")
+            .or(details("input_tokens_details"))
+            .or(n("cache_read_input_tokens")),
     }
 }
 

@@ -14,13 +14,12 @@ use super::{blocks, Outcome, Picker, Prompt};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// A request was charged to `pod`: its uncached work, its blocks recorded in the pod's
-    /// table, its session bound there, and whether it started a conversation there.
+    /// table and its session bound there.
     Charged {
         pod: u16,
         epoch: u64,
         work: u64,
         session: Option<u64>,
-        start: bool,
         at_ns: u64,
         blocks: Vec<u64>,
     },
@@ -53,7 +52,6 @@ impl Picker {
             epoch: ticket.epoch,
             work: ticket.work,
             session: session.filter(|_| self.cfg.session.is_some()),
-            start: ticket.start,
             at_ns: now,
             blocks: if records {
                 prompt.blocks.clone()
@@ -84,7 +82,6 @@ impl Picker {
                 epoch,
                 work,
                 session,
-                start: _,
                 at_ns,
                 ref blocks,
             } => {
@@ -116,7 +113,6 @@ impl Picker {
                     work,
                     prompt_bytes: prompt_bytes.min(usize::MAX as u64) as usize,
                     predicted: predicted.min(usize::MAX as u64) as usize,
-                    start: false,
                 };
                 self.release(t, outcome, at_ns);
             }
@@ -126,9 +122,9 @@ impl Picker {
 }
 
 const MAGIC: [u8; 2] = *b"LE";
-/// 2: `Metrics` carries the engine's computed-token counter. 3: `Charged` says whether the
-/// request started a conversation (bit 1 of its flags byte).
-const VERSION: u8 = 4;
+/// 2: `Metrics` carries the engine's computed-token counter. 5: `Charged`'s flags byte has
+/// only the session bit.
+const VERSION: u8 = 5;
 
 /// `backend` (an index into the router's backends) and the event, as bytes.
 pub fn encode(backend: u16, e: &Event) -> Vec<u8> {
@@ -147,13 +143,12 @@ pub fn encode(backend: u16, e: &Event) -> Vec<u8> {
             epoch,
             work,
             session,
-            start,
             at_ns,
             blocks,
         } => {
             w.push(b'C');
             w.extend_from_slice(&pod.to_le_bytes());
-            w.push(session.is_some() as u8 | (*start as u8) << 1);
+            w.push(session.is_some() as u8);
             u64s(&mut w, &[*epoch, *work, session.unwrap_or(0), *at_ns]);
             w.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
             u64s(&mut w, blocks);
@@ -221,10 +216,10 @@ pub fn decode(raw: &[u8]) -> Option<(u16, Event)> {
     let e = match kind {
         b'C' => {
             let flags = r.u8()?;
-            if flags > 3 {
+            if flags > 1 {
                 return None;
             }
-            let (has_session, start) = (flags & 1 != 0, flags & 2 != 0);
+            let has_session = flags == 1;
             let (epoch, work, session, at_ns) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
             let n = r.u32()? as usize;
             if n > blocks::MAX_BLOCKS || r.0.len() != n * 8 {
@@ -236,7 +231,6 @@ pub fn decode(raw: &[u8]) -> Option<(u16, Event)> {
                 epoch,
                 work,
                 session: has_session.then_some(session),
-                start,
                 at_ns,
                 blocks,
             }
@@ -422,7 +416,6 @@ mod tests {
                 epoch: 0,
                 work: 0,
                 session: None,
-                start: true,
                 at_ns: 0,
                 blocks: vec![1, 2],
             },
@@ -433,10 +426,10 @@ mod tests {
         assert_eq!(decode(&lie), None);
         assert!(matches!(
             decode(&charged),
-            Some((0, Event::Charged { start: true, .. }))
+            Some((0, Event::Charged { session: None, .. }))
         ));
         let mut unknown_flag = charged.clone();
-        unknown_flag[8] = 4;
+        unknown_flag[8] = 2;
         assert_eq!(decode(&unknown_flag), None);
         let done = Event::Released {
             pod: 2,
@@ -461,7 +454,6 @@ mod tests {
             epoch: 0,
             work: 1,
             session: None,
-            start: true,
             at_ns: 0,
             blocks: vec![],
         });

@@ -106,8 +106,6 @@ pub struct Ticket {
     pub(crate) prompt_bytes: usize,
     /// Blocks the table predicted cached on this pod.
     pub(crate) predicted: usize,
-    /// The request started a conversation on this pod (for the event that repeats it).
-    pub(crate) start: bool,
 }
 
 impl Ticket {

@@ -153,6 +153,16 @@ pub enum Choice {
     NoEligiblePod,
 }
 
+/// What a live session says about the pod of its next request.
+enum Stay {
+    /// No live session on an eligible pod.
+    None,
+    /// It stays on this pod.
+    On(usize),
+    /// It leaves this (queuing, clearly busier) pod: placed anew elsewhere.
+    Leaving(usize),
+}
+
 /// How a request ended, for [`Picker::release`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -357,86 +367,104 @@ impl Picker {
         if !(0..n).any(|i| self.eligible(i, now, req.avoid)) {
             return Choice::NoEligiblePod;
         }
-        let prompt_bytes = req.prompt.bytes as u64;
         if self.cfg.mode == Mode::RoundRobin {
-            for _ in 0..n {
-                let i = (self.cursor % n as u64) as usize;
-                self.cursor = self.cursor.wrapping_add(1);
-                if self.eligible(i, now, req.avoid) {
-                    return Choice::Pod(self.charge(i, prompt_bytes, 0, req.prompt, false, now));
-                }
-            }
-            return Choice::NoEligiblePod;
+            return self.round_robin(req, now);
         }
-        let block = self.block_bytes().unwrap_or(0) as u64;
-        let blocks: &[u64] = if block > 0 { &req.prompt.blocks } else { &[] };
+        let blocks: &[u64] = match self.block_bytes() {
+            Some(_) => &req.prompt.blocks,
+            None => &[],
+        };
         let matched: Vec<usize> = (0..n)
             .map(|i| self.tables[i].matched_prefix(blocks))
             .collect();
-
-        // A live session stays on its pod unless that pod is queuing and clearly busier.
-        let idle = self.cfg.session.as_ref().map(|s| s.idle_ns);
-        let key = req.session.filter(|_| idle.is_some());
-        let mut leaving = None;
-        if let (Some(k), Some(idle)) = (key, idle) {
-            if let Some(b) = self.sessions.get(k, now, idle).map(usize::from) {
-                if b < n && self.eligible(b, now, req.avoid) {
-                    let least = (0..n)
-                        .filter(|&i| i != b && self.eligible(i, now, req.avoid))
-                        .map(|i| self.load_bytes(i, now))
-                        .min();
-                    let busier = least.is_some_and(|m| {
-                        self.load_bytes(b, now)
-                            > m.saturating_mul(2).saturating_add(REQUEST_COST_BYTES)
-                    });
-                    if !(busier && self.queuing(b, now)) {
-                        return Choice::Pod(self.charge_at(b, &matched, req, k, false, now));
-                    }
-                    leaving = Some(b);
-                }
-            }
-        }
-
+        let key = req.session.filter(|_| self.cfg.session.is_some());
+        let leaving = match key.map(|k| self.session_verdict(k, req.avoid, now)) {
+            Some(Stay::On(b)) => return Choice::Pod(self.charge_session(b, &matched, req, now)),
+            Some(Stay::Leaving(b)) => Some(b),
+            Some(Stay::None) | None => None,
+        };
         // The home of a prompt no pod holds: its first block (the tools or system prompt every
         // request of one application starts with, so a new session starts where its
         // application's prefix most likely is); a session without a whole block by its key.
         let home_key = blocks.first().copied().or(key);
+        let prompt_bytes = req.prompt.bytes as u64;
         let Some(i) = self.place(&matched, leaving, req.avoid, home_key, prompt_bytes, now) else {
             return Choice::NoEligiblePod;
         };
-        let known = matched.iter().copied().max().unwrap_or(0);
-        match key {
-            // A new session, or one that moves, starts its conversation here.
-            Some(k) => Choice::Pod(self.charge_at(i, &matched, req, k, true, now)),
-            None => {
-                let cached = (matched[i] as u64 * block).min(prompt_bytes);
-                let start = (known == 0 || leaving.is_some()) && block > 0;
-                Choice::Pod(self.charge(
-                    i,
-                    prompt_bytes - cached,
-                    matched[i],
-                    req.prompt,
-                    start,
-                    now,
-                ))
+        // A new session, or one that moves, starts its conversation here.
+        Choice::Pod(self.charge_session(i, &matched, req, now))
+    }
+
+    /// The next eligible pod after the cursor.
+    fn round_robin(&mut self, req: &Request<'_>, now: u64) -> Choice {
+        let n = self.pods.len();
+        for _ in 0..n {
+            let i = (self.cursor % n as u64) as usize;
+            self.cursor = self.cursor.wrapping_add(1);
+            if self.eligible(i, now, req.avoid) {
+                let bytes = req.prompt.bytes as u64;
+                return Choice::Pod(self.charge(i, bytes, 0, req.prompt, now));
             }
+        }
+        Choice::NoEligiblePod
+    }
+
+    /// Whether the live session `key` stays on its pod: it does unless that pod is queuing
+    /// and clearly busier than the least loaded other pod (more than twice its load plus one
+    /// request), so a conversation keeps its cache unless its pod has become a bottleneck.
+    fn session_verdict(&self, key: u64, avoid: Option<usize>, now: u64) -> Stay {
+        let Some(idle) = self.cfg.session.as_ref().map(|s| s.idle_ns) else {
+            return Stay::None;
+        };
+        let n = self.pods.len();
+        let Some(b) = self.sessions.get(key, now, idle).map(usize::from) else {
+            return Stay::None;
+        };
+        if b >= n || !self.eligible(b, now, avoid) {
+            return Stay::None;
+        }
+        let least = (0..n)
+            .filter(|&i| i != b && self.eligible(i, now, avoid))
+            .map(|i| self.load_bytes(i, now))
+            .min();
+        let busier = least.is_some_and(|m| {
+            self.load_bytes(b, now) > m.saturating_mul(2).saturating_add(REQUEST_COST_BYTES)
+        });
+        if busier && self.queuing(b, now) {
+            Stay::Leaving(b)
+        } else {
+            Stay::On(b)
         }
     }
 
-    fn charge_at(
+    /// Charges pod `i` (see [`Picker::charge_matched`]) and binds the request's session, if it
+    /// has one, to it: the binding's idle time starts again.
+    fn charge_session(
         &mut self,
         i: usize,
         matched: &[usize],
         req: &Request<'_>,
-        key: u64,
-        start: bool,
+        now: u64,
+    ) -> Ticket {
+        if let Some(k) = req.session.filter(|_| self.cfg.session.is_some()) {
+            self.sessions.bind(k, i as u16, now);
+        }
+        self.charge_matched(i, matched, req, now)
+    }
+
+    /// Charges pod `i` with the prompt's bytes beyond the prefix its table holds.
+    fn charge_matched(
+        &mut self,
+        i: usize,
+        matched: &[usize],
+        req: &Request<'_>,
         now: u64,
     ) -> Ticket {
         let block = self.block_bytes().unwrap_or(0) as u64;
-        self.sessions.bind(key, i as u16, now);
         let bytes = req.prompt.bytes as u64;
-        let cached = (matched[i] as u64 * block).min(bytes);
-        self.charge(i, bytes - cached, matched[i], req.prompt, start, now)
+        let held = matched.get(i).copied().unwrap_or(0);
+        let cached = (held as u64 * block).min(bytes);
+        self.charge(i, bytes - cached, held, req.prompt, now)
     }
 
     /// Whether other gateways send to these pods too (see [`Picker::company`]).
@@ -553,7 +581,6 @@ impl Picker {
         work: u64,
         predicted: usize,
         prompt: &Prompt,
-        start: bool,
         now: u64,
     ) -> Ticket {
         let epoch = self.epoch(now);
@@ -570,7 +597,6 @@ impl Picker {
             work,
             prompt_bytes: prompt.bytes,
             predicted,
-            start,
         }
     }
 

@@ -15,25 +15,12 @@ use serde_json::{json, Value};
 
 use super::options::{host_port, AgentgatewayOptions};
 use crate::ir::callout_clusters::BUDGETS_CLUSTER;
-use crate::ir::Ir;
 
-/// Any budget is enforced by this router.
-pub(super) fn enforced(ir: &Ir) -> bool {
-    ir.router
-        .spec
-        .policy
-        .as_ref()
-        .is_some_and(|p| !p.budgets.is_empty())
-}
-
-/// The response body mode the filter needs: streamed when budgets read the usage, else none
-/// (routing decides on the request and the response status alone).
-pub(super) fn response_body_mode(ir: &Ir) -> &'static str {
-    if enforced(ir) {
-        "fullDuplexStreamed"
-    } else {
-        "none"
-    }
+/// The response body mode the filter needs: streamed, budget or not. The filter reads every
+/// response's usage (the audit line, `gen_ai.client.token.usage`), and it asks an OpenAI stream
+/// for its usage chunk, which it must then see to strip it from what the client gets.
+pub(super) fn response_body_mode() -> &'static str {
+    "fullDuplexStreamed"
 }
 
 /// The cluster the plugin config's budget service names, when it is set.

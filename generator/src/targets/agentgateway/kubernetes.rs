@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use super::attempts::{attempts, Attempt};
 use super::ext_proc;
 use super::options::{AgentgatewayOptions, EXT_PROC_PORT, IMAGE_WASM_DIR, INTERNAL_HEADERS};
-use super::standalone::{processing_options, RETRY_CONDITION};
+use super::standalone::{processing_options, RETRY_BACKOFF, RETRY_CONDITION};
 use crate::duration::gateway_duration;
 use crate::ir::{Ir, RoutePlan};
 use crate::model::Provider;
@@ -211,7 +211,7 @@ fn ext_proc_policy(ir: &Ir, gw: &Gateway) -> Vec<Value> {
                 "extProc": {
                     "backendRef": backend_ref,
                     "failureMode": "FailClosed",
-                    "processingOptions": k8s_processing_options(ir),
+                    "processingOptions": k8s_processing_options(),
                 },
             },
         }),
@@ -231,9 +231,9 @@ fn ext_proc_policy(ir: &Ir, gw: &Gateway) -> Vec<Value> {
 }
 
 /// The standalone processing options in the CRD's spelling (`Send`, `Buffered`, ...).
-fn k8s_processing_options(ir: &Ir) -> Value {
+fn k8s_processing_options() -> Value {
     let mut out = serde_json::Map::new();
-    if let Value::Object(m) = processing_options(ir) {
+    if let Value::Object(m) = processing_options() {
         for (k, v) in m {
             let s = v.as_str().unwrap_or_default();
             let mut c = s.chars();
@@ -374,6 +374,7 @@ fn traffic_policies(ir: &Ir) -> Vec<Value> {
                     "attempts": order_len - 1,
                     "codes": [500, 502, 503, 504],
                     "condition": RETRY_CONDITION,
+                    "backoff": RETRY_BACKOFF,
                 });
             }
             let name = format!("llmkube-{}-traffic-{}", router_name(ir), docs.len());

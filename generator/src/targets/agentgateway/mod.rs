@@ -24,7 +24,7 @@ mod standalone;
 
 pub use options::{
     AgentgatewayOptions, Failover, DEFAULT_EXT_PROC, DEFAULT_IMAGE, EXT_PROC_PORT, FILES,
-    IMAGE_WASM_DIR, INTERNAL_HEADERS, PICKER_FILE, RETRY_REPLAY_LIMIT,
+    IMAGE_WASM_DIR, INTERNAL_HEADERS, NO_BACKEND_PROVIDER, PICKER_FILE, RETRY_REPLAY_LIMIT,
 };
 
 use crate::inputs::Source;
@@ -63,11 +63,11 @@ pub fn compile_agentgateway_diag(
         diags,
     )?;
     let module = super::module::absolute(opts.wasm_dir.join(super::module::WASM_FILE));
-    let server = crate::render::render(
-        &ext_proc::config(&ir, &module.to_string_lossy(), &sha256, opts),
-        crate::render::Format::Yaml,
-        diags,
-    )?;
+    let mut server = ext_proc::config(&ir, &module.to_string_lossy(), &sha256, opts);
+    // The local server answers the standalone routes' last priority group.
+    let (host, port) = opts.no_backend_addr();
+    server["no_backend_listen"] = serde_json::json!(options::host_port(&host, port));
+    let server = crate::render::render(&server, crate::render::Format::Yaml, diags)?;
     let manifests =
         crate::render::render_documents(&kubernetes::documents(&ir, opts, &sha256), diags)?;
     let mut out = vec![

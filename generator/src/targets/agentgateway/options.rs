@@ -84,6 +84,20 @@ impl Default for AgentgatewayOptions {
     }
 }
 
+/// The provider name of the last priority group of every standalone route: the local
+/// `llmkube-ext-proc`'s no-backend listener.
+pub const NO_BACKEND_PROVIDER: &str = "llmkube-no-backend";
+
+impl AgentgatewayOptions {
+    /// Where the local `llmkube-ext-proc` answers the requests no backend of their route could
+    /// serve (its `no_backend_listen`): the `--ext-proc` port plus two (the endpoint picker's
+    /// is plus one).
+    pub fn no_backend_addr(&self) -> (String, u16) {
+        let (host, port) = &self.ext_proc;
+        (host.clone(), port.saturating_add(2))
+    }
+}
+
 /// `host:port`, an IPv6 host in brackets.
 pub(crate) fn host_port(host: &str, port: u16) -> String {
     if host.contains(':') {

@@ -21,6 +21,11 @@ use crate::model::Provider;
 /// Same triggers as the envoy target's `retry_on` 5xx (a connection failure is retried by
 /// agentgateway itself: `ProxyError::is_retryable`).
 pub(super) const RETRY_CONDITION: &str = "response.code >= 500";
+/// The wait before a retry. agentgateway evicts a failed provider from a background task
+/// (`ActiveHandle::finish_request` sends the eviction to the endpoint set's worker), so a retry
+/// sent at once can find the failed provider still active and try it again. Envoy's default
+/// retry back-off base interval is the same 25 ms.
+pub(super) const RETRY_BACKOFF: &str = "25ms";
 
 pub(super) fn config(ir: &Ir, opts: &AgentgatewayOptions) -> Value {
     let (host, port) = &opts.ext_proc;
@@ -44,7 +49,7 @@ pub(super) fn config(ir: &Ir, opts: &AgentgatewayOptions) -> Value {
                 "policies": {"extProc": {
                     "host": host_port(host, *port),
                     "failureMode": "failClosed",
-                    "processingOptions": processing_options(ir),
+                    "processingOptions": processing_options(),
                     "policies": {"http": {"requestTimeout": super::ext_proc::CALL_TIMEOUT}},
                 }},
                 "routes": routes,
@@ -60,13 +65,13 @@ pub(super) fn config(ir: &Ir, opts: &AgentgatewayOptions) -> Value {
 
 /// The filter reads the whole request (model, messages) and the response status; it needs the
 /// response body only to settle budgets (streamed full duplex), and no trailers.
-pub(super) fn processing_options(ir: &Ir) -> Value {
+pub(super) fn processing_options() -> Value {
     json!({
         "requestHeaderMode": "send",
         "requestBodyMode": "buffered",
         "requestTrailerMode": "skip",
         "responseHeaderMode": "send",
-        "responseBodyMode": super::budgets::response_body_mode(ir),
+        "responseBodyMode": super::budgets::response_body_mode(),
         "responseTrailerMode": "skip",
     })
 }
@@ -75,28 +80,47 @@ fn route(ir: &Ir, index: usize, p: &RoutePlan, opts: &AgentgatewayOptions) -> Va
     let mut policies = json!({
         "requestHeaderModifier": {"remove": INTERNAL_HEADERS},
     });
-    if p.order.len() > 1 {
-        policies["retry"] = json!({
-            "attempts": p.order.len() - 1,
-            "codes": [],
-            "condition": RETRY_CONDITION,
-        });
-    }
-    let backend = match super::picked::picked_route(ir, p) {
-        Some(b) => super::picked::standalone_backend(ir, b, opts),
+    let (backend, tries) = match super::picked::picked_route(ir, p) {
+        Some(b) => (
+            super::picked::standalone_backend(ir, b, opts),
+            p.order.len(),
+        ),
         None => {
-            let groups: Vec<Value> = attempts(ir, p)
+            let mut groups: Vec<Value> = attempts(ir, p)
                 .iter()
                 .map(|a| json!({"providers": [provider(ir, a)]}))
                 .collect();
-            json!({"ai": {"groups": groups}})
+            groups.push(json!({"providers": [no_backend_provider(opts)]}));
+            (json!({"ai": {"groups": groups}}), groups.len())
         }
     };
+    if tries > 1 {
+        policies["retry"] = json!({
+            "attempts": tries - 1,
+            "codes": [],
+            "condition": RETRY_CONDITION,
+            "backoff": RETRY_BACKOFF,
+        });
+    }
     json!({
         "name": format!("route-{index}"),
         "matches": [{"headers": [{"name": ROUTE_HEADER, "value": {"exact": p.key}}]}],
         "policies": policies,
         "backends": [backend],
+    })
+}
+
+/// The last priority group: the local server's no-backend listener (ext-proc/src/no_backend.rs),
+/// never evicted, so agentgateway goes there — and nowhere else — once every backend of the
+/// order failed or is evicted. Its 503 is an upstream answer, which the gateway-level ext_proc
+/// response phase gives the filter to shape (`fail_closed` / `all_backends_failed`);
+/// agentgateway's own reply to a failed connection could not be shaped. It forwards nothing.
+fn no_backend_provider(opts: &AgentgatewayOptions) -> Value {
+    let (host, port) = opts.no_backend_addr();
+    json!({
+        "name": super::options::NO_BACKEND_PROVIDER,
+        "provider": {"openAI": {}},
+        "hostOverride": host_port(&host, port),
     })
 }
 

@@ -11,8 +11,8 @@ use super::clusters::*;
 use super::filters::{dur_ms, upstream_chain, wasm_filter};
 use super::jwt;
 use super::names::*;
+use super::options::{upstream_wasm_path, wasm_path, EnvoyOptions, RETRY_ON};
 use super::pick;
-use super::{upstream_wasm_path, wasm_path, EnvoyOptions, RETRY_ON};
 use crate::duration::envoy_duration;
 use crate::ir::picks::{is_picked, plugin_json};
 use crate::ir::{Backend, Ir, RoutePlan};
@@ -290,6 +290,7 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
         "node": {"id": format!("llmkube-{}", ir.key.replace('/', ".")), "cluster": "llmkube"},
         "admin": {"address": socket(&opts.admin.ip().to_string(), opts.admin.port())},
         "static_resources": resources,
+        "stats_config": {"stats_tags": usage_stats_tags()},
     });
     if hop_routes {
         bootstrap["bootstrap_extensions"] = json!([{
@@ -298,6 +299,15 @@ pub(super) fn bootstrap(ir: &Ir, opts: &EnvoyOptions) -> Value {
         }]);
     }
     bootstrap
+}
+
+/// The labels the filter writes into its token-usage stat names (`label=.=value;.;`), each
+/// extracted as a tag, so Prometheus reads `gen_ai_client_token_usage{gen_ai_token_type=…}`.
+fn usage_stats_tags() -> Value {
+    router_core::budget::usage::USAGE_STAT_TAGS
+        .iter()
+        .map(|tag| json!({"tag_name": tag, "regex": format!(r"({tag}=\.=(.*?);\.;)")}))
+        .collect()
 }
 
 /// The Host and path handling of a route that sends to this backend alone (an external backend's

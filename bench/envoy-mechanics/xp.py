@@ -1,12 +1,13 @@
 """Shared helpers for the Envoy mechanics experiments: mocks, Envoy launcher, config builders,
 HTTP client helpers. Loopback only, ports 23000-23099, Envoy --base-id 311+.
-Run an experiment: python3 docs/experiments/q1_fallback.py  (each script prints its observations)."""
+Run an experiment: python3 bench/envoy-mechanics/q1_fallback.py  (each script prints its observations)."""
 import http.client, json, os, re, signal, subprocess, sys, time, urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ENVOY = os.environ.get("ENVOY", "/work/main/.venv/bin/envoy")
+ROOT = os.path.dirname(os.path.dirname(HERE))
+ENVOY = os.environ.get("ENVOY", os.path.join(ROOT, ".venv/bin/envoy"))
 PROBE_WASM = os.environ.get("PROBE_WASM", "/tmp/xp-target/wasm32-wasip1/release/xp_probe.wasm")
-ROUTER_WASM = "/work/main/target/wasm32-wasip1/release/llmkube_model_router.wasm"
+ROUTER_WASM = os.path.join(ROOT, "target/wasm32-wasip1/release/llmkube_model_router.wasm")
 RUN = os.environ.get("XP_RUN", "/tmp/xp-run")
 os.makedirs(RUN, exist_ok=True)
 LISTEN, ADMIN = 23000, 23001

@@ -1,4 +1,4 @@
-//! Experiment-only probe (docs/experiments): NOT product code.
+//! Experiment-only probe (bench/envoy-mechanics): NOT product code.
 //! Plugin configuration: `;`-separated `key=value` pairs, all optional:
 //!   tag=NAME              label reported in headers (which instance ran)
 //!   set_req=NAME:VALUE    add a request header (credentials test)

@@ -101,6 +101,16 @@ struct ModuleRef {
     sha256: String,
 }
 
+/// Deadlines of the request side of a stream (the response side is the gateway's: its route
+/// timeout bounds the upstream, and it ends the stream).
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    /// For the next message while the request is incomplete.
+    pub idle: Duration,
+    /// For the whole request, from the stream's start to its decision.
+    pub request: Duration,
+}
+
 /// A checked configuration, with the module's bytes already read and verified.
 #[derive(Debug)]
 pub struct Config {
@@ -120,7 +130,7 @@ pub struct Config {
     pub metrics: Option<SocketAddr>,
     pub no_backend_listen: Option<SocketAddr>,
     pub endpoint_picker: Option<crate::epp::Settings>,
-    pub deadlines: crate::service::Deadlines,
+    pub deadlines: Deadlines,
     pub max_uploading_streams: usize,
     pub memory_budget_bytes: usize,
     pub drain_timeout: Duration,
@@ -228,7 +238,7 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
         }
         Ok(Duration::from_millis(ms))
     };
-    let deadlines = crate::service::Deadlines {
+    let deadlines = Deadlines {
         idle: millis(
             "stream_idle_timeout_ms",
             file.stream_idle_timeout_ms,

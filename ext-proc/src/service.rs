@@ -4,7 +4,7 @@
 
 use crate::admission::{Admission, Ticket};
 use crate::callout::Transport;
-use crate::config::Config;
+use crate::config::{Config, Deadlines};
 use crate::metrics;
 use crate::phases::Exchange;
 use crate::pool::Callout;
@@ -34,16 +34,6 @@ const CUT_GRACE: Duration = Duration::from_secs(1);
 /// Headers the routing filter may add to a request (its decision headers, the model header and
 /// the endpoint picked): a request is refused 431 unless these still fit the gateway's limit.
 const FILTER_HEADER_ROOM: usize = 10;
-
-/// Deadlines of the request side of a stream (the response side is the gateway's: its route
-/// timeout bounds the upstream, and it ends the stream).
-#[derive(Debug, Clone, Copy)]
-pub struct Deadlines {
-    /// For the next message while the request is incomplete.
-    pub idle: Duration,
-    /// For the whole request, from the stream's start to its decision.
-    pub request: Duration,
-}
 
 struct Processor {
     pool: Arc<Pool>,

@@ -7,7 +7,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use router_core::budget::admit::DEFAULT_HOLD_TTL_S;
-use router_core::budget::wire::{
+use router_core::budget::protocol::{
     validate_common, validate_reservation, AmountJson, EndBatch, EndBatchResponse, LeaseRequest,
     LeaseResponse, LedgerRef, LedgerState, ReserveRequest, ReserveResponse, SettleRequest,
     SettleResponse, MAX_ENDS, MAX_TTL_S,

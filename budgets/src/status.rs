@@ -5,7 +5,7 @@
 //! A blocking HTTP/1.1 GET over one connection: the command runs once and exits, so it needs
 //! neither the runtime nor a client library.
 
-use router_core::budget::wire::Utilization;
+use router_core::budget::protocol::Utilization;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;

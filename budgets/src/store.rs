@@ -3,8 +3,8 @@
 
 use crate::conn::Connector;
 use futures_util::future::join_all;
+use router_core::budget::protocol::{LedgerRef, Utilization};
 use router_core::budget::window::Geometry;
-use router_core::budget::wire::{LedgerRef, Utilization};
 use router_core::budget::{Amount, Caps};
 use std::collections::HashSet;
 use std::sync::Mutex;

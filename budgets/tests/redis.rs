@@ -6,7 +6,7 @@ mod common;
 use common::{http, wait_healthy, Binary, Cluster, InProcess};
 use llmkube_budgets::store::{RedisStore, Reserve};
 use router_core::budget::money::{format_usd, parse_usd};
-use router_core::budget::wire::LedgerRef;
+use router_core::budget::protocol::LedgerRef;
 use router_core::budget::{Amount, Caps, Ledger, Shape, Wait};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -167,7 +167,7 @@ struct LeaseStep<'a> {
 }
 
 /// A `lease` step of cases.json: on the core, the old lease's hold settled with its use, the
-/// grant computed by `budget::lease::grant` over the live leases and reserved; on Redis, the
+/// grant computed by `budget::shared_lease::grant` over the live leases and reserved; on Redis, the
 /// `lease` op. Both must grant what the table says.
 async fn lease_step(
     store: &RedisStore,
@@ -177,7 +177,7 @@ async fn lease_step(
     core_leases: &mut std::collections::HashMap<String, u64>,
 ) {
     use llmkube_budgets::store::LeaseCall;
-    use router_core::budget::lease::grant;
+    use router_core::budget::shared_lease::grant;
     let (at, step, ctx) = (s.at, s.step, s.ctx);
     let usd = |k: &str| step[k].as_str().map_or(0, |u| parse_usd(u).unwrap());
     let used = Amount::new(step["tokens"].as_u64().unwrap_or(0), usd("usd"));

@@ -554,7 +554,7 @@ fn budgets_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
     }
     if let Some(t) = single(a, "--budgets-hold-ttl", problems) {
         match t.parse::<u64>() {
-            Ok(s) if (1..=router_core::budget::wire::MAX_TTL_S).contains(&s) => {
+            Ok(s) if (1..=router_core::budget::protocol::MAX_TTL_S).contains(&s) => {
                 o.budgets_hold_ttl_s = Some(s)
             }
             _ => problems.push(Problem::new(
@@ -562,7 +562,7 @@ fn budgets_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
                 "--budgets-hold-ttl",
                 format!(
                     "{t:?}: seconds from 1 to {} (how long a reservation outlives a request that never ends)",
-                    router_core::budget::wire::MAX_TTL_S
+                    router_core::budget::protocol::MAX_TTL_S
                 ),
             )),
         }
@@ -585,10 +585,10 @@ fn lease_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
         }
         return;
     }
-    let mut lease = router_core::budget::lease::LeaseConfig {
+    let mut lease = router_core::budget::shared_lease::LeaseConfig {
         max_tokens: None,
         max_usd: None,
-        report_ms: router_core::budget::lease::DEFAULT_REPORT_MS,
+        report_ms: router_core::budget::shared_lease::DEFAULT_REPORT_MS,
         team_slots: router_core::budget::lease_slots::DEFAULT_TEAM_SLOTS,
         unsafe_lease_unheld: false,
     };

@@ -54,7 +54,7 @@ pub struct CompileOptions {
     pub unsafe_budgets_worker_leases_unheld: bool,
     /// Lease mode of the shared ledger (`--budgets-lease-tokens`/`--budgets-lease-usd`); only
     /// with `budgets_cluster`.
-    pub budgets_lease: Option<router_core::budget::lease::LeaseConfig>,
+    pub budgets_lease: Option<router_core::budget::shared_lease::LeaseConfig>,
 }
 
 /// How long the filter waits for `llmkube-budgets` to answer a reservation before failing closed.
@@ -361,7 +361,7 @@ pub fn build(
         b.unsafe_worker_leases_unheld =
             embedded && !b.per_request && opts.unsafe_budgets_worker_leases_unheld;
         b.service = opts.budgets_cluster.clone().map(|cluster| {
-            router_core::budget::config::ServiceConfig {
+            router_core::budget::compiled::ServiceConfig {
                 cluster,
                 timeout_ms: SERVICE_TIMEOUT_MS,
                 fail_open: opts.budgets_fail_open,

@@ -9,10 +9,10 @@ use router_core::config::{
 };
 
 use router_core::budget::admit::DEFAULT_HOLD_TTL_S;
-use router_core::budget::config::{
+use router_core::budget::compiled::{
     BackendPrice, BudgetConfig, BudgetsConfig, ScopeName, DEFAULT_MAX_TOKENS,
 };
-use router_core::budget::table::DEFAULT_MAX_TEAMS;
+use router_core::budget::team_slots::DEFAULT_MAX_TEAMS;
 
 use crate::duration::parse_duration;
 use crate::inputs::{namespace_of, router_key, Inputs};

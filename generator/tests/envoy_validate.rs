@@ -345,7 +345,7 @@ fn budgets_service_cluster_by_ip_and_by_name() {
 fn budgets_service_in_lease_mode() {
     let opts = EnvoyOptions {
         budgets_service: Some(("127.0.0.1".into(), 8090)),
-        budgets_lease: Some(router_core::budget::lease::LeaseConfig {
+        budgets_lease: Some(router_core::budget::shared_lease::LeaseConfig {
             max_tokens: Some(20_000),
             max_usd: Some("0.5".into()),
             report_ms: 100,

@@ -2,8 +2,8 @@
 //! renewed in one script call.
 
 use super::{Clock, LedgerUse, RedisStore, StoreError, REPLY_FIELDS};
+use router_core::budget::protocol::LedgerRef;
 use router_core::budget::window::{Amount, Geometry};
-use router_core::budget::wire::LedgerRef;
 
 /// What a lease call did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +18,7 @@ pub struct Leased {
     pub teams_full: Option<u64>,
 }
 
-/// One lease report: see `router_core::budget::wire::LeaseRequest`.
+/// One lease report: see `router_core::budget::protocol::LeaseRequest`.
 #[derive(Debug, Clone, Copy)]
 pub struct LeaseCall<'a> {
     pub old: Option<&'a str>,

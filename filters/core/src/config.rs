@@ -69,7 +69,7 @@ pub struct PluginConfig {
     /// `policy.auth.allowlists` and the header the verified team arrives in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<auth::AllowConfig>,
-    /// `spec.policy.budgets`, compiled by the filter at configure time (`budget::config`).
+    /// `spec.policy.budgets`, compiled by the filter at configure time (`budget::compiled`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budgets: Option<budgets::BudgetsConfig>,
     /// The gateway replays a request body of at most this many bytes for another attempt

@@ -34,5 +34,5 @@ pub mod response;
 pub mod rewrite;
 pub mod router;
 pub mod scan;
-pub mod table;
+pub mod shared_codec;
 pub mod verdict;

@@ -12,7 +12,7 @@
 //! little-endian `u64` deadline (host clock, ns) per backend index; 0 means not quarantined.
 //! Short or foreign values decode as "nobody".
 
-use crate::table::Codec;
+use crate::shared_codec::Codec;
 
 /// The shared-data table name (`table::key`).
 pub const TABLE: &str = "quarantine";
@@ -209,16 +209,19 @@ mod tests {
         let codec = QuarantineCodec { backends: 2 };
         let mut q = Quarantine::new(2);
         q.mark(1, 77);
-        let raw = crate::table::encode(&codec, &q).unwrap();
+        let raw = crate::shared_codec::encode(&codec, &q).unwrap();
         assert_eq!(raw.len(), 1 + 16);
-        assert_eq!(crate::table::decode(&codec, &raw), q);
+        assert_eq!(crate::shared_codec::decode(&codec, &raw), q);
         // The unversioned layout, or another router's size, reads as nobody.
         assert_eq!(
-            crate::table::decode(&codec, &q.encode()),
+            crate::shared_codec::decode(&codec, &q.encode()),
             Quarantine::new(2)
         );
         let three = QuarantineCodec { backends: 3 };
-        assert_eq!(crate::table::decode(&three, &raw), Quarantine::new(3));
+        assert_eq!(
+            crate::shared_codec::decode(&three, &raw),
+            Quarantine::new(3)
+        );
     }
 
     #[test]

@@ -51,7 +51,7 @@ impl Broadcast {
     /// `nonce`, e.g. a random number) and lists it for the others. `vm_id` is the VM id the
     /// queues are registered under (the `plugin_vm_id` property).
     pub fn join(channel: &str, router: &str, vm_id: &str, nonce: u64) -> HostResult<Broadcast> {
-        let key = router_core::table::key(channel, router);
+        let key = router_core::shared_codec::key(channel, router);
         let own = format!("{key}/{nonce:016x}");
         let mut own_id = 0u32;
         check("proxy_register_shared_queue", unsafe {

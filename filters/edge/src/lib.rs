@@ -80,7 +80,7 @@ mod abi;
 pub mod broadcast;
 mod callout;
 mod pairs;
-pub mod table;
+pub mod shared_table;
 
 use abi::*;
 pub use callout::*;

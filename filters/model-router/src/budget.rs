@@ -4,7 +4,7 @@
 //! and settle at the serving backend's price; release what never settled, in `on_log`.
 //! `router_core::budget` decides every step; this module moves bytes.
 //!
-//! One mode per router ([`Ledgers`], from `router_core::budget::config::Mode`) behind one
+//! One mode per router ([`Ledgers`], from `router_core::budget::compiled::Mode`) behind one
 //! interface the filter calls: reserve ([`Budgets::admit`]), settle (on the last response
 //! chunk), release ([`Budgets::end`]) and tick ([`Budgets::flush`]). An admitted request carries
 //! what its mode holds ([`Holding`]). Embedded modes keep the ledgers in this Envoy's shared
@@ -13,7 +13,7 @@
 //!
 //! Shared-data keys (`<prefix>` = `llmkube.budget|<router>|`): `<prefix><budget>` for router and
 //! rule budgets; for a team budget a table `<prefix><budget>|teams` (team → slot,
-//! `router_core::budget::table`) and one ledger per slot, `<prefix><budget>#<slot>`. Every key is
+//! `router_core::budget::team_slots`) and one ledger per slot, `<prefix><budget>#<slot>`. Every key is
 //! created at configure time: Envoy accepts any CAS token for a key that does not exist, so
 //! creating keys on the request path could lose a concurrent update. A slot is reused only once
 //! its old team's ledger has fully rolled off, so a reused slot's ledger is already empty.
@@ -22,15 +22,15 @@ use crate::budget_lease::{LeaseHold, Leases};
 use crate::budget_remote::{PendingEnd, Remote, RemoteHold};
 use crate::metrics::BudgetStats;
 use crate::usage::Meter;
-use filter_edge::{self as edge, table::HostStore, Buffer, Level};
+use filter_edge::{self as edge, shared_table::HostStore, Buffer, Level};
 use router_core::audit::AuditRecord;
 use router_core::budget::admit::{admit_all, LedgerKey, LedgerStore, Refusal, Scope};
 use router_core::budget::bound::request_facts;
-use router_core::budget::config::{CompiledBudgets, Mode, UnsafeMode};
+use router_core::budget::compiled::{CompiledBudgets, Mode, UnsafeMode};
 use router_core::budget::inject::{edits, stream_needs_asking, Splice};
 use router_core::budget::ledger::{Hold, Shape, Wait};
 use router_core::budget::money::format_usd;
-use router_core::budget::plan::{charged, plan, Attempt, BudgetPlan};
+use router_core::budget::protocol::LedgerState;
 use router_core::budget::ratelimit::{RateLimit, Seen};
 use router_core::budget::remote::Admission;
 use router_core::budget::reply::{self, Refused};
@@ -38,11 +38,11 @@ use router_core::budget::shared::{
     compare_and_swap, create_missing, CasError, Seeing, SharedData, SharedError, SharedLedger,
     SharedLedgers, Swap,
 };
-use router_core::budget::table::{TableError, TeamTable};
+use router_core::budget::step::{charged, plan, Attempt, BudgetPlan};
+use router_core::budget::team_slots::{TableError, TeamTable};
 use router_core::budget::template;
 use router_core::budget::usage::Charge;
 use router_core::budget::window::Amount;
-use router_core::budget::wire::LedgerState;
 use router_core::budget::worker_lease::{LeasedLedgers, Leases as WorkerLeases};
 use router_core::errors::ApiError;
 use router_core::router::{RequestHeaders, Router};
@@ -978,7 +978,7 @@ impl Budgets {
 
     /// The rate-limit view of the ledger states in a shared-ledger answer. The service does not
     /// say when a ledger's spend rolls off: the reset is its window, an upper bound.
-    fn rate_limit_of(&self, states: &[router_core::budget::wire::LedgerState]) -> RateLimit {
+    fn rate_limit_of(&self, states: &[router_core::budget::protocol::LedgerState]) -> RateLimit {
         let mut rate = RateLimit::default();
         for s in states {
             let Some(b) = self.compiled.budgets.iter().find(|b| b.name == s.budget) else {

@@ -1,6 +1,6 @@
 //! Lease mode of the shared ledger (`budgets.service.lease`): requests are admitted against a
 //! lease this gateway holds in `llmkube-budgets` per ledger, by compare-and-swap on shared
-//! data (`router_core::budget::lease`), with no callout; the root's tick reports each busy
+//! data (`router_core::budget::shared_lease`), with no callout; the root's tick reports each busy
 //! lease (its use charged, a new lease taken) by one `POST /v1/lease`. A request that does not
 //! fit its leases reserves per request as without leases, and marks them wanted, so the next
 //! report asks for room.
@@ -15,15 +15,15 @@
 //! router or rule budget, `llmkube.budget|<router>|lease|<budget>|<slot>` per team-lease slot.
 
 use crate::budget_remote::Remote;
-use filter_edge::{self as edge, table::HostStore, Level, MetricKind};
+use filter_edge::{self as edge, shared_table::HostStore, Level, MetricKind};
 use router_core::budget::admit::{LedgerKey, Scope};
-use router_core::budget::config::CompiledBudgets;
-use router_core::budget::lease::{self, Admission, Lease, LeaseState, Pending, LEASE_PATH};
+use router_core::budget::compiled::CompiledBudgets;
 use router_core::budget::lease_slots;
+use router_core::budget::protocol::LedgerState;
 use router_core::budget::remote::MAX_REPLY_BYTES;
 use router_core::budget::shared::SharedData;
+use router_core::budget::shared_lease::{self, Admission, Lease, LeaseState, Pending, LEASE_PATH};
 use router_core::budget::window::Amount;
-use router_core::budget::wire::LedgerState;
 use std::cell::{Cell, RefCell};
 
 /// An admitted request's part of its leases: which (units), their budgets, and the bound it
@@ -210,7 +210,7 @@ impl Leases {
             .zip(keys)
             .map(|(&u, k)| (self.units[u].key.as_str(), k.team.as_deref().unwrap_or("")))
             .collect();
-        match lease::admit_all(&HostStore, &names, b, now, self.margin_ms) {
+        match shared_lease::admit_all(&HostStore, &names, b, now, self.margin_ms) {
             Ok(Admission::Admitted) => {
                 let budgets: Vec<usize> = keys.iter().map(|k| k.budget).collect();
                 for &i in &budgets {
@@ -294,7 +294,7 @@ impl Leases {
             .map(|&i| self.units[i].key.as_str())
             .collect();
         if let Err(e) =
-            lease::settle_all(&HostStore, &names, h.bound, charge.unwrap_or(Amount::ZERO))
+            shared_lease::settle_all(&HostStore, &names, h.bound, charge.unwrap_or(Amount::ZERO))
         {
             // The lease keeps the bound counted as admitted: room lost until it is reported,
             // never room gained.
@@ -329,7 +329,7 @@ impl Leases {
             };
             let new_id = remote.new_id();
             let until = now.saturating_add(self.report_timeout_ms);
-            let taken = lease::update(&HostStore, &u.key, |s| {
+            let taken = shared_lease::update(&HostStore, &u.key, |s| {
                 if u.team && s.team.is_empty() {
                     // A free slot: nothing on it to report.
                     return (false, None);
@@ -360,8 +360,15 @@ impl Leases {
                     continue;
                 }
             };
-            let body =
-                lease::lease_body(router, c, u.budget, &team, &old, &report, self.lease.unheld);
+            let body = shared_lease::lease_body(
+                router,
+                c,
+                u.budget,
+                &team,
+                &old,
+                &report,
+                self.lease.unheld,
+            );
             let sent = body
                 .ok_or_else(|| "no such budget".to_string())
                 .and_then(|body| remote.send(LEASE_PATH, &body));
@@ -400,7 +407,7 @@ impl Leases {
             let body = edge::call_response_body(body_size.min(MAX_REPLY_BYTES)).unwrap_or_default();
             (edge::response_status(&headers), body)
         };
-        let out = Some(match lease::read_lease(status, &body) {
+        let out = Some(match shared_lease::read_lease(status, &body) {
             Ok((granted, state)) => {
                 self.settle_report(unit, &report, Some(granted), false);
                 if let Some(Some(id)) = self.size_ids.get(budget) {
@@ -437,7 +444,7 @@ impl Leases {
         let Some(u) = self.units.get(unit) else {
             return;
         };
-        let done = lease::update(&HostStore, &u.key, |s| match granted {
+        let done = shared_lease::update(&HostStore, &u.key, |s| match granted {
             Some(g) => (s.applied(r, g, ttl), ()),
             None => {
                 let before = s.clone();

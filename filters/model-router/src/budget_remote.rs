@@ -22,13 +22,13 @@
 
 use filter_edge::{self as edge, HttpCall, Level};
 use router_core::budget::admit::LedgerKey;
-use router_core::budget::config::{CompiledBudgets, ServiceConfig};
+use router_core::budget::compiled::{CompiledBudgets, ServiceConfig};
+use router_core::budget::protocol::MAX_ENDS;
+use router_core::budget::protocol::{LedgerState, SettleResponse};
 use router_core::budget::remote::{
     self, Admission, END_PATH, MAX_BATCH_BYTES, MAX_REPLY_BYTES, RESERVE_PATH,
 };
 use router_core::budget::window::Amount;
-use router_core::budget::wire::MAX_ENDS;
-use router_core::budget::wire::{LedgerState, SettleResponse};
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::time::Duration;

@@ -135,7 +135,7 @@ impl RootContext for Root {
                 };
                 let quarantine = quarantine::QuarantineTable::new(&router);
                 quarantine.refresh();
-                if let Err(e) = edge::set_tick_period(edge::table::REFRESH_MS) {
+                if let Err(e) = edge::set_tick_period(edge::shared_table::REFRESH_MS) {
                     // Without ticks a quarantine still holds on the worker that set it.
                     edge::log(
                         Level::Warn,

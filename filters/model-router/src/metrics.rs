@@ -105,7 +105,7 @@ pub(crate) struct BudgetStats {
     dropped: Vec<Option<u32>>,
 }
 
-use filter_edge::table::HostStore;
+use filter_edge::shared_table::HostStore;
 use router_core::budget::admit::LedgerKey;
 use router_core::budget::gauge::{self, Reading};
 

@@ -25,7 +25,7 @@ use router_core::errors::ApiError;
 use router_core::headers::DESTINATION_ENDPOINT_HEADER;
 use router_core::pick::events::{self, Event};
 use router_core::pick::load::MAX_METRICS_BYTES;
-use router_core::pick::usage::{Seen, UsageWatch};
+use router_core::pick::usage_watch::{Seen, UsageWatch};
 use router_core::pick::wire::DEFAULT_SCRAPE_MS;
 use router_core::pick::{
     hash_prompt, parse_vllm_metrics, prompt_parts, session_key, Choice, Company, Outcome, Picker,
@@ -130,7 +130,7 @@ impl Pick {
                         let ms = w.scrape_ms.unwrap_or(DEFAULT_SCRAPE_MS).max(100);
                         (c, ms.saturating_mul(1_000_000))
                     }),
-                    lease_key: router_core::table::key(
+                    lease_key: router_core::shared_codec::key(
                         SCRAPE_LEASE,
                         &format!("{}/{}", cfg.router, b.name),
                     ),
@@ -499,7 +499,7 @@ impl Held {
         }
     }
 
-    /// What this request says about its pod (`router_core::pick::usage::Seen` decides).
+    /// What this request says about its pod (`router_core::pick::usage_watch::Seen` decides).
     fn outcome(&self) -> Outcome {
         let started = self.status.is_some_and(|s| s < 500);
         let went_silent = started && !self.complete && {

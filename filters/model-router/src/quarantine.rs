@@ -2,7 +2,7 @@
 //! silent past the idle timeout stays out of stamped attempt orders for `quarantine_ms`, on every
 //! worker (a shared-data table, refreshed on the root tick).
 
-use filter_edge::table::SharedTable;
+use filter_edge::shared_table::SharedTable;
 use filter_edge::{self as edge, Level, MetricKind};
 use router_core::quarantine::{Quarantine, QuarantineCodec, TABLE};
 use router_core::router::Router;
@@ -55,8 +55,8 @@ impl QuarantineTable {
     pub fn quarantine(&self, backend: usize, now: u64, why: &str) {
         let deadline = now.saturating_add(self.duration_ns);
         match self.table.update(|q| q.mark(backend, deadline)) {
-            Ok(filter_edge::table::Updated::Unchanged) => {}
-            Ok(filter_edge::table::Updated::Written) => {
+            Ok(filter_edge::shared_table::Updated::Unchanged) => {}
+            Ok(filter_edge::shared_table::Updated::Written) => {
                 if let Some(Some(id)) = self.counters.get(backend) {
                     edge::increment_metric(*id, 1);
                 }

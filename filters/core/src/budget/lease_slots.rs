@@ -17,8 +17,8 @@
 //! of them another team's reserves per request, as without leases; it is never refused for
 //! want of a slot.
 
-use super::lease::LeaseState;
 use super::shared::SharedData;
+use super::shared_lease::LeaseState;
 
 pub use crate::config::budgets::DEFAULT_TEAM_SLOTS;
 /// Most slots per team budget (each is a shared-data key the root's tick reads).
@@ -77,7 +77,7 @@ pub fn find<S: SharedData>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::lease::{admit_all, settle_all, update, Admission, Lease};
+    use crate::budget::shared_lease::{admit_all, settle_all, update, Admission, Lease};
     use crate::budget::test_store::Envoyish as Mem;
     use crate::budget::window::Amount;
 

@@ -23,19 +23,20 @@
 
 pub mod admit;
 pub mod bound;
-pub mod config;
+pub mod compiled;
 pub mod gauge;
 pub mod inject;
-pub mod lease;
 pub mod lease_slots;
 pub mod ledger;
 pub mod money;
-pub mod plan;
+pub mod protocol;
 pub mod ratelimit;
 pub mod remote;
 pub mod reply;
 pub mod shared;
-pub mod table;
+pub mod shared_lease;
+pub mod step;
+pub mod team_slots;
 pub mod template;
 #[cfg(test)]
 mod test_store;
@@ -46,7 +47,6 @@ mod usage_object;
 pub mod usage_oracle;
 mod varint;
 pub mod window;
-pub mod wire;
 pub mod worker_lease;
 
 pub use admit::{admit_all, applicable, Budget, LedgerKey, LedgerStore, Refusal, Scope};

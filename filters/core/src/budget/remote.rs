@@ -9,15 +9,15 @@
 //! have dropped expires at its TTL on the service, so nothing leaks beyond that bound.
 
 use super::admit::LedgerKey;
-use super::config::CompiledBudgets;
+use super::compiled::CompiledBudgets;
 use super::gauge::Reading;
 use super::money::format_usd;
-use super::reply::{self, Refused};
-use super::window::Amount;
-use super::wire::{
+use super::protocol::{
     AmountJson, EndBatchResponse, LedgerRef, LedgerState, ReserveRequest, ReserveResponse,
     SettleRequest, SettleResponse, MAX_LEDGERS,
 };
+use super::reply::{self, Refused};
+use super::window::Amount;
 use crate::errors::ApiError;
 
 pub const RESERVE_PATH: &str = "/v1/reserve";
@@ -347,8 +347,8 @@ fn error_detail(body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::config::BudgetsConfig;
-    use crate::budget::wire::validate_common;
+    use crate::budget::compiled::BudgetsConfig;
+    use crate::budget::protocol::validate_common;
 
     fn compiled() -> CompiledBudgets {
         serde_json::from_str::<BudgetsConfig>(
@@ -587,7 +587,7 @@ mod tests {
         let (_, a) = end_call("ns/r", &c, &keys(), "id1", Some(Amount::new(3, 0)));
         let (_, b) = end_call("ns/r", &c, &keys(), "id2", None);
         let body = end_batch_body([a.as_slice(), b.as_slice()]);
-        let batch: crate::budget::wire::EndBatch = serde_json::from_slice(&body).unwrap();
+        let batch: crate::budget::protocol::EndBatch = serde_json::from_slice(&body).unwrap();
         assert_eq!(batch.ends.len(), 2);
         assert_eq!(batch.ends[0].amount.as_ref().map(|a| a.tokens), Some(3));
         assert!(batch.ends[1].amount.is_none(), "no amount: a release");

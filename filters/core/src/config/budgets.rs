@@ -1,5 +1,5 @@
 //! `policy.budgets` in the plugin configuration, as the generator writes it and the filter reads
-//! it (compiled into budgets and prices by `crate::budget::config`).
+//! it (compiled into budgets and prices by `crate::budget::compiled`).
 
 use serde::{Deserialize, Serialize};
 
@@ -103,7 +103,7 @@ pub struct ServiceConfig {
     /// default 503 `budget_store_unavailable`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fail_open: bool,
-    /// Lease mode (`budget::lease`): admit against a lease held in Redis per ledger instead of
+    /// Lease mode (`budget::shared_lease`): admit against a lease held in Redis per ledger instead of
     /// one reservation call per request. Absent: per-request reservation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<LeaseConfig>,

@@ -14,8 +14,8 @@
 //! - sessions (kind `S`, v2): count u32, then count × (key u64, pod u16, last u64).
 
 use super::load::{Bucket, EngineMetrics, PodLoad, BUCKETS};
+use super::sent_blocks::{BlockTable, MAX_CAPACITY};
 use super::session::{Sessions, MAX_SESSIONS};
-use super::table::{BlockTable, MAX_CAPACITY};
 use super::MAX_PODS;
 
 /// 2: the loads' gauges carry the engine's computed-token counter; 3: and its cache capacity.

@@ -16,16 +16,16 @@ pub mod codec;
 pub mod events;
 pub mod load;
 mod place;
+pub mod sent_blocks;
 pub mod session;
 mod subset;
-pub mod table;
-pub mod usage;
+pub mod usage_watch;
 pub mod wire;
 
 pub use blocks::{hash_prompt, prompt_parts, Prompt};
 pub use load::{parse_vllm_metrics, EngineMetrics, PodLoad, Ticket};
+pub use sent_blocks::BlockTable;
 pub use session::{session_key, Sessions};
-pub use table::BlockTable;
 
 use crate::quarantine::Quarantine;
 use blocks::fnv64;

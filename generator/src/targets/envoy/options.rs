@@ -50,7 +50,7 @@ pub struct EnvoyOptions {
     /// See [`crate::ir::CompileOptions::unsafe_budgets_worker_leases_unheld`] (tests only).
     pub unsafe_budgets_worker_leases_unheld: bool,
     /// `--budgets-lease-tokens` / `--budgets-lease-usd` (only with `--budgets-service`).
-    pub budgets_lease: Option<router_core::budget::lease::LeaseConfig>,
+    pub budgets_lease: Option<router_core::budget::shared_lease::LeaseConfig>,
 }
 
 impl Default for EnvoyOptions {

@@ -179,7 +179,7 @@ pub struct LeaseState {
 const LAYOUT: u8 = 2;
 const LAYOUT_1: u8 = 1;
 /// Longest lease id kept (the wire's reservation id limit).
-const MAX_ID: usize = super::wire::MAX_RESERVATION_ID;
+const MAX_ID: usize = super::protocol::MAX_RESERVATION_ID;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Corrupt;
@@ -482,14 +482,14 @@ pub const LEASE_PATH: &str = "/v1/lease";
 /// the slot's team, never empty there), replacing lease `old` (empty: none).
 pub fn lease_body(
     router: &str,
-    c: &super::config::CompiledBudgets,
+    c: &super::compiled::CompiledBudgets,
     budget: usize,
     team: &str,
     old: &str,
     report: &Pending,
     unheld: bool,
 ) -> Option<Vec<u8>> {
-    use super::wire::{AmountJson, LeaseRequest};
+    use super::protocol::{AmountJson, LeaseRequest};
     let team = (!team.is_empty()).then(|| team.to_string());
     let is_team = team.is_some();
     let key = super::admit::LedgerKey { budget, team };
@@ -522,14 +522,14 @@ pub struct ReportFailed {
 pub fn read_lease(
     status: u32,
     body: &[u8],
-) -> Result<(Amount, super::wire::LedgerState), ReportFailed> {
+) -> Result<(Amount, super::protocol::LedgerState), ReportFailed> {
     let fail = |why: String, in_doubt| Err(ReportFailed { why, in_doubt });
     match status {
         0 => fail(
             "no answer from llmkube-budgets (timed out or unreachable)".into(),
             true,
         ),
-        200 => match serde_json::from_slice::<super::wire::LeaseResponse>(body) {
+        200 => match serde_json::from_slice::<super::protocol::LeaseResponse>(body) {
             Ok(r) => match r.granted.parse() {
                 Ok(g) => Ok((g, r.ledger)),
                 Err(e) => fail(
@@ -994,7 +994,7 @@ mod tests {
 
     #[test]
     fn a_report_is_sent_as_the_service_reads_it_and_its_answers_are_read() {
-        let c = serde_json::from_str::<crate::budget::config::BudgetsConfig>(
+        let c = serde_json::from_str::<crate::budget::compiled::BudgetsConfig>(
             r#"{"budgets":[{"name":"all","scope":"router","max_tokens":1000,"window_s":60}],
                 "hold_ttl_s":120,"service":{"cluster":"c","lease":{"max_tokens":300}}}"#,
         )
@@ -1002,7 +1002,7 @@ mod tests {
         .compile()
         .unwrap();
         let lease = match &c.mode {
-            crate::budget::config::Mode::Shared { lease, .. } => *lease,
+            crate::budget::compiled::Mode::Shared { lease, .. } => *lease,
             _ => None,
         };
         assert_eq!(lease.map(|l| l.max_tokens), Some(Some(300)));
@@ -1014,14 +1014,14 @@ mod tests {
             sent_ms: 1,
         };
         let body = lease_body("ns/r", &c, 0, "", "w-1", &r, false).unwrap();
-        let req: crate::budget::wire::LeaseRequest = serde_json::from_slice(&body).unwrap();
+        let req: crate::budget::protocol::LeaseRequest = serde_json::from_slice(&body).unwrap();
         assert_eq!((req.old.as_deref(), req.id.as_str()), (Some("w-1"), "w-2"));
         assert_eq!(req.used.parse().unwrap(), Amount::new(5, 7));
         assert_eq!(req.max.parse().unwrap(), r.max);
         assert_eq!((req.ledger.max_tokens, req.ttl_s), (Some(1000), Some(120)));
         let none = lease_body("ns/r", &c, 0, "", "", &r, false).unwrap();
         assert!(
-            serde_json::from_slice::<crate::budget::wire::LeaseRequest>(&none)
+            serde_json::from_slice::<crate::budget::protocol::LeaseRequest>(&none)
                 .unwrap()
                 .old
                 .is_none()

@@ -2,7 +2,7 @@
 
 use super::admit::{applicable, LedgerKey};
 use super::bound::{upper_bound, Bound, RequestFacts};
-use super::config::CompiledBudgets;
+use super::compiled::CompiledBudgets;
 use super::money::Price;
 use super::usage::Charge;
 use super::window::Amount;
@@ -64,7 +64,7 @@ pub fn charged(price: &Price, charge: &Charge) -> Amount {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::config::BudgetsConfig;
+    use crate::budget::compiled::BudgetsConfig;
 
     fn compiled() -> CompiledBudgets {
         serde_json::from_str::<BudgetsConfig>(

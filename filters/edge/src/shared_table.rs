@@ -1,12 +1,12 @@
 //! One value in the host's shared data, kept by every worker: the key scheme, the
 //! compare-and-swap write loop and the per-worker copy refreshed on the root tick. What the bytes
-//! mean is the value's codec (`router_core::table`).
+//! mean is the value's codec (`router_core::shared_codec`).
 //!
 //! Each worker reads its copy on the request path, so routing makes no shared-data hostcall; a
 //! write on another worker is seen within one refresh, one on this worker at once.
 
 use crate::{set_shared_data, shared_data, HostError, HostResult, CAS_MISMATCH};
-use router_core::table::{self, Codec, TooLarge};
+use router_core::shared_codec::{self, Codec, TooLarge};
 use std::cell::{Ref, RefCell};
 
 /// How often each worker re-reads its tables (the root tick period).
@@ -100,7 +100,7 @@ impl<C: Codec> SharedTable<C> {
 impl<C: Codec, S: Store> SharedTable<C, S> {
     pub fn with_store(name: &str, router: &str, codec: C, store: S) -> Self {
         SharedTable {
-            key: table::key(name, router),
+            key: shared_codec::key(name, router),
             copy: RefCell::new(codec.empty()),
             codec,
             store,
@@ -115,7 +115,7 @@ impl<C: Codec, S: Store> SharedTable<C, S> {
     /// copy as it was.
     pub fn refresh(&self) {
         if let Ok(Some((raw, _))) = self.store.get(&self.key) {
-            *self.copy.borrow_mut() = table::decode(&self.codec, &raw);
+            *self.copy.borrow_mut() = shared_codec::decode(&self.codec, &raw);
         }
     }
 
@@ -130,7 +130,7 @@ impl<C: Codec, S: Store> SharedTable<C, S> {
     pub fn update(&self, change: impl Fn(&mut C::Value) -> bool) -> Result<Updated, TableError> {
         for _ in 0..CAS_ATTEMPTS {
             let (mut value, cas) = match self.store.get(&self.key) {
-                Ok(Some((raw, cas))) => (table::decode(&self.codec, &raw), cas),
+                Ok(Some((raw, cas))) => (shared_codec::decode(&self.codec, &raw), cas),
                 Ok(None) => (self.codec.empty(), 0),
                 Err(e) => return Err(TableError::Host(e)),
             };
@@ -138,7 +138,7 @@ impl<C: Codec, S: Store> SharedTable<C, S> {
                 *self.copy.borrow_mut() = value;
                 return Ok(Updated::Unchanged);
             }
-            let raw = table::encode(&self.codec, &value).map_err(TableError::TooLarge)?;
+            let raw = shared_codec::encode(&self.codec, &value).map_err(TableError::TooLarge)?;
             match self.store.set(&self.key, &raw, cas) {
                 Ok(()) => {
                     *self.copy.borrow_mut() = value;

@@ -452,6 +452,21 @@ pub struct Measured {
     pub targets: Targets,
 }
 
+impl Measured {
+    /// The four arms' reports of one draw, judged against the targets.
+    pub fn judged(draw: &Draw, rr: Report, pk: Report, pr: Report, or: Report) -> Measured {
+        let targets = judge(draw.kind, &rr, &pk, &pr, &or);
+        Measured {
+            draw: draw.clone(),
+            round_robin: rr,
+            picker: pk,
+            replicas: pr,
+            oracle: or,
+            targets,
+        }
+    }
+}
+
 /// Runs a draw with `setup` changed by `tweak` (the picker's configuration).
 pub fn evaluate(draw: &Draw, tweak: &dyn Fn(&mut Setup)) -> Measured {
     evaluate_instance(&Instance::new(draw), tweak)
@@ -470,15 +485,7 @@ pub fn evaluate_instance(inst: &Instance, tweak: &dyn Fn(&mut Setup)) -> Measure
     };
     let pr = simulate(Policy::Picker, &many, &inst.reqs);
     let or = simulate(Policy::PrefixOracle, &s, &inst.reqs);
-    let targets = judge(draw.kind, &rr, &pk, &pr, &or);
-    Measured {
-        draw: draw.clone(),
-        round_robin: rr,
-        picker: pk,
-        replicas: pr,
-        oracle: or,
-        targets,
-    }
+    Measured::judged(draw, rr, pk, pr, or)
 }
 
 /// The targets of a draw of `kind` from what round-robin, the picker (one replica and the

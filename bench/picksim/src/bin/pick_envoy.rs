@@ -30,7 +30,7 @@ use e2e::engine::{render_prompt, EngineConfig, ANSWER_HEADER};
 use e2e::gateway::Gateway;
 use e2e::http;
 use e2e::MockUpstream;
-use picksim::family::{evaluate_instance, held_out_seeds, judge, table, Draw, Instance, Measured};
+use picksim::family::{evaluate_instance, held_out_seeds, table, Draw, Instance, Measured};
 use picksim::workload::{generate, Shape, SimRequest};
 use picksim::Report;
 use serde_json::Value;
@@ -636,7 +636,6 @@ fn family(seeds: &[u64], requests: usize, slow: u32) {
         let label = format!("picker, {} replicas", draw.replicas);
         let pr = as_report(&rep_pods, &pr.0, pr.1, &label);
         let or = as_report(&or_pods, &or.0, or.1, "prefix oracle");
-        let targets = judge(draw.kind, &rr, &pk, &pr, &or);
         let m = evaluate_instance(&inst, &|_| {});
         println!(
             "  simulated: hit rr / picker / replicas / oracle {:.3} / {:.3} / {:.3} / {:.3}, imbalance {:.2}, p99 picker / oracle {:.0} / {:.0} ms",
@@ -648,14 +647,7 @@ fn family(seeds: &[u64], requests: usize, slow: u32) {
             m.picker.e2e_p99_ms,
             m.oracle.e2e_p99_ms,
         );
-        envoy.push(Measured {
-            draw: draw.clone(),
-            round_robin: rr,
-            picker: pk,
-            replicas: pr,
-            oracle: or,
-            targets,
-        });
+        envoy.push(Measured::judged(&draw, rr, pk, pr, or));
         sim.push(m);
     }
     println!("\n## Through Envoy\n\n{}", table(&envoy));

@@ -13,7 +13,8 @@
 //! state must tolerate that (the pick step's loads expire by lease).
 
 use crate::abi::*;
-use crate::{check, set_shared_data, shared_data, take, HostError, HostResult, CAS_MISMATCH, OK};
+use crate::host::{set_shared_data, shared_data};
+use crate::types::{check, take, HostError, HostResult, CAS_MISMATCH, OK};
 use std::cell::RefCell;
 
 /// Most members listed; a newer worker replaces the oldest (a VM that was reloaded leaves its

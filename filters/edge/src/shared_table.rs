@@ -5,9 +5,10 @@
 //! Each worker reads its copy on the request path, so routing makes no shared-data hostcall; a
 //! write on another worker is seen within one refresh, one on this worker at once.
 
-use crate::{set_shared_data, shared_data, HostError, HostResult, CAS_MISMATCH};
+use crate::host::{set_shared_data, shared_data};
+use crate::types::{HostError, HostResult, CAS_MISMATCH};
 use router_core::shared_codec::{self, Codec, TooLarge};
-use std::cell::{Ref, RefCell};
+use std::cell::{Cell, Ref, RefCell};
 
 /// How often each worker re-reads its tables (the root tick period).
 pub const REFRESH_MS: u32 = 100;
@@ -88,6 +89,9 @@ pub struct SharedTable<C: Codec, S: Store = HostStore> {
     codec: C,
     store: S,
     copy: RefCell<C::Value>,
+    /// The stored version (`cas`) the copy was last read from; unchanged versions are not
+    /// decoded again.
+    read: Cell<Option<u32>>,
 }
 
 impl<C: Codec> SharedTable<C> {
@@ -102,6 +106,7 @@ impl<C: Codec, S: Store> SharedTable<C, S> {
         SharedTable {
             key: shared_codec::key(name, router),
             copy: RefCell::new(codec.empty()),
+            read: Cell::new(None),
             codec,
             store,
         }
@@ -111,11 +116,16 @@ impl<C: Codec, S: Store> SharedTable<C, S> {
         &self.key
     }
 
-    /// Re-reads the stored value into this worker's copy (root tick). A failed read keeps the
-    /// copy as it was.
-    pub fn refresh(&self) {
-        if let Ok(Some((raw, _))) = self.store.get(&self.key) {
-            *self.copy.borrow_mut() = shared_codec::decode(&self.codec, &raw);
+    /// Re-reads the stored value into this worker's copy (root tick) when it is a version the
+    /// copy was not read from; returns whether it was. A failed read keeps the copy as it was.
+    pub fn refresh(&self) -> bool {
+        match self.store.get(&self.key) {
+            Ok(Some((raw, cas))) if self.read.get() != Some(cas) => {
+                *self.copy.borrow_mut() = shared_codec::decode(&self.codec, &raw);
+                self.read.set(Some(cas));
+                true
+            }
+            _ => false,
         }
     }
 
@@ -151,7 +161,8 @@ impl<C: Codec, S: Store> SharedTable<C, S> {
         Err(TableError::Contended)
     }
 
-    /// Changes only this worker's copy (until the next refresh), e.g. when sharing failed.
+    /// Changes only this worker's copy (until a refresh reads a newer stored version), e.g. when
+    /// sharing failed.
     pub fn update_local(&self, change: impl FnOnce(&mut C::Value)) {
         change(&mut self.copy.borrow_mut());
     }
@@ -161,7 +172,6 @@ impl<C: Codec, S: Store> SharedTable<C, S> {
 mod tests {
     use super::*;
     use router_core::quarantine::{Quarantine, QuarantineCodec};
-    use std::cell::Cell;
 
     /// One key's value and CAS token; `races` writes by "another worker" land just before ours.
     #[derive(Default)]
@@ -218,9 +228,13 @@ mod tests {
             !theirs.local().is_quarantined(1, 99),
             "not before a refresh"
         );
-        theirs.refresh();
+        assert!(theirs.refresh(), "a new version is read");
         assert!(theirs.local().is_quarantined(1, 99));
+        assert!(!theirs.refresh(), "the same version is not read again");
         assert_eq!(theirs.update(|q| q.mark(1, 50)), Ok(Updated::Unchanged));
+        assert_eq!(mine.update(|q| q.mark(0, 100)), Ok(Updated::Written));
+        assert!(theirs.refresh(), "the next version is read");
+        assert!(theirs.local().is_quarantined(0, 99));
     }
 
     #[test]

@@ -35,4 +35,5 @@ pub mod rewrite;
 pub mod router;
 pub mod scan;
 pub mod shared_codec;
+pub mod shared_data;
 pub mod verdict;

@@ -6,6 +6,7 @@ pub const OK: u32 = 0;
 pub const NOT_FOUND: u32 = 1;
 pub const BAD_ARGUMENT: u32 = 2;
 pub const CAS_MISMATCH: u32 = 8;
+pub const INTERNAL_FAILURE: u32 = 10;
 
 /// A hostcall returned a status other than the ones the caller can handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -81,6 +81,7 @@ pub mod broadcast;
 mod callout;
 mod pairs;
 pub mod shared_table;
+pub mod wake;
 
 use abi::*;
 pub use callout::*;

@@ -18,6 +18,7 @@ mod http;
 mod metrics;
 mod pick;
 mod quarantine;
+mod shadow;
 mod usage;
 
 use filter_edge::{self as edge, Level};
@@ -64,6 +65,8 @@ pub(crate) struct Worker {
     /// Request ids for requests that arrive without one; apart from `rng` so that weighted
     /// picks draw the same sequence whether or not the gateway sets ids.
     pub ids: RefCell<Rng>,
+    /// Shadow copies this filter sends itself; `None` where the gateway mirrors them.
+    pub shadow: Option<shadow::Shadow>,
 }
 
 #[derive(Default)]
@@ -72,8 +75,8 @@ struct Root {
 }
 
 impl Context for Root {
-    /// The root's calls: vLLM metrics scrapes (`pick`) and the shared ledger's settles and
-    /// releases (`budget_remote`); a scrape token is claimed first.
+    /// The root's calls: vLLM metrics scrapes (`pick`), shadow copies (`shadow`) and the shared
+    /// ledger's settles and releases (`budget_remote`); a scrape token is claimed first.
     fn on_http_call_response(
         &mut self,
         token: u32,
@@ -84,6 +87,11 @@ impl Context for Root {
         if let Some(worker) = &self.worker {
             if worker.pick.on_scrape(token, body_size, edge::now_nanos()) {
                 return;
+            }
+            if let Some(shadow) = &worker.shadow {
+                if shadow.answered(token, num_headers) {
+                    return;
+                }
             }
             if let Some(budgets) = &worker.budgets {
                 budgets.ended(token, num_headers, body_size);
@@ -102,6 +110,13 @@ impl Context for Root {
 }
 
 impl RootContext for Root {
+    /// A request rang: its shadow copies are waiting to be sent from here.
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        if let Some(shadow) = self.worker.as_ref().and_then(|w| w.shadow.as_ref()) {
+            shadow.on_ring(queue_id);
+        }
+    }
+
     fn on_configure(&mut self, _size: usize) -> bool {
         match edge::configured_router() {
             Ok(router) => {
@@ -133,6 +148,14 @@ impl RootContext for Root {
                         return false;
                     }
                 };
+                let nonce = u64::from_le_bytes(seed) ^ 0x2545_f491_4f6c_dd1d;
+                let shadow = match shadow::Shadow::configure(&router, nonce) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        edge::log(Level::Error, &format!("model-router: {e}"));
+                        return false;
+                    }
+                };
                 let quarantine = quarantine::QuarantineTable::new(&router);
                 quarantine.refresh();
                 if let Err(e) = edge::set_tick_period(edge::shared_table::REFRESH_MS) {
@@ -151,6 +174,7 @@ impl RootContext for Root {
                     (0..router.backends_len()).map(|i| router.backend(i).name.clone()),
                 );
                 self.worker = Some(Rc::new(Worker {
+                    shadow,
                     pick,
                     metrics,
                     usage,

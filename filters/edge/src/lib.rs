@@ -31,6 +31,7 @@ mod host;
 mod pairs;
 pub mod shared_table;
 mod types;
+pub mod wake;
 
 pub use callout::*;
 pub use codec::{decode_pairs, encode_pairs};

@@ -18,6 +18,7 @@ mod http;
 mod metrics;
 mod pick;
 mod quarantine;
+mod shadow;
 mod usage;
 mod worker;
 
@@ -38,8 +39,8 @@ struct Root {
 }
 
 impl Context for Root {
-    /// The root's calls: vLLM metrics scrapes (`pick`) and the shared ledger's settles and
-    /// releases (`budget_remote`); a scrape token is claimed first.
+    /// The root's calls: vLLM metrics scrapes (`pick`), shadow copies (`shadow`) and the shared
+    /// ledger's settles and releases (`budget_remote`); a scrape token is claimed first.
     fn on_http_call_response(
         &mut self,
         token: u32,
@@ -50,6 +51,11 @@ impl Context for Root {
         if let Some(worker) = &self.worker {
             if worker.pick.on_scrape(token, body_size, edge::now_nanos()) {
                 return;
+            }
+            if let Some(shadow) = &worker.shadow {
+                if shadow.answered(token, num_headers) {
+                    return;
+                }
             }
             if let Some(budgets) = &worker.budgets {
                 budgets.ended(token, num_headers, body_size);
@@ -68,6 +74,13 @@ impl Context for Root {
 }
 
 impl RootContext for Root {
+    /// A request rang: its shadow copies are waiting to be sent from here.
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        if let Some(shadow) = self.worker.as_ref().and_then(|w| w.shadow.as_ref()) {
+            shadow.on_ring(queue_id);
+        }
+    }
+
     fn on_configure(&mut self, _size: usize) -> bool {
         match edge::configured_router() {
             Ok(router) => {

@@ -1,6 +1,6 @@
 //! The per-VM state every request on a worker reads, built once from the plugin configuration.
 
-use crate::{budget, metrics, pick, quarantine, usage};
+use crate::{budget, metrics, pick, quarantine, shadow, usage};
 use filter_edge::{self as edge, Level};
 use router_core::audit::Cidr;
 use router_core::orders::Rng;
@@ -37,6 +37,8 @@ pub(crate) struct Worker {
     /// Request ids for requests that arrive without one; apart from `rng` so that weighted
     /// picks draw the same sequence whether or not the gateway sets ids.
     pub ids: RefCell<Rng>,
+    /// Shadow copies this filter sends itself; `None` where the gateway mirrors them.
+    pub shadow: Option<shadow::Shadow>,
 }
 
 impl Worker {
@@ -61,6 +63,7 @@ impl Worker {
             .collect();
         let metrics = metrics::Metrics::new(&router);
         let budgets = budget::Budgets::configure(&router)?;
+        let shadow = shadow::Shadow::configure(&router, seed ^ 0x2545_f491_4f6c_dd1d)?;
         let quarantine = quarantine::QuarantineTable::new(&router);
         quarantine.refresh();
         let pick = pick::Pick::new(&router, seed ^ 0x9e37_79b9_7f4a_7c15);
@@ -71,6 +74,7 @@ impl Worker {
             (0..router.backends_len()).map(|i| router.backend(i).name.clone()),
         );
         Ok(Worker {
+            shadow,
             pick,
             metrics,
             usage,

@@ -241,11 +241,7 @@ pub fn route_plans(router: &Router, cap_ms: u64) -> Vec<RoutePlan> {
                 .iter()
                 .map(|&b| attempt_timeout(rule.timeout_ms, b))
                 .collect();
-            let mirrors = if rule.strategy == rc::Strategy::Shadow {
-                order[1..].to_vec()
-            } else {
-                Vec::new()
-            };
+            let mirrors = router_core::shadow::mirrors(rule.strategy, &order).to_vec();
             out.push(RoutePlan {
                 key: orders::route_key(&rule.name, &names),
                 rule: Some(rule.name.clone()),

@@ -152,6 +152,8 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
         budgets: budgets_config(spec),
         // A gateway-specific trade, set by the target that makes it (agentgateway).
         failover_replay_limit: None,
+        // Set by a target whose gateway cannot mirror the body (agentgateway).
+        shadow: None,
     }
 }
 

@@ -90,12 +90,9 @@ fn example() -> String {
     .unwrap()
 }
 
-/// The data-plane router without its shadow rule (refused here), on a Gateway.
+/// The data-plane router on a Gateway.
 fn dataplane() -> String {
-    let mut r = with_gateway(dataplane_router());
-    let rules = r["spec"]["rules"].as_array_mut().unwrap();
-    rules.retain(|x| x["name"] != "sh");
-    dataplane_docs(r)
+    dataplane_docs(with_gateway(dataplane_router()))
 }
 
 fn compile(text: &str, o: &AgentgatewayOptions) -> Output {
@@ -312,10 +309,6 @@ fn one_route_per_route_key_in_attempt_order() {
     let pc = common::envoy::plugin_of(&envoy);
     let router = router_core::router::Router::new(pc.clone()).unwrap();
     let plans = llmkube_gen::ir::route_plans(&router, 300_000);
-    let plans: Vec<_> = plans
-        .into_iter()
-        .filter(|p| p.rule.as_deref() != Some("sh"))
-        .collect();
     assert_eq!(keyed.len(), plans.len());
     // The local server's no-backend listener: the `--ext-proc` port plus two.
     let server = yaml(file(&out, "ext-proc.yaml"));
@@ -542,17 +535,6 @@ fn refusals_name_the_field_and_the_reason() {
         )),
         "{e:?}"
     );
-    // Shadow copies would be sent without their body.
-    let e = errors(
-        &dataplane_docs(with_gateway(dataplane_router())),
-        &opts(Some(4096)),
-    );
-    assert!(
-        e.iter()
-            .any(|e| e
-                .starts_with("ModelRouter/dp: spec.rules[3].route.strategy: shadow is refused")),
-        "{e:?}"
-    );
     // No Gateway to attach to.
     let e = errors(&dataplane_docs(dataplane_router()), &opts(Some(4096)));
     assert!(
@@ -643,6 +625,64 @@ fn failover_within_the_replay_limit_is_an_explicit_trade() {
             .any(|e| e.contains("or --failover-within-replay-limit")),
         "{e:?}"
     );
+}
+
+/// Shadow rules: agentgateway's mirrors drop the body, so the filter in `llmkube-ext-proc`
+/// sends the copies: the plugin config names a callout cluster per local mirror, which
+/// `ext-proc.yaml` declares at the backend's address; a copy to a cloud mirror is warned and
+/// not sent, and agentgateway's own config mirrors nothing.
+#[test]
+fn shadow_copies_are_sent_by_the_filter_to_local_mirrors_only() {
+    let mut diags = llmkube_gen::Diagnostics::default();
+    let out = llmkube_gen::targets::agentgateway::compile_agentgateway_diag(
+        &src(&dataplane()),
+        &opts(Some(RETRY_REPLAY_LIMIT)),
+        &mut diags,
+    )
+    .unwrap_or_else(|| panic!("{:#?}", diags.errors));
+    let warned: Vec<String> = diags.warnings.iter().map(|w| w.to_string()).collect();
+    assert!(
+        warned.iter().any(|w| w.starts_with(
+            "ModelRouter/dp: spec.rules[3].route.strategy: shadow copies to cloud are not sent by the agentgateway target"
+        )),
+        "{warned:?}"
+    );
+    let server = yaml(file(&out, "ext-proc.yaml"));
+    let plugin: router_core::config::PluginConfig =
+        serde_json::from_value(server["plugin_config"].clone()).unwrap();
+    let shadow = plugin.shadow.clone().expect("a shadow section");
+    assert_eq!(shadow.max_in_flight, 4, "Envoy's shadow clusters' bound");
+    let targets: Vec<(&str, &str)> = shadow
+        .targets
+        .iter()
+        .map(|t| (t.backend.as_str(), t.cluster.as_str()))
+        .collect();
+    assert_eq!(targets, vec![("local-b", "llmkube-shadow-local-b")]);
+    let t = &shadow.targets[0];
+    assert_eq!(
+        server["clusters"][&t.cluster]["address"].as_str(),
+        Some(t.authority.as_str())
+    );
+    assert!(t.authority.starts_with("isvc-b."), "{}", t.authority);
+    // The filter takes it as written (every target a known local backend).
+    let router = router_core::router::Router::new(plugin).unwrap();
+    assert!(router_core::shadow::Shadow::new(&router).unwrap().is_some());
+    // The in-cluster server gets the same, and agentgateway mirrors nothing itself.
+    let docs = common::crds::documents(file(&out, "kubernetes.yaml"));
+    let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    let in_cluster = yaml(cm["data"]["ext-proc.yaml"].as_str().unwrap());
+    assert_eq!(
+        in_cluster["plugin_config"]["shadow"],
+        server["plugin_config"]["shadow"]
+    );
+    assert_eq!(in_cluster["clusters"], server["clusters"]);
+    for f in ["agentgateway.yaml", "kubernetes.yaml"] {
+        assert!(!file(&out, f).contains("requestMirror"), "{f}");
+    }
+    // A router without shadow rules has neither.
+    let out = compile(&example(), &opts(Some(RETRY_REPLAY_LIMIT)));
+    let server = yaml(file(&out, "ext-proc.yaml"));
+    assert!(server["plugin_config"].get("shadow").is_none());
 }
 
 #[test]

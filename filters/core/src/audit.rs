@@ -94,6 +94,12 @@ pub struct AuditRecord {
     /// order has other backends (`replay::failover_skipped`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub failover_skipped: bool,
+    /// Backends a shadow copy of this request went to (`shadow`), when the filter sends them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shadow_sent: Vec<String>,
+    /// Backends whose copy was dropped: that many copies to it were already in flight.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shadow_dropped: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

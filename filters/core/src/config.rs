@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 pub mod auth;
 pub mod budgets;
 pub mod pick;
+pub mod shadow;
 
 pub const DEFAULT_MODEL_HEADER: &str = "x-ai-eg-model";
 pub const DEFAULT_CLASSIFICATION_HEADER: &str = "x-llmkube-classification";
@@ -79,6 +80,10 @@ pub struct PluginConfig {
     /// the body's size (Envoy buffers the whole body).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover_replay_limit: Option<u64>,
+    /// Shadow copies the filter sends itself (`crate::shadow`); `None` where the gateway
+    /// mirrors them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<shadow::ShadowConfig>,
 }
 
 /// `spec.policy.auditLog`, as far as the filter acts on it (the sink is the gateway's log).

@@ -34,5 +34,7 @@ pub mod response;
 pub mod rewrite;
 pub mod router;
 pub mod scan;
+pub mod shadow;
 pub mod shared_codec;
+pub mod shared_data;
 pub mod verdict;

@@ -3,7 +3,7 @@
 //! headers and bytes.
 
 use crate::budget::{self, RequestView};
-use crate::Worker;
+use crate::worker::Worker;
 use filter_edge::{self as edge, Buffer, Level, Map};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -69,6 +69,11 @@ pub(crate) struct Request {
     pending_pick: Option<crate::pick::Pending>,
     /// Which API's error shape the client reads (Anthropic's on the Messages path).
     shape: ErrorShape,
+    /// `:method` and `content-type`, kept for shadow copies.
+    method: Vec<u8>,
+    content_type: Option<String>,
+    /// Shadow copies prepared, sent once the request goes upstream (`crate::shadow`).
+    shadow: Vec<crate::shadow::Prepared>,
 }
 
 /// `:method`, `:path` and `content-length` of a request.
@@ -127,6 +132,9 @@ impl Request {
             pick: None,
             pending_pick: None,
             shape: ErrorShape::OpenAi,
+            method: Vec::new(),
+            content_type: None,
+            shadow: Vec::new(),
         }
     }
 
@@ -243,6 +251,9 @@ impl Request {
                 }
                 b"x-request-id" => {
                     self.audit.request_id = Some(caller_label(value));
+                }
+                b"content-type" if worker.shadow.is_some() => {
+                    self.content_type = std::str::from_utf8(value).ok().map(str::to_string);
                 }
                 b"x-forwarded-for" if audit_cfg.log_client_address => {
                     xff.push(String::from_utf8_lossy(value).into_owned());
@@ -371,6 +382,13 @@ impl Request {
         self.audit.rule = forward.rule_name().map(str::to_string);
         self.rule_index = forward.decision.rule;
         self.backend_index = Some(forward.decision.backend());
+        self.prepare_shadow(
+            worker,
+            &forward.decision,
+            checked.model_span,
+            body,
+            body_len,
+        );
         let fields = budget_fields.as_ref();
         self.meter = crate::usage::Meter::new(body_len, false);
         if let Some(action) = self.budget_step(worker, &mut forward, body, body_len, fields) {
@@ -398,7 +416,66 @@ impl Request {
             self.pending_pick = pick;
             return Action::Pause;
         }
-        self.pick_pod(worker, pick, now)
+        let action = self.pick_pod(worker, pick, now);
+        if action == Action::Continue {
+            self.send_shadow(worker);
+        }
+        action
+    }
+
+    /// The request's shadow copies, from the client's request as it arrived (before the budget
+    /// step may edit the body). A body that arrived in pieces is read back whole only here,
+    /// for a request that has copies to send.
+    fn prepare_shadow(
+        &mut self,
+        worker: &Worker,
+        decision: &router_core::router::Decision,
+        model_span: Option<router_core::scan::Span>,
+        body: Option<&[u8]>,
+        body_len: usize,
+    ) {
+        let Some(shadow) = &worker.shadow else {
+            return;
+        };
+        if !shadow.wants(&worker.router, decision) {
+            return;
+        }
+        let read;
+        let body = match body {
+            Some(b) => b,
+            None => match edge::buffer(Buffer::RequestBody, 0, body_len) {
+                Ok(b) => {
+                    read = b.unwrap_or_default();
+                    &read
+                }
+                Err(e) => {
+                    edge::log(
+                        Level::Warn,
+                        &format!("model-router: shadow: reading the body: {e}"),
+                    );
+                    return;
+                }
+            },
+        };
+        let method = String::from_utf8_lossy(&self.method);
+        let path = String::from_utf8_lossy(&self.path);
+        let original = router_core::shadow::Original {
+            method: &method,
+            path: &path,
+            content_type: self.content_type.as_deref(),
+            request_id: self.audit.request_id.as_deref(),
+            body,
+            model_span,
+        };
+        self.shadow = shadow.prepare(&worker.router, decision, &original);
+    }
+
+    /// The request goes upstream: its prepared copies go too.
+    fn send_shadow(&mut self, worker: &Worker) {
+        if let Some(shadow) = &worker.shadow {
+            let prepared = std::mem::take(&mut self.shadow);
+            shadow.send(&worker.router, prepared, &mut self.audit);
+        }
     }
 
     /// A body over the gateway's replay limit gets one attempt (`router_core::replay`): counted
@@ -664,6 +741,7 @@ impl Context for Request {
                 if self.pick_pod(&worker, pick, edge::now_nanos()) != Action::Continue {
                     return;
                 }
+                self.send_shadow(&worker);
                 if let Err(e) = edge::resume(edge::Stream::Request) {
                     edge::log(
                         Level::Error,
@@ -717,6 +795,9 @@ impl HttpContext for Request {
             HeadPlan::ReadBody => {
                 self.audited = true;
                 self.path = path;
+                if worker.shadow.is_some() {
+                    self.method = method;
+                }
                 self.phase = Phase::ReadingBody(None);
                 Action::Pause
             }

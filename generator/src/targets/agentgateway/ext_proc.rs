@@ -61,6 +61,10 @@ pub(super) fn config(
             {
                 p.insert("failover_replay_limit".into(), json!(RETRY_REPLAY_LIMIT));
             }
+            // agentgateway's mirrors drop the body: the filter sends shadow copies itself.
+            if let Some(shadow) = super::shadow::plugin_section(ir) {
+                p.insert("shadow".into(), shadow);
+            }
             Value::Object(p)
         }
         other => other,
@@ -74,8 +78,12 @@ pub(super) fn config(
         "memory_budget_bytes": memory_budget_bytes(ir),
         "drain_timeout_ms": DRAIN_TIMEOUT_MS,
     });
-    if let Some(clusters) = super::budgets::clusters(opts) {
-        cfg["clusters"] = clusters;
+    let mut clusters = super::shadow::clusters(ir);
+    if let Some(Value::Object(budgets)) = super::budgets::clusters(opts) {
+        clusters.extend(budgets);
+    }
+    if !clusters.is_empty() {
+        cfg["clusters"] = Value::Object(clusters);
     }
     cfg
 }

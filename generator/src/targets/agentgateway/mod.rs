@@ -12,7 +12,8 @@
 //!
 //! - [`standalone`]: `agentgateway.yaml` (the `binds:` dialect) for `agentgateway -f`;
 //! - [`ext_proc`]: `ext-proc.yaml` for `llmkube-ext-proc --config`;
-//! - [`kubernetes`]: `kubernetes.yaml` for an agentgateway installation.
+//! - [`kubernetes`]: `kubernetes.yaml` for an agentgateway installation;
+//! - [`shadow`]: shadow copies, sent by the filter (agentgateway's mirrors drop the body).
 
 mod attempts;
 mod budgets;
@@ -20,6 +21,7 @@ mod ext_proc;
 mod kubernetes;
 mod options;
 mod picked;
+mod shadow;
 mod standalone;
 
 pub use options::{
@@ -139,15 +141,9 @@ impl TargetChecks for AgentgatewayOptions {
 fn refusals(ir: &Ir, failover: Failover, diags: &mut Diagnostics) {
     let unreplayable = ir.max_body_bytes > RETRY_REPLAY_LIMIT && failover == Failover::Always;
     picked::refusals(ir, diags);
+    shadow::check(ir, diags);
     for (i, r) in ir.router.spec.rules.iter().enumerate() {
         let plans = ir.rule_plans(&r.name);
-        if plans.iter().any(|p| !p.mirrors.is_empty()) {
-            diags.error(Problem::new(
-                &ir.label,
-                format!("spec.rules[{i}].route.strategy"),
-                "shadow is refused by the agentgateway target: agentgateway v1.3.1 mirrors requests without their body (requestMirror), so the shadow backends would not get the request",
-            ));
-        }
         if unreplayable && plans.iter().any(|p| p.order.len() > 1) {
             diags.error(Problem::new(
                 &ir.label,

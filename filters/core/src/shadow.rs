@@ -126,7 +126,7 @@ pub struct InFlight(Vec<u64>);
 impl InFlight {
     /// The shared value; one that does not parse counts as none in flight.
     pub fn decode(bytes: &[u8]) -> InFlight {
-        if bytes.len() % 8 != 0 {
+        if !bytes.len().is_multiple_of(8) {
             return InFlight::default();
         }
         InFlight(

@@ -160,39 +160,8 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
         .with_context(|| format!("reading config {}", path.display()))?;
     let file: File = serde_norway::from_str(&text)
         .with_context(|| format!("config {}: not the expected YAML/JSON", path.display()))?;
-    let base = path.parent().unwrap_or(Path::new("."));
-    let module_path = base.join(&file.module.path);
-    let wasm = std::fs::read(&module_path)
-        .with_context(|| format!("module.path: reading {}", module_path.display()))?;
-    let actual = hex(&Sha256::digest(&wasm));
-    let expected = file.module.sha256.trim().to_ascii_lowercase();
-    if actual != expected {
-        bail!(
-            "module.sha256: {} has sha256 {actual}, the config pins {expected}",
-            module_path.display()
-        );
-    }
-    if file.root_id == PER_ATTEMPT_ROOT_ID {
-        bail!(
-            "root_id: the per-attempt module (root_id {PER_ATTEMPT_ROOT_ID}) cannot run behind ext_proc: \
-             ext_proc sees a request once, before routing, not once per upstream attempt, so a \
-             fallback attempt would get neither its model rewrite nor its credential guard; run it \
-             in the gateway's per-attempt filters instead"
-        );
-    }
-    let plugin_config = match &file.plugin_config {
-        serde_json::Value::String(s) => s.clone().into_bytes(),
-        other => serde_json::to_vec(other)?,
-    };
-    let parsed: serde_json::Value = serde_json::from_slice(&plugin_config)
-        .map_err(|e| anyhow!("plugin_config: not JSON: {e}"))?;
-    let max_body_bytes = match parsed.get("max_body_bytes") {
-        None => DEFAULT_MAX_BODY_BYTES,
-        Some(v) => v
-            .as_u64()
-            .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| anyhow!("plugin_config.max_body_bytes: not a byte count"))?,
-    };
+    let (module_path, wasm) = pinned_module(&file, path.parent().unwrap_or(Path::new(".")))?;
+    let (plugin_config, max_body_bytes) = plugin_config(&file.plugin_config)?;
     let instances = file
         .instances
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().max(2)));
@@ -204,24 +173,7 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
         bail!("max_streams: must be at least 1");
     }
     let log_level = parse_level(file.log_level.as_deref().unwrap_or("info"))?;
-    let mut clusters = BTreeMap::new();
-    for (name, c) in file.clusters {
-        if c.address.parse::<SocketAddr>().is_err() && !c.address.contains(':') {
-            bail!("clusters.{name}.address: {:?} is not HOST:PORT", c.address);
-        }
-        let ms = c.timeout_ms.unwrap_or(DEFAULT_CALLOUT_TIMEOUT_MS);
-        if ms == 0 {
-            bail!("clusters.{name}.timeout_ms: must be at least 1");
-        }
-        clusters.insert(
-            name,
-            Cluster {
-                address: c.address,
-                timeout: Duration::from_millis(ms),
-                grpc: c.kind == ClusterKind::Grpc,
-            },
-        );
-    }
+    let clusters = clusters(file.clusters)?;
     let max_calls_in_flight = file
         .max_calls_in_flight
         .unwrap_or(DEFAULT_MAX_CALLS_IN_FLIGHT);
@@ -231,13 +183,6 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
     let max_callout_response_bytes = file
         .max_callout_response_bytes
         .unwrap_or(DEFAULT_MAX_CALLOUT_RESPONSE_BYTES);
-    let millis = |field: &str, v: Option<u64>, default: u64| {
-        let ms = v.unwrap_or(default);
-        if ms == 0 {
-            bail!("{field}: must be at least 1");
-        }
-        Ok(Duration::from_millis(ms))
-    };
     let deadlines = Deadlines {
         idle: millis(
             "stream_idle_timeout_ms",
@@ -270,20 +215,8 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
             "memory_budget_bytes: {memory_budget_bytes} cannot hold one request of plugin_config.max_body_bytes ({max_body_bytes}) and a byte"
         );
     }
-    let metrics = file
-        .metrics
-        .map(|m| {
-            m.parse::<SocketAddr>()
-                .map_err(|e| anyhow!("metrics: {m:?} is not HOST:PORT ({e})"))
-        })
-        .transpose()?;
-    let no_backend_listen = file
-        .no_backend_listen
-        .map(|m| {
-            m.parse::<SocketAddr>()
-                .map_err(|e| anyhow!("no_backend_listen: {m:?} is not HOST:PORT ({e})"))
-        })
-        .transpose()?;
+    let metrics = socket("metrics", file.metrics.as_deref())?;
+    let no_backend_listen = socket("no_backend_listen", file.no_backend_listen.as_deref())?;
     Ok(Config {
         module_path,
         wasm,
@@ -306,6 +239,91 @@ pub fn load(path: &Path) -> anyhow::Result<Config> {
         drain_timeout,
         max_request_headers: file.max_request_headers.unwrap_or(100),
     })
+}
+
+/// The module `file` names (relative to the config's folder `base`), checked against the
+/// sha256 the config pins; the per-attempt module is refused.
+fn pinned_module(file: &File, base: &Path) -> anyhow::Result<(PathBuf, Vec<u8>)> {
+    let module_path = base.join(&file.module.path);
+    let wasm = std::fs::read(&module_path)
+        .with_context(|| format!("module.path: reading {}", module_path.display()))?;
+    let actual = hex(&Sha256::digest(&wasm));
+    let expected = file.module.sha256.trim().to_ascii_lowercase();
+    if actual != expected {
+        bail!(
+            "module.sha256: {} has sha256 {actual}, the config pins {expected}",
+            module_path.display()
+        );
+    }
+    if file.root_id == PER_ATTEMPT_ROOT_ID {
+        bail!(
+            "root_id: the per-attempt module (root_id {PER_ATTEMPT_ROOT_ID}) cannot run behind ext_proc: \
+             ext_proc sees a request once, before routing, not once per upstream attempt, so a \
+             fallback attempt would get neither its model rewrite nor its credential guard; run it \
+             in the gateway's per-attempt filters instead"
+        );
+    }
+    Ok((module_path, wasm))
+}
+
+/// The plugin configuration's bytes as the module receives them, and its request body limit.
+fn plugin_config(value: &serde_json::Value) -> anyhow::Result<(Vec<u8>, usize)> {
+    let bytes = match value {
+        serde_json::Value::String(s) => s.clone().into_bytes(),
+        other => serde_json::to_vec(other)?,
+    };
+    let parsed: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| anyhow!("plugin_config: not JSON: {e}"))?;
+    let max_body_bytes = match parsed.get("max_body_bytes") {
+        None => DEFAULT_MAX_BODY_BYTES,
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| anyhow!("plugin_config.max_body_bytes: not a byte count"))?,
+    };
+    Ok((bytes, max_body_bytes))
+}
+
+/// The callout clusters, each address `HOST:PORT` and each timeout at least 1 ms.
+fn clusters(files: BTreeMap<String, ClusterFile>) -> anyhow::Result<BTreeMap<String, Cluster>> {
+    let mut clusters = BTreeMap::new();
+    for (name, c) in files {
+        if c.address.parse::<SocketAddr>().is_err() && !c.address.contains(':') {
+            bail!("clusters.{name}.address: {:?} is not HOST:PORT", c.address);
+        }
+        let timeout = millis(
+            &format!("clusters.{name}.timeout_ms"),
+            c.timeout_ms,
+            DEFAULT_CALLOUT_TIMEOUT_MS,
+        )?;
+        clusters.insert(
+            name,
+            Cluster {
+                address: c.address,
+                timeout,
+                grpc: c.kind == ClusterKind::Grpc,
+            },
+        );
+    }
+    Ok(clusters)
+}
+
+/// A duration field in milliseconds, `default` when absent; 0 is refused.
+fn millis(field: &str, v: Option<u64>, default: u64) -> anyhow::Result<Duration> {
+    let ms = v.unwrap_or(default);
+    if ms == 0 {
+        bail!("{field}: must be at least 1");
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+/// A listen address field, when given.
+fn socket(field: &str, v: Option<&str>) -> anyhow::Result<Option<SocketAddr>> {
+    v.map(|m| {
+        m.parse::<SocketAddr>()
+            .map_err(|e| anyhow!("{field}: {m:?} is not HOST:PORT ({e})"))
+    })
+    .transpose()
 }
 
 fn parse_level(s: &str) -> anyhow::Result<llmkube_wasm_runtime::LogLevel> {

@@ -5,7 +5,6 @@
 //! answered faithfully is answered fail-closed (503, our JSON error), never passed through.
 
 mod duplex;
-pub(crate) use duplex::streamed_chunk;
 
 use crate::pool::{Lease, Pool, PoolError};
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
@@ -13,7 +12,8 @@ use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     body_mutation, processing_request, processing_response, BodyMutation, BodyResponse,
     CommonResponse, HeaderMutation, HeadersResponse, HttpBody, HttpHeaders, HttpTrailers,
-    ImmediateResponse, ProcessingRequest, ProcessingResponse, TrailersResponse,
+    ImmediateResponse, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
+    StreamedBodyResponse, TrailersResponse,
 };
 use envoy_types::pb::google::protobuf::{value, Struct, Value};
 use llmkube_wasm_runtime::{HostError, LocalResponse, StreamId, StreamOutcome, Vm};
@@ -34,6 +34,25 @@ const DECISION_METADATA: &[(&str, &str)] = &[
     ("x-llmkube-route", "route"),
 ];
 
+/// `ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED`.
+pub(crate) const FULL_DUPLEX_STREAMED: i32 = 4;
+
+/// Which directions stream full-duplex on this ext_proc stream.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Duplex {
+    pub request: bool,
+    pub response: bool,
+}
+
+impl Duplex {
+    pub(crate) fn of(pc: &ProtocolConfiguration) -> Duplex {
+        Duplex {
+            request: pc.request_body_mode == FULL_DUPLEX_STREAMED,
+            response: pc.response_body_mode == FULL_DUPLEX_STREAMED,
+        }
+    }
+}
+
 /// Where one ext_proc stream stands.
 pub struct Exchange<'p> {
     pool: &'p Pool,
@@ -46,7 +65,7 @@ pub struct Exchange<'p> {
     /// An immediate response was sent: Envoy sends nothing more that needs an answer.
     answered: bool,
     /// Directions whose body streams full-duplex (from the gateway's `protocol_config`).
-    duplex: duplex::Duplex,
+    duplex: Duplex,
 }
 
 impl<'p> Exchange<'p> {
@@ -557,6 +576,36 @@ fn attribute_properties(msg: &ProcessingRequest) -> Vec<(Vec<String>, Vec<u8>)> 
         }
     }
     out
+}
+
+/// A streamed-body answer of the request (`response` false) or response phase carrying `body`.
+pub(crate) fn streamed_chunk(
+    response: bool,
+    body: Vec<u8>,
+    end_of_stream: bool,
+) -> ProcessingResponse {
+    let r = BodyResponse {
+        response: Some(CommonResponse {
+            body_mutation: Some(BodyMutation {
+                mutation: Some(body_mutation::Mutation::StreamedResponse(
+                    StreamedBodyResponse {
+                        body,
+                        end_of_stream,
+                        ..Default::default()
+                    },
+                )),
+            }),
+            ..Default::default()
+        }),
+    };
+    reply(
+        if response {
+            processing_response::Response::ResponseBody(r)
+        } else {
+            processing_response::Response::RequestBody(r)
+        },
+        None,
+    )
 }
 
 #[cfg(test)]

@@ -401,22 +401,7 @@ pub async fn serve(
         cfg.clusters.len(),
         if cfg.endpoint_picker.is_some() { ", endpoint picker" } else { "" },
     );
-    let stop = {
-        let stopping_tx = stopping_tx.clone();
-        let health = health.clone();
-        async move {
-            let Some(mut term) = term else {
-                return std::future::pending().await;
-            };
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            eprintln!("llmkube-ext-proc: stopping: finishing the streams in flight");
-            health.stopping().await;
-            let _ = stopping_tx.send(true);
-        }
-    };
+    let stop = stop_on_signal(term, stopping_tx.clone(), health.clone());
     let server = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(service)
@@ -425,11 +410,46 @@ pub async fn serve(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             stop,
         );
-    let mut server = tokio::spawn(server);
-    let mut stopping_rx = stopping;
+    let drained = run_until_drained(tokio::spawn(server), stopping, cut_tx, cfg, &admission).await;
+    for task in background {
+        task.abort();
+    }
+    drained?;
+    eprintln!("llmkube-ext-proc: stopped");
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C (never without a signal handler): reports NOT_SERVING and
+/// tells the server to stop taking streams.
+async fn stop_on_signal(
+    term: Option<tokio::signal::unix::Signal>,
+    stopping: watch::Sender<bool>,
+    health: Arc<crate::health::Health>,
+) {
+    let Some(mut term) = term else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    eprintln!("llmkube-ext-proc: stopping: finishing the streams in flight");
+    health.stopping().await;
+    let _ = stopping.send(true);
+}
+
+/// Runs the server until it ends; once stopping, it gets the drain deadline for its streams in
+/// flight, then the incomplete ones are answered 503 (`cut`) and it gets a last grace period.
+async fn run_until_drained(
+    mut server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    mut stopping: watch::Receiver<bool>,
+    cut: watch::Sender<bool>,
+    cfg: &Config,
+    admission: &Admission,
+) -> anyhow::Result<()> {
     tokio::select! {
         r = &mut server => r??,
-        _ = stopping_rx.wait_for(|s| *s) => {
+        _ = stopping.wait_for(|s| *s) => {
             match tokio::time::timeout(cfg.drain_timeout, &mut server).await {
                 Ok(r) => r??,
                 Err(_) => {
@@ -438,16 +458,12 @@ pub async fn serve(
                         cfg.drain_timeout.as_millis(),
                         admission.in_flight(),
                     );
-                    let _ = cut_tx.send(true);
+                    let _ = cut.send(true);
                     let _ = tokio::time::timeout(CUT_GRACE, &mut server).await;
                 }
             }
         }
     }
-    for task in background {
-        task.abort();
-    }
-    eprintln!("llmkube-ext-proc: stopped");
     Ok(())
 }
 

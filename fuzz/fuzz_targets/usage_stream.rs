@@ -4,7 +4,8 @@
 //! per byte and a `serde_json::Value` per `usage` object), and never panics.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use router_core::budget::usage::{matches_oracle, split_invariance};
+use router_core::budget::usage::split_invariance;
+use router_core::budget::usage_oracle::matches_oracle;
 
 fuzz_target!(|data: &[u8]| {
     if let Err(e) = split_invariance(data) {

@@ -112,9 +112,10 @@ fn quarantine_health_and_panic_on_backend_clusters() {
         assert_eq!(hc["unhealthy_threshold"], 1);
         assert_eq!(hc["healthy_threshold"], 1);
         assert_eq!(hc["tcp_health_check"], json!({}));
+        // No panic mode; an ejection reaches every worker at once (no merged health updates).
         assert_eq!(
             c["common_lb_config"],
-            json!({"healthy_panic_threshold": {"value": 0}})
+            json!({"healthy_panic_threshold": {"value": 0}, "update_merge_window": "0s"})
         );
         let tier = if core.backend(i).tier == Tier::Local {
             "local"

@@ -12,32 +12,14 @@
 //! The mode in force comes from the first message's `protocol_config`; without one the stream is
 //! answered as before (one answer per message, `BUFFERED`/`STREAMED` semantics).
 
-use super::{common, decision_metadata, mutation, pairs, reply, Exchange};
+use super::{
+    common, decision_metadata, mutation, pairs, refs, reply, streamed_chunk, Duplex, Exchange,
+};
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    body_mutation, processing_request, processing_response, BodyMutation, BodyResponse,
-    CommonResponse, HttpBody, HttpTrailers, ProcessingRequest, ProcessingResponse,
-    ProtocolConfiguration, StreamedBodyResponse, TrailersResponse,
+    processing_request, processing_response, HttpBody, HttpTrailers, ProcessingRequest,
+    ProcessingResponse, TrailersResponse,
 };
 use llmkube_wasm_runtime::StreamOutcome;
-
-/// `ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED`.
-const FULL_DUPLEX_STREAMED: i32 = 4;
-
-/// Which directions stream full-duplex on this ext_proc stream.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Duplex {
-    pub request: bool,
-    pub response: bool,
-}
-
-impl Duplex {
-    fn of(pc: &ProtocolConfiguration) -> Duplex {
-        Duplex {
-            request: pc.request_body_mode == FULL_DUPLEX_STREAMED,
-            response: pc.response_body_mode == FULL_DUPLEX_STREAMED,
-        }
-    }
-}
 
 impl Exchange<'_> {
     /// Every answer one message calls for, in order (none, one, or the held headers answer
@@ -136,7 +118,7 @@ impl Exchange<'_> {
                 lease,
                 response,
                 |vm, id| {
-                    let t = super::refs(&held);
+                    let t = refs(&held);
                     if response {
                         vm.response_trailers(id, &t).map(drop)
                     } else {
@@ -251,41 +233,13 @@ fn side(response: bool) -> &'static str {
     }
 }
 
-/// A streamed-body answer of the request (`response` false) or response phase carrying `body`.
-pub(crate) fn streamed_chunk(
-    response: bool,
-    body: Vec<u8>,
-    end_of_stream: bool,
-) -> ProcessingResponse {
-    let r = BodyResponse {
-        response: Some(CommonResponse {
-            body_mutation: Some(BodyMutation {
-                mutation: Some(body_mutation::Mutation::StreamedResponse(
-                    StreamedBodyResponse {
-                        body,
-                        end_of_stream,
-                        ..Default::default()
-                    },
-                )),
-            }),
-            ..Default::default()
-        }),
-    };
-    reply(
-        if response {
-            processing_response::Response::ResponseBody(r)
-        } else {
-            processing_response::Response::RequestBody(r)
-        },
-        None,
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::phases::FULL_DUPLEX_STREAMED;
     use crate::pool::Pool;
     use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+    use envoy_types::pb::envoy::service::ext_proc::v3::{body_mutation, ProtocolConfiguration};
     use processing_response::Response as Rs;
 
     /// Holds the request headers and buffers the body until its end (as the routing filter

@@ -36,4 +36,5 @@ pub mod router;
 pub mod scan;
 pub mod shadow;
 pub mod shared_codec;
+pub mod shared_data;
 pub mod verdict;

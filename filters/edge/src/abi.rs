@@ -3,7 +3,7 @@
 //! tested on the compiled module through the wasmtime harness.
 
 #[cfg(not(target_arch = "wasm32"))]
-use crate::{BAD_ARGUMENT, NOT_FOUND, OK};
+use crate::types::{BAD_ARGUMENT, NOT_FOUND, OK};
 
 /// Declares each import once: for wasm32 as an `env` import, natively as the stand-in body.
 macro_rules! hostcalls {

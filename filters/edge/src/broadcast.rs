@@ -13,15 +13,18 @@
 //! state must tolerate that (the pick step's loads expire by lease).
 
 use crate::abi::*;
-use crate::{check, set_shared_data, shared_data, take, HostError, HostResult, CAS_MISMATCH, OK};
+use crate::host::shared_data;
+use crate::shared_table::HostStore;
+use crate::types::{check, take, HostError, HostResult, CAS_MISMATCH, INTERNAL_FAILURE, OK};
+use router_core::shared_data::{compare_and_swap, CasError, Swap};
 use std::cell::RefCell;
+use std::convert::Infallible;
 
 /// Most members listed; a newer worker replaces the oldest (a VM that was reloaded leaves its
 /// name behind, and the list must not grow with every reload).
 pub const MAX_MEMBERS: usize = 64;
 /// Most messages one drain takes, so one callback's work stays bounded.
 pub const MAX_DRAIN: usize = 4096;
-const CAS_ATTEMPTS: usize = 8;
 /// "A member joined: re-read the list." Starts with a zero byte, which no channel's messages
 /// start with (the pick events start with their magic), and never reaches the receiver's `f`.
 pub const HELLO: &[u8] = b"\0llmkube-join";
@@ -57,21 +60,17 @@ impl Broadcast {
         check("proxy_register_shared_queue", unsafe {
             proxy_register_shared_queue(own.as_ptr(), own.len(), &mut own_id)
         })?;
-        let mut joined = Err(HostError {
+        compare_and_swap(&HostStore, &key, None, |list| {
+            let list = with_member(&list.unwrap_or_default(), &own);
+            Ok::<_, Infallible>(Swap::Write(list, ()))
+        })
+        .map_err(|e| HostError {
             call: "proxy_set_shared_data",
-            status: CAS_MISMATCH,
-        });
-        for _ in 0..CAS_ATTEMPTS {
-            let (list, cas) = shared_data(&key)?.unwrap_or_default();
-            match set_shared_data(&key, &with_member(&list, &own), cas) {
-                Err(e) if e.status == CAS_MISMATCH => continue,
-                r => {
-                    joined = r;
-                    break;
-                }
-            }
-        }
-        joined?;
+            status: match e {
+                CasError::Contended => CAS_MISMATCH,
+                _ => INTERNAL_FAILURE,
+            },
+        })?;
         let b = Broadcast {
             key,
             own,

@@ -3,7 +3,9 @@
 //! before the call, so a caller gets a reason instead of a bare BadArgument.
 
 use crate::abi::*;
-use crate::{buffer, check, encode_pairs, header_pairs, Buffer, HostError, HostResult, Map, OK};
+use crate::codec::encode_pairs;
+use crate::host::{buffer, header_pairs};
+use crate::types::{check, Buffer, HostError, HostResult, Map, OK};
 use std::time::Duration;
 
 /// An HTTP call to `upstream` (a cluster name).

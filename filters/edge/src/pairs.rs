@@ -3,7 +3,8 @@
 //! header (the routing filter reads every request's and response's map).
 
 use crate::abi::proxy_get_header_map_pairs;
-use crate::{check, remove_header, take, HostError, HostResult, Map};
+use crate::host::remove_header;
+use crate::types::{check, take, HostError, HostResult, Map};
 use std::ptr::null_mut;
 
 /// Where one header's name and value sit in [`HeaderMap::raw`].
@@ -118,7 +119,7 @@ pub fn header_map(map: Map) -> HostResult<HeaderMap> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{decode_pairs, encode_pairs};
+    use crate::codec::{decode_pairs, encode_pairs};
 
     #[test]
     fn reads_what_the_copying_decoder_reads() {

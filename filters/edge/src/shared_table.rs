@@ -5,50 +5,28 @@
 //! Each worker reads its copy on the request path, so routing makes no shared-data hostcall; a
 //! write on another worker is seen within one refresh, one on this worker at once.
 
-use crate::{set_shared_data, shared_data, HostError, HostResult, CAS_MISMATCH};
+use crate::host::{set_shared_data, shared_data};
+use crate::types::CAS_MISMATCH;
 use router_core::shared_codec::{self, Codec, TooLarge};
-use std::cell::{Ref, RefCell};
+use router_core::shared_data::{
+    compare_and_swap, CasError, ReadFailed, SetError, SharedData, Swap,
+};
+use std::cell::{Cell, Ref, RefCell};
 
 /// How often each worker re-reads its tables (the root tick period).
 pub const REFRESH_MS: u32 = 100;
-/// Writers racing on one value retry this often before giving up.
-pub const CAS_ATTEMPTS: usize = 8;
 
-/// Where a table's value lives: the host's shared data, or a stand-in in tests.
-pub trait Store {
-    /// The value and its compare-and-swap token; `None` when never written.
-    fn get(&self, key: &str) -> HostResult<Option<(Vec<u8>, u32)>>;
-    /// Writes if nobody wrote since `cas` was read (0: unconditionally).
-    fn set(&self, key: &str, value: &[u8], cas: u32) -> HostResult<()>;
-}
-
-/// The host's shared data (one store for every worker's VM of this vm_id).
+/// The host's shared data (one store for every worker's VM of this vm_id), as the core's
+/// [`SharedData`]: the budget ledgers and these tables write through one compare-and-swap loop
+/// over it.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct HostStore;
 
-impl Store for HostStore {
-    fn get(&self, key: &str) -> HostResult<Option<(Vec<u8>, u32)>> {
-        shared_data(key)
+impl SharedData for HostStore {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, ReadFailed> {
+        shared_data(key).map_err(|_| ReadFailed)
     }
-    fn set(&self, key: &str, value: &[u8], cas: u32) -> HostResult<()> {
-        set_shared_data(key, value, cas)
-    }
-}
-
-/// Budget ledgers (`router_core::budget::shared`) run their own compare-and-swap loop over the
-/// same shared data. A failed read is reported as absent, which that loop treats as a missing
-/// ledger: the request is refused (fail closed), never given an empty ledger.
-impl router_core::budget::shared::SharedData for HostStore {
-    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-        shared_data(key).ok().flatten()
-    }
-    fn set(
-        &self,
-        key: &str,
-        value: &[u8],
-        cas: Option<u32>,
-    ) -> Result<(), router_core::budget::shared::SetError> {
-        use router_core::budget::shared::SetError;
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
         match set_shared_data(key, value, cas.unwrap_or(0)) {
             Ok(()) => Ok(()),
             Err(e) if e.status == CAS_MISMATCH => Err(SetError::CasMismatch),
@@ -67,8 +45,9 @@ pub enum Updated {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TableError {
-    Host(HostError),
-    /// Other writers won `CAS_ATTEMPTS` races in a row.
+    /// The host failed a read or write of shared data.
+    Host,
+    /// Other writers won `MAX_CAS_ATTEMPTS` races in a row.
     Contended,
     TooLarge(TooLarge),
 }
@@ -76,18 +55,21 @@ pub enum TableError {
 impl std::fmt::Display for TableError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TableError::Host(e) => e.fmt(f),
+            TableError::Host => f.write_str("the host failed a shared-data read or write"),
             TableError::Contended => f.write_str("too many concurrent writers"),
             TableError::TooLarge(e) => e.fmt(f),
         }
     }
 }
 
-pub struct SharedTable<C: Codec, S: Store = HostStore> {
+pub struct SharedTable<C: Codec, S: SharedData = HostStore> {
     key: String,
     codec: C,
     store: S,
     copy: RefCell<C::Value>,
+    /// The stored version (`cas`) the copy was last read from; unchanged versions are not
+    /// decoded again.
+    read: Cell<Option<u32>>,
 }
 
 impl<C: Codec> SharedTable<C> {
@@ -97,11 +79,12 @@ impl<C: Codec> SharedTable<C> {
     }
 }
 
-impl<C: Codec, S: Store> SharedTable<C, S> {
+impl<C: Codec, S: SharedData> SharedTable<C, S> {
     pub fn with_store(name: &str, router: &str, codec: C, store: S) -> Self {
         SharedTable {
             key: shared_codec::key(name, router),
             copy: RefCell::new(codec.empty()),
+            read: Cell::new(None),
             codec,
             store,
         }
@@ -111,11 +94,16 @@ impl<C: Codec, S: Store> SharedTable<C, S> {
         &self.key
     }
 
-    /// Re-reads the stored value into this worker's copy (root tick). A failed read keeps the
-    /// copy as it was.
-    pub fn refresh(&self) {
-        if let Ok(Some((raw, _))) = self.store.get(&self.key) {
-            *self.copy.borrow_mut() = shared_codec::decode(&self.codec, &raw);
+    /// Re-reads the stored value into this worker's copy (root tick) when it is a version the
+    /// copy was not read from; returns whether it was. A failed read keeps the copy as it was.
+    pub fn refresh(&self) -> bool {
+        match self.store.get(&self.key) {
+            Ok(Some((raw, cas))) if self.read.get() != Some(cas) => {
+                *self.copy.borrow_mut() = shared_codec::decode(&self.codec, &raw);
+                self.read.set(Some(cas));
+                true
+            }
+            _ => false,
         }
     }
 
@@ -128,30 +116,29 @@ impl<C: Codec, S: Store> SharedTable<C, S> {
     /// (then again, on their value). `change` returns whether it changed anything. This worker's
     /// copy is the stored value afterwards.
     pub fn update(&self, change: impl Fn(&mut C::Value) -> bool) -> Result<Updated, TableError> {
-        for _ in 0..CAS_ATTEMPTS {
-            let (mut value, cas) = match self.store.get(&self.key) {
-                Ok(Some((raw, cas))) => (shared_codec::decode(&self.codec, &raw), cas),
-                Ok(None) => (self.codec.empty(), 0),
-                Err(e) => return Err(TableError::Host(e)),
+        let (updated, value) = compare_and_swap(&self.store, &self.key, None, |raw| {
+            let mut value = match raw {
+                Some(raw) => shared_codec::decode(&self.codec, &raw),
+                None => self.codec.empty(),
             };
-            if !change(&mut value) {
-                *self.copy.borrow_mut() = value;
-                return Ok(Updated::Unchanged);
-            }
-            let raw = shared_codec::encode(&self.codec, &value).map_err(TableError::TooLarge)?;
-            match self.store.set(&self.key, &raw, cas) {
-                Ok(()) => {
-                    *self.copy.borrow_mut() = value;
-                    return Ok(Updated::Written);
-                }
-                Err(e) if e.status == CAS_MISMATCH => continue,
-                Err(e) => return Err(TableError::Host(e)),
-            }
-        }
-        Err(TableError::Contended)
+            Ok(if change(&mut value) {
+                let raw = shared_codec::encode(&self.codec, &value)?;
+                Swap::Write(raw, (Updated::Written, value))
+            } else {
+                Swap::Keep((Updated::Unchanged, value))
+            })
+        })
+        .map_err(|e| match e {
+            CasError::Step(too_large) => TableError::TooLarge(too_large),
+            CasError::Host => TableError::Host,
+            CasError::Contended => TableError::Contended,
+        })?;
+        *self.copy.borrow_mut() = value;
+        Ok(updated)
     }
 
-    /// Changes only this worker's copy (until the next refresh), e.g. when sharing failed.
+    /// Changes only this worker's copy (until a refresh reads a newer stored version), e.g. when
+    /// sharing failed.
     pub fn update_local(&self, change: impl FnOnce(&mut C::Value)) {
         change(&mut self.copy.borrow_mut());
     }
@@ -161,7 +148,6 @@ impl<C: Codec, S: Store> SharedTable<C, S> {
 mod tests {
     use super::*;
     use router_core::quarantine::{Quarantine, QuarantineCodec};
-    use std::cell::Cell;
 
     /// One key's value and CAS token; `races` writes by "another worker" land just before ours.
     #[derive(Default)]
@@ -171,32 +157,23 @@ mod tests {
         fail: Cell<bool>,
     }
 
-    impl Store for &Fake {
-        fn get(&self, _: &str) -> HostResult<Option<(Vec<u8>, u32)>> {
+    impl SharedData for &Fake {
+        fn get(&self, _: &str) -> Result<Option<(Vec<u8>, u32)>, ReadFailed> {
             if self.fail.get() {
-                return Err(HostError {
-                    call: "get",
-                    status: 2,
-                });
+                return Err(ReadFailed);
             }
             Ok(self.value.borrow().clone())
         }
-        fn set(&self, _: &str, value: &[u8], cas: u32) -> HostResult<()> {
+        fn set(&self, _: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
             let (stored, current) = self.value.borrow().clone().unwrap_or_default();
             if self.races.get() > 0 {
                 // Another worker rewrites what was there.
                 self.races.set(self.races.get() - 1);
                 *self.value.borrow_mut() = Some((stored, current + 1));
-                return Err(HostError {
-                    call: "set",
-                    status: CAS_MISMATCH,
-                });
+                return Err(SetError::CasMismatch);
             }
-            if cas != 0 && cas != current {
-                return Err(HostError {
-                    call: "set",
-                    status: CAS_MISMATCH,
-                });
+            if cas.is_some_and(|cas| cas != current) {
+                return Err(SetError::CasMismatch);
             }
             *self.value.borrow_mut() = Some((value.to_vec(), current + 1));
             Ok(())
@@ -218,9 +195,13 @@ mod tests {
             !theirs.local().is_quarantined(1, 99),
             "not before a refresh"
         );
-        theirs.refresh();
+        assert!(theirs.refresh(), "a new version is read");
         assert!(theirs.local().is_quarantined(1, 99));
+        assert!(!theirs.refresh(), "the same version is not read again");
         assert_eq!(theirs.update(|q| q.mark(1, 50)), Ok(Updated::Unchanged));
+        assert_eq!(mine.update(|q| q.mark(0, 100)), Ok(Updated::Written));
+        assert!(theirs.refresh(), "the next version is read");
+        assert!(theirs.local().is_quarantined(0, 99));
     }
 
     #[test]
@@ -229,7 +210,7 @@ mod tests {
         let t = table(&store);
         store.races.set(3);
         assert_eq!(t.update(|q| q.mark(0, 10)), Ok(Updated::Written));
-        store.races.set(CAS_ATTEMPTS);
+        store.races.set(router_core::shared_data::MAX_CAS_ATTEMPTS);
         assert_eq!(t.update(|q| q.mark(1, 10)), Err(TableError::Contended));
     }
 
@@ -238,10 +219,7 @@ mod tests {
         let store = Fake::default();
         let t = table(&store);
         store.fail.set(true);
-        assert!(matches!(
-            t.update(|q| q.mark(0, 10)),
-            Err(TableError::Host(_))
-        ));
+        assert!(matches!(t.update(|q| q.mark(0, 10)), Err(TableError::Host)));
         t.update_local(|q| {
             q.mark(0, 10);
         });

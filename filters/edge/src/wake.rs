@@ -4,7 +4,7 @@
 //! root starts there (a callout) belongs to the root, not to the request, and outlives it.
 
 use crate::abi::*;
-use crate::{check, take, HostResult, OK};
+use crate::types::{check, take, HostResult, OK};
 
 /// Most messages one drain takes, so one callback's work stays bounded.
 pub const MAX_DRAIN: usize = 1024;

@@ -35,8 +35,7 @@ use router_core::budget::ratelimit::{RateLimit, Seen};
 use router_core::budget::remote::Admission;
 use router_core::budget::reply::{self, Refused};
 use router_core::budget::shared::{
-    compare_and_swap, create_missing, CasError, Seeing, SharedData, SharedError, SharedLedger,
-    SharedLedgers, Swap,
+    create_missing, Seeing, SharedError, SharedLedger, SharedLedgers,
 };
 use router_core::budget::step::{charged, plan, Attempt, BudgetPlan};
 use router_core::budget::team_slots::{TableError, TeamTable};
@@ -47,6 +46,7 @@ use router_core::budget::worker_lease::{LeasedLedgers, Leases as WorkerLeases};
 use router_core::errors::ApiError;
 use router_core::router::{RequestHeaders, Router};
 use router_core::scan::Fields;
+use router_core::shared_data::{compare_and_swap, CasError, SharedData, Swap};
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -353,7 +353,12 @@ impl Budgets {
         for (i, b) in self.compiled.budgets.iter().enumerate() {
             if matches!(b.scope, Scope::Team { .. }) {
                 let table = self.table_name(i);
-                if data.get(&table).is_none() {
+                // A table that could not be read is not taken for a missing one (and reset).
+                if data
+                    .get(&table)
+                    .map_err(|_| format!("budgets: reading {table} failed"))?
+                    .is_none()
+                {
                     let mut empty = Vec::new();
                     TeamTable::default().encode(&mut empty);
                     data.set(&table, &empty, None)
@@ -393,7 +398,7 @@ impl Budgets {
                 let raw = raw.ok_or(())?;
                 let mut table = TeamTable::decode(&raw, self.compiled.max_teams).map_err(|_| ())?;
                 let changed = table.outlast(now, |slot| {
-                    let (bytes, _) = data.get(&self.ledger_name(i, Some(slot)))?;
+                    let (bytes, _) = data.get(&self.ledger_name(i, Some(slot))).ok()??;
                     let l = router_core::budget::Ledger::from_vec(bytes, &shape, now).ok()?;
                     Some(l.quiet_at(&shape, now))
                 });
@@ -792,7 +797,7 @@ impl Budgets {
                         .budgets
                         .get(k.budget)?
                         .shape(self.compiled.hold_ttl_s);
-                    let (bytes, _) = self.data().get(key)?;
+                    let (bytes, _) = self.data().get(key).ok()??;
                     let l = router_core::budget::Ledger::from_vec(bytes, &shape, now).ok()?;
                     Some(router_core::budget::shared::reading(&l, &shape, now))
                 });
@@ -1147,6 +1152,8 @@ impl Budgets {
         let table = self
             .data()
             .get(&self.table_name(h.key.budget))
+            .ok()
+            .flatten()
             .and_then(|(raw, _)| TeamTable::decode(&raw, self.compiled.max_teams).ok());
         let slot = table.and_then(|t| t.slot_of(team));
         slot.is_some_and(|s| *h.shared == *self.ledger_name(h.key.budget, Some(s)))

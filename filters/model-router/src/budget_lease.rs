@@ -21,9 +21,9 @@ use router_core::budget::compiled::CompiledBudgets;
 use router_core::budget::lease_slots;
 use router_core::budget::protocol::LedgerState;
 use router_core::budget::remote::MAX_REPLY_BYTES;
-use router_core::budget::shared::SharedData;
 use router_core::budget::shared_lease::{self, Admission, Lease, LeaseState, Pending, LEASE_PATH};
 use router_core::budget::window::Amount;
+use router_core::shared_data::SharedData;
 use std::cell::{Cell, RefCell};
 
 /// An admitted request's part of its leases: which (units), their budgets, and the bound it
@@ -135,7 +135,7 @@ impl Leases {
             }
         }
         for u in &units {
-            if HostStore.get(&u.key).is_none() {
+            if matches!(HostStore.get(&u.key), Ok(None)) {
                 if let Err(e) = HostStore.set(&u.key, &LeaseState::default().encode(), None) {
                     edge::log(
                         Level::Warn,

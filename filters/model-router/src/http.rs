@@ -3,7 +3,7 @@
 //! headers and bytes.
 
 use crate::budget::{self, RequestView};
-use crate::Worker;
+use crate::worker::Worker;
 use filter_edge::{self as edge, Buffer, Level, Map};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;

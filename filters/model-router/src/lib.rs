@@ -20,54 +20,18 @@ mod pick;
 mod quarantine;
 mod shadow;
 mod usage;
+mod worker;
 
 use filter_edge::{self as edge, Level};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
-use router_core::audit::Cidr;
-use router_core::orders::Rng;
-use router_core::router::Router;
-use router_core::scan::Scanner;
-use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use worker::Worker;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
-
-/// Per-VM state: every request on this worker reads it (not the host's shared data, which
-/// spans workers; see `quarantine`).
-pub(crate) struct Worker {
-    pub router: Router,
-    /// Lower-cased decision-header names stripped from every request.
-    pub stamped: Vec<String>,
-    /// Scratch reused across requests (one VM runs one request callback at a time).
-    pub scanner: RefCell<Scanner>,
-    /// Weighted picks; seeded from the host's entropy (WASI random_get) once per VM.
-    pub rng: RefCell<Rng>,
-    pub metrics: metrics::Metrics,
-    /// `gen_ai.client.token.usage` per backend, model and team.
-    pub usage: usage::UsageStats,
-    /// `auditLog.trustedProxyCIDRs`, parsed once.
-    pub trusted_proxies: Vec<Cidr>,
-    /// Backends this filter keeps out of attempt orders (stream-idle quarantine).
-    pub quarantine: quarantine::QuarantineTable,
-    /// Whether the host keeps info-level logs (the audit line): asked at configure time and on
-    /// every tick, not per request.
-    pub audit_logged: Cell<bool>,
-    /// `spec.policy.budgets`; `None` when the router has none.
-    pub budgets: Option<budget::Budgets>,
-    /// Pod picking for endpoint-picked backends (state shared with the other workers).
-    pub pick: pick::Pick,
-    /// When this worker saw each backend fail (Envoy ejects it), for `Retry-After`.
-    pub ejections: RefCell<router_core::quarantine::Ejections>,
-    /// Request ids for requests that arrive without one; apart from `rng` so that weighted
-    /// picks draw the same sequence whether or not the gateway sets ids.
-    pub ids: RefCell<Rng>,
-    /// Shadow copies this filter sends itself; `None` where the gateway mirrors them.
-    pub shadow: Option<shadow::Shadow>,
-}
 
 #[derive(Default)]
 struct Root {
@@ -120,44 +84,17 @@ impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         match edge::configured_router() {
             Ok(router) => {
-                let stamped = router.config.stamped_headers();
                 edge::log(
                     Level::Info,
                     &format!("model-router: configured for {}", router.config.router),
                 );
-                let mut seed = [0u8; 8];
-                if let Err(e) = getrandom::fill(&mut seed) {
-                    // Weighted picks would still spread, just predictably: say so, don't fail.
-                    edge::log(
-                        Level::Warn,
-                        &format!("model-router: no entropy for weighted picks: {e}"),
-                    );
-                }
-                let trusted_proxies = router
-                    .config
-                    .audit
-                    .trusted_proxy_cidrs
-                    .iter()
-                    .filter_map(|c| Cidr::parse(c))
-                    .collect();
-                let metrics = metrics::Metrics::new(&router);
-                let budgets = match budget::Budgets::configure(&router) {
-                    Ok(b) => b,
+                let worker = match Worker::new(router) {
+                    Ok(w) => w,
                     Err(e) => {
                         edge::log(Level::Error, &format!("model-router: {e}"));
                         return false;
                     }
                 };
-                let nonce = u64::from_le_bytes(seed) ^ 0x2545_f491_4f6c_dd1d;
-                let shadow = match shadow::Shadow::configure(&router, nonce) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        edge::log(Level::Error, &format!("model-router: {e}"));
-                        return false;
-                    }
-                };
-                let quarantine = quarantine::QuarantineTable::new(&router);
-                quarantine.refresh();
                 if let Err(e) = edge::set_tick_period(edge::shared_table::REFRESH_MS) {
                     // Without ticks a quarantine still holds on the worker that set it.
                     edge::log(
@@ -165,32 +102,7 @@ impl RootContext for Root {
                         &format!("model-router: no tick, quarantines stay per worker: {e}"),
                     );
                 }
-                let pick =
-                    pick::Pick::new(&router, u64::from_le_bytes(seed) ^ 0x9e37_79b9_7f4a_7c15);
-                let ejections = RefCell::new(router_core::quarantine::Ejections::new(
-                    router.backends_len(),
-                ));
-                let usage = usage::UsageStats::new(
-                    (0..router.backends_len()).map(|i| router.backend(i).name.clone()),
-                );
-                self.worker = Some(Rc::new(Worker {
-                    shadow,
-                    pick,
-                    metrics,
-                    usage,
-                    budgets,
-                    quarantine,
-                    audit_logged: Cell::new(edge::log_enabled(Level::Info)),
-                    trusted_proxies,
-                    router,
-                    stamped,
-                    scanner: RefCell::new(Scanner::new()),
-                    rng: RefCell::new(Rng::new(u64::from_le_bytes(seed))),
-                    ejections,
-                    ids: RefCell::new(Rng::new(
-                        u64::from_le_bytes(seed).rotate_left(29) ^ 0x5851_f42d_4c95_7f2d,
-                    )),
-                }));
+                self.worker = Some(Rc::new(worker));
                 true
             }
             Err(e) => {

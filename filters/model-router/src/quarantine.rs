@@ -14,6 +14,9 @@ pub(crate) struct QuarantineTable {
     names: Vec<String>,
     /// `llmkube.quarantines.backend.<name>` per backend index.
     counters: Vec<Option<u32>>,
+    /// `llmkube.quarantines.table_reads`: versions of the table a worker took up on its tick
+    /// (how a quarantine one worker wrote reaches the others).
+    reads: Option<u32>,
 }
 
 impl QuarantineTable {
@@ -36,12 +39,17 @@ impl QuarantineTable {
                 })
                 .collect(),
             names,
+            reads: edge::define_metric(MetricKind::Counter, "llmkube.quarantines.table_reads").ok(),
         }
     }
 
-    /// Re-reads the shared table (root tick).
+    /// Re-reads the shared table (root tick), counting a version not read before.
     pub fn refresh(&self) {
-        self.table.refresh();
+        if self.table.refresh() {
+            if let Some(id) = self.reads {
+                edge::increment_metric(id, 1);
+            }
+        }
     }
 
     /// This worker's copy of the table, when anyone is quarantined at `now` (the common answer

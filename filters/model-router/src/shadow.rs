@@ -9,11 +9,13 @@
 //! root, a copy is still sent, and its answer still frees its slot, when the client's exchange
 //! finished first.
 
+use filter_edge::shared_table::HostStore;
 use filter_edge::wake::Wake;
 use filter_edge::{self as edge, HttpCall, Level, MetricKind};
 use router_core::audit::AuditRecord;
 use router_core::router::{Decision, Router};
 use router_core::shadow::{copy_for, CopyRequest, InFlight, Original, Shadow as Plan};
+use router_core::shared_data::{compare_and_swap, Swap};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -38,9 +40,6 @@ struct Slot {
     target: usize,
     deadline: u64,
 }
-
-/// Attempts at a shared-data update that lost a race to another worker.
-const CAS_ATTEMPTS: usize = 8;
 
 pub(crate) struct Shadow {
     plan: Plan,
@@ -189,28 +188,21 @@ impl Shadow {
         let Some(key) = self.keys.get(target) else {
             return false;
         };
-        for _ in 0..CAS_ATTEMPTS {
-            let (mut flights, cas) = match edge::shared_data(key) {
-                Ok(Some((v, cas))) => (InFlight::decode(&v), cas),
-                Ok(None) => (InFlight::default(), 0),
-                Err(e) => {
-                    edge::log(Level::Warn, &format!("model-router: shadow: {key}: {e}"));
-                    return false;
-                }
-            };
-            if !f(&mut flights) {
-                return false;
-            }
-            match edge::set_shared_data(key, &flights.encode(), cas) {
-                Ok(()) => return true,
-                Err(e) if e.status == edge::CAS_MISMATCH => continue,
-                Err(e) => {
-                    edge::log(Level::Warn, &format!("model-router: shadow: {key}: {e}"));
-                    return false;
-                }
+        let written = compare_and_swap(&HostStore, key, None, |raw| {
+            let mut flights = raw.map(|v| InFlight::decode(&v)).unwrap_or_default();
+            Ok::<_, ()>(if f(&mut flights) {
+                Swap::Write(flights.encode(), true)
+            } else {
+                Swap::Keep(false)
+            })
+        });
+        match written {
+            Ok(w) => w,
+            Err(e) => {
+                edge::log(Level::Warn, &format!("model-router: shadow: {key}: {e:?}"));
+                false
             }
         }
-        false
     }
 
     /// Takes a slot for a copy; `false`: the target has its most in flight (or shared data

@@ -87,6 +87,20 @@ pub fn healthy_panic_threshold() -> Value {
     json!({"value": PANIC_THRESHOLD})
 }
 
+/// A quarantined cluster's `common_lb_config.update_merge_window`. Envoy merges health-only
+/// host updates (an ejection, a failed check) for up to 1 s by default before the workers'
+/// load balancers see them; with none, a quarantine holds on every worker from the moment
+/// Envoy counts it, so the request after the failing one is not sent to the backend.
+pub const UPDATE_MERGE_WINDOW: &str = "0s";
+
+/// A quarantined cluster's `common_lb_config`: no panic mode, no merged health updates.
+pub fn common_lb_config() -> Value {
+    json!({
+        "healthy_panic_threshold": healthy_panic_threshold(),
+        "update_merge_window": UPDATE_MERGE_WINDOW,
+    })
+}
+
 fn without(v: Value, typed: &[&str]) -> Map<String, Value> {
     let Value::Object(mut m) = v else {
         return Map::new();

@@ -20,9 +20,9 @@
 //! that recorded a state since overtaken sets the newest one on its next tick ([`newest`]), so
 //! every worker's last write to the gauge is the newest state within a tick.
 
-use super::shared::{compare_and_swap, SharedData, Swap};
 use super::varint;
 use super::window::Amount;
+use crate::shared_data::{compare_and_swap, SharedData, Swap};
 
 /// One ledger as one service answer reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,7 +94,10 @@ pub fn on_tick(set: &Reading, newest: Option<Reading>) -> Option<Reading> {
 
 /// The newest state shared data holds for `key`, if any.
 pub fn newest<S: SharedData>(data: &S, key: &str) -> Option<Reading> {
-    data.get(key).and_then(|(b, _)| Reading::decode(&b))
+    data.get(key)
+        .ok()
+        .flatten()
+        .and_then(|(b, _)| Reading::decode(&b))
 }
 
 #[cfg(test)]

@@ -17,8 +17,8 @@
 //! of them another team's reserves per request, as without leases; it is never refused for
 //! want of a slot.
 
-use super::shared::SharedData;
 use super::shared_lease::LeaseState;
+use crate::shared_data::SharedData;
 
 pub use crate::config::budgets::DEFAULT_TEAM_SLOTS;
 /// Most slots per team budget (each is a shared-data key the root's tick reads).
@@ -53,7 +53,7 @@ pub fn find<S: SharedData>(
 ) -> Option<usize> {
     let mut free = None;
     for slot in candidates(team, slots) {
-        let Some((bytes, _)) = data.get(&key(slot)) else {
+        let Ok(Some((bytes, _))) = data.get(&key(slot)) else {
             continue;
         };
         let state = if bytes.is_empty() {
@@ -104,7 +104,7 @@ mod tests {
     }
 
     fn state(m: &Mem, slot: usize) -> LeaseState {
-        LeaseState::decode(&m.get(&key(slot)).unwrap().0).unwrap()
+        LeaseState::decode(&m.get(&key(slot)).unwrap().unwrap().0).unwrap()
     }
 
     /// The tick's report of `slot` at `now` (a release when `idle`: max 0) answered with a
@@ -221,14 +221,14 @@ mod tests {
         let both = [("router", ""), (k.as_str(), "red")];
         // The slot has no lease yet: the router lease's admission is given back.
         assert_eq!(admit_all(&m, &both, B, 0, 0), Ok(Admission::NoRoom));
-        let r = LeaseState::decode(&m.get("router").unwrap().0).unwrap();
+        let r = LeaseState::decode(&m.get("router").unwrap().unwrap().0).unwrap();
         assert_eq!(r.admitted, Amount::ZERO);
         report(&m, 0, 0, 100, false);
         assert_eq!(admit_all(&m, &both, B, 1, 0), Ok(Admission::Admitted));
         // The slot taken by another team: nothing stays on the router lease.
         let blue = [("router", ""), (k.as_str(), "blue")];
         assert_eq!(admit_all(&m, &blue, B, 1, 0), Ok(Admission::Taken(1)));
-        let r = LeaseState::decode(&m.get("router").unwrap().0).unwrap();
+        let r = LeaseState::decode(&m.get("router").unwrap().unwrap().0).unwrap();
         assert_eq!(r.admitted, B, "only red's admission");
     }
 
@@ -244,7 +244,7 @@ mod tests {
         let st = state(&m, 0);
         assert_eq!((st.team.as_str(), st.wanted), ("red", true), "{st:?}");
         assert!(
-            LeaseState::decode(&m.get("router").unwrap().0)
+            LeaseState::decode(&m.get("router").unwrap().unwrap().0)
                 .unwrap()
                 .wanted
         );

@@ -15,64 +15,7 @@ use super::ledger::{Caps, Hold, Ledger, Shape, Wait};
 use super::ratelimit::Seen;
 use super::window::Amount;
 
-/// Attempts per update before giving up: each failed CAS means another request's update went
-/// through, so this only ends a pathological storm.
-pub const MAX_CAS_ATTEMPTS: usize = 64;
-
-/// The host's shared data, as the proxy-wasm ABI offers it.
-pub trait SharedData {
-    /// The value and its CAS token, `None` if the key is absent (or the host failed).
-    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)>;
-    /// Writes `value` if the key's token is still `cas` (`None`: unconditionally).
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError>;
-}
-
-/// What one attempt of [`compare_and_swap`] decided from the value it read.
-pub enum Swap<T, V> {
-    /// Nothing to write: the answer.
-    Keep(T),
-    /// Write `V` if nobody wrote since the read, then answer `T`.
-    Write(V, T),
-}
-
-/// Why [`compare_and_swap`] gave up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CasError<E> {
-    /// The step refused the value it read.
-    Step(E),
-    /// The host failed the write.
-    Host,
-    /// [`MAX_CAS_ATTEMPTS`] writes were lost to other writers.
-    Contended,
-}
-
-/// The one read → change → compare-and-swap loop over shared data: `step` decides from the
-/// value under `key` (`None`: absent), its write lands only if nobody wrote since the read, and
-/// a lost race runs `step` again on the newer value (so `step` must depend only on the value it
-/// is given). An absent key is written with the token `absent` (`None`: unconditionally; Envoy
-/// accepts any token for a key that does not exist).
-pub fn compare_and_swap<S: SharedData + ?Sized, T, V: AsRef<[u8]>, E>(
-    data: &S,
-    key: &str,
-    absent: Option<u32>,
-    mut step: impl FnMut(Option<Vec<u8>>) -> Result<Swap<T, V>, E>,
-) -> Result<T, CasError<E>> {
-    for _ in 0..MAX_CAS_ATTEMPTS {
-        let (value, cas) = match data.get(key) {
-            Some((v, cas)) => (Some(v), Some(cas)),
-            None => (None, absent),
-        };
-        match step(value).map_err(CasError::Step)? {
-            Swap::Keep(out) => return Ok(out),
-            Swap::Write(v, out) => match data.set(key, v.as_ref(), cas) {
-                Ok(()) => return Ok(out),
-                Err(SetError::CasMismatch) => continue,
-                Err(SetError::Host) => return Err(CasError::Host),
-            },
-        }
-    }
-    Err(CasError::Contended)
-}
+use crate::shared_data::{compare_and_swap, CasError, SharedData, Swap};
 
 impl SharedError {
     /// A [`compare_and_swap`] on `key` that gave up, as the ledgers report it.
@@ -82,13 +25,6 @@ impl SharedError {
             CasError::Host | CasError::Contended => SharedError::Contended(key.to_string()),
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SetError {
-    CasMismatch,
-    /// Any other host failure.
-    Host,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,9 +51,11 @@ pub fn create_missing<S: SharedData>(
     ledgers: &[SharedLedger<'_>],
 ) -> Result<(), SharedError> {
     for l in ledgers {
-        if data.get(l.key).is_none() {
+        let contended = || SharedError::Contended(l.key.to_string());
+        // A ledger that could not be read is not taken for a missing one (and reset).
+        if data.get(l.key).map_err(|_| contended())?.is_none() {
             data.set(l.key, Ledger::new(&l.shape).as_bytes(), None)
-                .map_err(|_| SharedError::Contended(l.key.to_string()))?;
+                .map_err(|_| contended())?;
         }
     }
     Ok(())
@@ -258,6 +196,7 @@ mod tests {
     use super::*;
     use crate::budget::admit::admit_all;
     use crate::budget::test_store::{envoy_set, Envoyish, Map};
+    use crate::shared_data::{ReadFailed, SetError};
 
     fn one(_: &LedgerKey) -> Option<SharedLedger<'static>> {
         Some(SharedLedger {
@@ -323,11 +262,11 @@ mod tests {
         let data = Envoyish::default();
         let l = one(&KEY).unwrap();
         create_missing(&data, &[l]).unwrap();
-        let first = data.get("llmkube.budget.all").unwrap();
+        let first = data.get("llmkube.budget.all").unwrap().unwrap();
         assert_eq!(first.0.len(), Ledger::max_encoded_len(&Shape::new(60, 900)));
         // Creating again leaves an existing ledger alone.
         create_missing(&data, &[one(&KEY).unwrap()]).unwrap();
-        assert_eq!(data.get("llmkube.budget.all").unwrap(), first);
+        assert_eq!(data.get("llmkube.budget.all").unwrap().unwrap(), first);
         let mut store = SharedLedgers {
             data: &data,
             ledger: one,
@@ -394,8 +333,8 @@ mod tests {
         #[derive(Default)]
         struct Locked(Mutex<(Map, u32)>);
         impl SharedData for Locked {
-            fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-                self.0.lock().ok()?.0.get(key).cloned()
+            fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, ReadFailed> {
+                Ok(self.0.lock().map_err(|_| ReadFailed)?.0.get(key).cloned())
             }
             fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
                 let mut g = self.0.lock().map_err(|_| SetError::Host)?;

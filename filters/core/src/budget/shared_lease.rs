@@ -15,8 +15,9 @@
 
 use super::ledger::Caps;
 use super::money::parse_usd;
-use super::shared::{compare_and_swap, SharedData, SharedError, Swap};
+use super::shared::SharedError;
 use super::window::Amount;
+use crate::shared_data::{compare_and_swap, SharedData, Swap};
 
 /// A lease's size in a dimension the gateway sets no lease maximum for (its budget has no cap
 /// there, so the hold's amount in it limits nothing): large, and exact in Lua's doubles.
@@ -703,7 +704,7 @@ mod tests {
     }
 
     fn get(m: &Mem, key: &str) -> LeaseState {
-        LeaseState::decode(&m.get(key).unwrap().0).unwrap()
+        LeaseState::decode(&m.get(key).unwrap().unwrap().0).unwrap()
     }
 
     const CFG: Lease = Lease {

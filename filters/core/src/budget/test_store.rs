@@ -2,7 +2,7 @@
 //! key accepts any token, and a hook that runs once before the next `set` (another worker's
 //! write landing between this worker's read and its write).
 
-use super::shared::{SetError, SharedData};
+use crate::shared_data::{ReadFailed, SetError, SharedData};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
@@ -35,8 +35,8 @@ pub struct Envoyish {
 }
 
 impl SharedData for Envoyish {
-    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-        self.map.borrow().get(key).cloned()
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, ReadFailed> {
+        Ok(self.map.borrow().get(key).cloned())
     }
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
         let hook = self.interleave.borrow_mut().take();

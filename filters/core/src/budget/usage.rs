@@ -42,27 +42,7 @@ const KEY_BUF: usize = 12;
 /// Deepest container whose key we track (`message.usage` is at depth 2).
 const TRACKED_DEPTH: usize = 3;
 
-/// Tokens a response reports (either side may be missing, e.g. a stream cut short).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub prompt: Option<u64>,
-    pub completion: Option<u64>,
-    /// Prompt tokens served from the engine's prompt cache (part of `prompt`): OpenAI's
-    /// `prompt_tokens_details.cached_tokens`, Responses' `input_tokens_details.cached_tokens`,
-    /// Anthropic's `cache_read_input_tokens`.
-    pub cached: Option<u64>,
-}
-
-impl Usage {
-    fn merge(&mut self, newer: Usage) {
-        self.prompt = newer.prompt.or(self.prompt);
-        self.completion = newer.completion.or(self.completion);
-        self.cached = newer.cached.or(self.cached);
-    }
-    pub fn is_empty(&self) -> bool {
-        self.prompt.is_none() && self.completion.is_none()
-    }
-}
+pub use super::usage_object::Usage;
 
 /// What a request is charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -669,66 +649,6 @@ pub fn split_invariance(data: &[u8]) -> Result<(), String> {
     };
     if forwarded_all && whole.1 != expected_out {
         return Err("bytes were changed without stripping a usage chunk".into());
-    }
-    Ok(())
-}
-
-/// What the `usage_stream` fuzz target and the corpus replay also check: this reader and the
-/// one before it (`usage_oracle`, a branch per byte and a `serde_json::Value` per `usage`
-/// object) give the same usage, the same forwarded bytes after every piece, the same content
-/// count and the same stripping, with `data` cut as for [`split_invariance`]; and read as one
-/// `usage` object, the body gives the same counts.
-#[cfg(any(test, feature = "usage-oracle"))]
-#[doc(hidden)]
-pub fn matches_oracle(data: &[u8]) -> Result<(), String> {
-    use super::usage_oracle::{self, OldReader};
-    let (Some(&flags), Some(&a), Some(&b)) = (data.first(), data.get(1), data.get(2)) else {
-        return Ok(());
-    };
-    let body = &data[3..];
-    let kind = if flags & 1 == 0 {
-        BodyKind::EventStream
-    } else {
-        BodyKind::Json
-    };
-    let strip = flags & 2 != 0;
-    let cut = |x: u8| (x as usize * body.len()) / 255;
-    let (i, j) = (cut(a.min(b)), cut(a.max(b)));
-    let pieces: [&[u8]; 3] = [&body[..i], &body[i..j], &body[j..]];
-    let mut new = UsageReader::new(kind, strip);
-    let mut old = OldReader::new(kind, strip);
-    for (n, p) in pieces.iter().enumerate() {
-        let (mut o_new, mut o_old) = (Vec::new(), Vec::new());
-        new.feed(p, &mut o_new);
-        old.feed(p, &mut o_old);
-        if o_new != o_old {
-            return Err(format!(
-                "piece {n} (cut at {i},{j}): forwarded bytes differ"
-            ));
-        }
-    }
-    let (mut o_new, mut o_old) = (Vec::new(), Vec::new());
-    let got = (
-        new.finish(&mut o_new),
-        o_new,
-        new.content_bytes(),
-        new.stripped(),
-    );
-    let want = (
-        old.finish(&mut o_old),
-        o_old,
-        old.content_bytes(),
-        old.stripped(),
-    );
-    if got != want {
-        return Err(format!("cut at {i},{j}: {got:?} != oracle {want:?}"));
-    }
-    let (u_new, u_old) = (
-        super::usage_object::parse_usage(body),
-        usage_oracle::parse_usage(body),
-    );
-    if u_new != u_old {
-        return Err(format!("as a usage object: {u_new:?} != oracle {u_old:?}"));
     }
     Ok(())
 }

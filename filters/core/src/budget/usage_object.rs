@@ -1,4 +1,5 @@
-//! The token counts of one captured `usage` object, read without building a document.
+//! The token counts a response reports ([`Usage`]), read from one captured `usage` object
+//! without building a document.
 //!
 //! The object is accepted or refused whole exactly as `serde_json::from_slice::<Value>` would
 //! (the reader before this one, kept as the oracle in `usage_oracle`): a syntax error anywhere,
@@ -9,7 +10,27 @@
 //! here; a string with an escape or a non-ASCII byte, and a number that is not a plain `u64`,
 //! are handed to serde_json for that one token, so its rules decide the rare cases.
 
-use super::usage::Usage;
+/// Tokens a response reports (either side may be missing, e.g. a stream cut short).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt: Option<u64>,
+    pub completion: Option<u64>,
+    /// Prompt tokens served from the engine's prompt cache (part of `prompt`): OpenAI's
+    /// `prompt_tokens_details.cached_tokens`, Responses' `input_tokens_details.cached_tokens`,
+    /// Anthropic's `cache_read_input_tokens`.
+    pub cached: Option<u64>,
+}
+
+impl Usage {
+    pub(super) fn merge(&mut self, newer: Usage) {
+        self.prompt = newer.prompt.or(self.prompt);
+        self.completion = newer.completion.or(self.completion);
+        self.cached = newer.cached.or(self.cached);
+    }
+    pub fn is_empty(&self) -> bool {
+        self.prompt.is_none() && self.completion.is_none()
+    }
+}
 
 /// serde_json refuses a document nested this deep (it counts down from 128 per container).
 const DEPTH_LIMIT: usize = 128;

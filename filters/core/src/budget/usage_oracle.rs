@@ -3,7 +3,7 @@
 //! the new reader is compared with (unit tests, the corpus replay, the `usage_stream` fuzz
 //! target through the `usage-oracle` feature); never built into the filter.
 
-use super::usage::{BodyKind, Usage, MAX_HELD_EVENT, MAX_USAGE_BYTES};
+use super::usage::{BodyKind, Usage, UsageReader, MAX_HELD_EVENT, MAX_USAGE_BYTES};
 
 const KEY_BUF: usize = 12;
 const TRACKED_DEPTH: usize = 3;
@@ -432,10 +432,64 @@ impl OldReader {
     }
 }
 
+/// What the `usage_stream` fuzz target and the corpus replay also check: this reader and the
+/// one before it (this module, a branch per byte and a `serde_json::Value` per `usage`
+/// object) give the same usage, the same forwarded bytes after every piece, the same content
+/// count and the same stripping, with `data` cut as for [`split_invariance`]; and read as one
+/// `usage` object, the body gives the same counts.
+pub fn matches_oracle(data: &[u8]) -> Result<(), String> {
+    let (Some(&flags), Some(&a), Some(&b)) = (data.first(), data.get(1), data.get(2)) else {
+        return Ok(());
+    };
+    let body = &data[3..];
+    let kind = if flags & 1 == 0 {
+        BodyKind::EventStream
+    } else {
+        BodyKind::Json
+    };
+    let strip = flags & 2 != 0;
+    let cut = |x: u8| (x as usize * body.len()) / 255;
+    let (i, j) = (cut(a.min(b)), cut(a.max(b)));
+    let pieces: [&[u8]; 3] = [&body[..i], &body[i..j], &body[j..]];
+    let mut new = UsageReader::new(kind, strip);
+    let mut old = OldReader::new(kind, strip);
+    for (n, p) in pieces.iter().enumerate() {
+        let (mut o_new, mut o_old) = (Vec::new(), Vec::new());
+        new.feed(p, &mut o_new);
+        old.feed(p, &mut o_old);
+        if o_new != o_old {
+            return Err(format!(
+                "piece {n} (cut at {i},{j}): forwarded bytes differ"
+            ));
+        }
+    }
+    let (mut o_new, mut o_old) = (Vec::new(), Vec::new());
+    let got = (
+        new.finish(&mut o_new),
+        o_new,
+        new.content_bytes(),
+        new.stripped(),
+    );
+    let want = (
+        old.finish(&mut o_old),
+        o_old,
+        old.content_bytes(),
+        old.stripped(),
+    );
+    if got != want {
+        return Err(format!("cut at {i},{j}: {got:?} != oracle {want:?}"));
+    }
+    let (u_new, u_old) = (super::usage_object::parse_usage(body), parse_usage(body));
+    if u_new != u_old {
+        return Err(format!("as a usage object: {u_new:?} != oracle {u_old:?}"));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::OldReader;
-    use crate::budget::usage::{matches_oracle, BodyKind, UsageReader};
+    use super::{matches_oracle, OldReader};
+    use crate::budget::usage::{BodyKind, UsageReader};
 
     /// Bodies the new reader must read exactly as the oracle: every API shape, usage inside
     /// content strings (escaped quotes and backslashes around it), nested `usage` keys that are

@@ -27,8 +27,9 @@ use super::admit::{LedgerKey, LedgerStore};
 use super::gauge::Reading;
 use super::ledger::{Caps, Hold, Ledger, Shape, Wait};
 use super::ratelimit::Seen;
-use super::shared::{reading, SharedData, SharedError, SharedLedger, SharedLedgers};
+use super::shared::{reading, SharedError, SharedLedger, SharedLedgers};
 use super::window::Amount;
+use crate::shared_data::SharedData;
 use std::rc::Rc;
 
 /// A renewal leases at most this share of the room left free after it, so the other workers

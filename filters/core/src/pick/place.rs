@@ -9,10 +9,17 @@
 //!
 //! The home is what makes the placement hold up when the table is empty or wrong: a prefix the
 //! table forgot, or that another gateway replica placed, still goes where its cache most likely
-//! is, and every replica computes the same home without sharing anything.
+//! is, and every replica computes the same home without sharing anything. Where other gateways
+//! send to the same pods (`Company::Others`, read from the engines' counters), a prompt this
+//! gateway does not know is not thereby new to the pods: the other replicas placed it at the
+//! same home, so it goes home within the known-prefix slack ([`LOAD_SLACK_REQUESTS`]) like a
+//! prefix the pod is known to hold. The tight home slack would send it to the next pod as soon
+//! as this gateway's own share of the home's load (its in-flight count, a fraction of the
+//! pod's) ran one ahead, at a moment that differs per replica, copying the prefix once per
+//! replica into caches that may hold only a few tenants.
 
 use super::blocks::mix;
-use super::Picker;
+use super::{Company, Picker};
 
 /// A pod holding some of the prompt stays a candidate while it has at most this many more
 /// requests in flight than the least loaded pod: reusing a cached prefix saves a whole prefill,
@@ -23,6 +30,7 @@ pub const LOAD_SLACK_REQUESTS: u64 = 4;
 /// A prompt no pod is known to hold goes to its home while the home has at most this many more
 /// requests in flight than the least loaded pod: nothing known cached is traded for the wait,
 /// so the bound is tight (a unique prompt then waits about as a least-loaded balancer's).
+/// Among other gateways the home gets [`LOAD_SLACK_REQUESTS`] instead (see the module doc).
 pub const HOME_SLACK_REQUESTS: u64 = 1;
 
 impl Picker {
@@ -68,7 +76,11 @@ impl Picker {
                 .filter(move |&(_, &f)| f <= least.saturating_add(slack))
         };
         if live.iter().all(|&i| held(i) == 0) {
-            return within(HOME_SLACK_REQUESTS)
+            let slack = match self.company(now) {
+                Company::Others => LOAD_SLACK_REQUESTS,
+                Company::Alone | Company::Unknown => HOME_SLACK_REQUESTS,
+            };
+            return within(slack)
                 .max_by_key(|&(&i, _)| rendezvous(i))
                 .map(|(&i, _)| i);
         }

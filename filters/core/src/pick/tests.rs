@@ -740,3 +740,44 @@ fn a_forgotten_prefix_returns_to_its_home_within_the_load_bound() {
         q.release(t, done(), 0);
     }
 }
+
+/// Among other gateways a prompt this one does not know goes to its home while the home is
+/// within the known-prefix load slack (the other replicas' copies of it are there, and this
+/// gateway's in-flight count is only its share of the pod's load); a lone gateway keeps the
+/// tight home slack.
+#[test]
+fn among_other_gateways_an_unknown_prompt_goes_home_within_the_known_prefix_slack() {
+    let run = |others: bool| {
+        let c = Config {
+            known_balance_percent: 0,
+            ..cfg()
+        };
+        let tenant = prompt(&text("another replica's tenant", 3000), 256);
+        let home = {
+            let mut probe = Picker::new(c.clone(), &pods(4));
+            pod(probe.pick(&req(&tenant), 0)).pod()
+        };
+        let mut p = Picker::new(c, &pods(4));
+        let mut counters = [0.0; 4];
+        computed_since(&mut p, &mut counters, &[0.0; 4], S);
+        let engines = if others { 40_000.0 } else { 0.0 };
+        computed_since(&mut p, &mut counters, &[engines; 4], 2 * S);
+        assert_eq!(p.others_send(2 * S), others);
+        // Two requests in flight on the home, none elsewhere.
+        let allowed: Vec<bool> = (0..4).map(|i| i == home).collect();
+        let short = prompt("hi", 256);
+        let held: Vec<Ticket> = (0..2)
+            .map(|_| pod(p.pick_within(&req(&short), &allowed, 2 * S)))
+            .collect();
+        let t = pod(p.pick(&req(&tenant), 2 * S));
+        let at = t.pod();
+        for t in held.into_iter().chain([t]) {
+            p.release(t, done(), 2 * S);
+        }
+        (home, at)
+    };
+    let (home, at) = run(true);
+    assert_eq!(at, home, "among others: home within the known-prefix slack");
+    let (home, at) = run(false);
+    assert_ne!(at, home, "alone: past the home slack");
+}

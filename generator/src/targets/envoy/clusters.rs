@@ -49,8 +49,8 @@ pub(super) fn via_cluster_config(backend: &str, tier: rc::Tier, buffer_limit: u6
 }
 
 /// `backend-<b>`: the backend's endpoints with the quarantine ([`crate::targets::quarantine`]:
-/// one 5xx ejects for `quarantine`, a TCP health check for refused connections) and no panic
-/// mode.
+/// one 5xx ejects for `quarantine`, a TCP health check for refused connections), no panic
+/// mode and health updates reaching the workers unmerged.
 pub(super) fn backend_cluster_config(
     b: &Backend,
     quarantine: &str,
@@ -60,8 +60,7 @@ pub(super) fn backend_cluster_config(
     let mut c = endpoint_cluster(&backend_cluster(&b.name), b, buffer_limit, ca_file);
     c["outlier_detection"] = quarantine::outlier_detection(quarantine);
     c["health_checks"] = json!([quarantine::health_check(quarantine)]);
-    c["common_lb_config"] =
-        json!({"healthy_panic_threshold": quarantine::healthy_panic_threshold()});
+    c["common_lb_config"] = quarantine::common_lb_config();
     c
 }
 

@@ -144,17 +144,24 @@ fn rule_clusters(ir: &Ir, route_names: &[String], i: usize) -> Vec<String> {
     }
 }
 
-/// `add` patches of every quarantine field the BackendTrafficPolicy lacks, on every rule
+/// `add` patches of every quarantine field the BackendTrafficPolicy lacks (with
+/// [`q::UPDATE_MERGE_WINDOW`]), on every rule
 /// cluster (one operation per field: the fields Envoy Gateway writes itself, e.g. health-check
 /// logging from the EnvoyProxy, stay).
 pub(super) fn patches(ir: &Ir, route_names: &[String]) -> Vec<Value> {
     let quarantine = envoy_duration(ir.timeouts.quarantine);
     let od = q::untyped_outlier_detection(&quarantine);
     let hc = q::untyped_health_check(&quarantine);
+    // The BackendTrafficPolicy's panic threshold makes Envoy Gateway write `common_lb_config`.
+    let merge_window = Value::from(q::UPDATE_MERGE_WINDOW);
     let fields: Vec<(String, &Value)> = od
         .iter()
         .map(|(k, v)| (format!("/outlier_detection/{k}"), v))
         .chain(hc.iter().map(|(k, v)| (format!("/health_checks/0/{k}"), v)))
+        .chain(std::iter::once((
+            "/common_lb_config/update_merge_window".to_string(),
+            &merge_window,
+        )))
         .collect();
     (0..ir.routes.len())
         .flat_map(|i| rule_clusters(ir, route_names, i))

@@ -1,7 +1,8 @@
 use super::*;
 use crate::budget::admit::admit_all;
-use crate::budget::shared::{create_missing, SetError};
+use crate::budget::shared::create_missing;
 use crate::budget::test_store::Envoyish;
+use crate::shared_data::{ReadFailed, SetError};
 use std::cell::Cell;
 
 /// Envoy's shared data, counting the calls the filter would make.
@@ -13,7 +14,7 @@ struct Counted {
 }
 
 impl SharedData for Counted {
-    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u32)>, ReadFailed> {
         self.gets.set(self.gets.get() + 1);
         self.data.get(key)
     }

@@ -4,6 +4,7 @@
 use crate::conn::Connector;
 use futures_util::future::join_all;
 use router_core::budget::protocol::{LedgerRef, Utilization};
+use router_core::budget::shared_lease::Trim;
 use router_core::budget::window::Geometry;
 use router_core::budget::{Amount, Caps};
 use std::collections::HashSet;
@@ -181,24 +182,39 @@ impl RedisStore {
         amount: Amount,
         ttl_ms: u64,
         with_caps: bool,
+        trims: &[Trim],
     ) -> Vec<Result<Vec<(i64, i64, LedgerUse)>, StoreError>> {
-        join_all(refs.iter().map(|l| {
-            self.call(
-                op,
-                clock,
-                router,
-                std::slice::from_ref(l),
-                id,
-                amount,
-                ttl_ms,
-                with_caps,
-            )
+        join_all(refs.iter().enumerate().map(|(i, l)| {
+            // Each call has one ledger: its trims name it as ledger 0.
+            let own: Vec<Trim> = trims
+                .iter()
+                .filter(|t| t.key == i)
+                .map(|t| Trim {
+                    key: 0,
+                    ..t.clone()
+                })
+                .collect();
+            async move {
+                self.call(
+                    op,
+                    clock,
+                    router,
+                    std::slice::from_ref(l),
+                    id,
+                    amount,
+                    ttl_ms,
+                    with_caps,
+                    &own,
+                )
+                .await
+            }
         }))
         .await
     }
 
     /// One script call on `ledgers` (all in one hash slot, or any in a single Redis): the
-    /// ledgers as the call left them, with the script's code and wait for each.
+    /// ledgers as the call left them, with the script's code and wait for each. `trims`: lease
+    /// holds a reserve cuts down first (`ReserveRequest::leases`).
     #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
@@ -210,6 +226,7 @@ impl RedisStore {
         amount: Amount,
         ttl_ms: u64,
         with_caps: bool,
+        trims: &[Trim],
     ) -> Result<Vec<(i64, i64, LedgerUse)>, StoreError> {
         let mut inv = self.script.prepare_invoke();
         let now: i64 = clock.map_or(-1, |t| t as i64);
@@ -234,6 +251,13 @@ impl RedisStore {
                 .arg(g.lifetime_ms)
                 .arg(caps.tokens.map_or(-1i64, |t| t.min(i64::MAX as u64) as i64))
                 .arg(caps.pico.map_or("-1".to_string(), |p| p.to_string()));
+        }
+        inv.arg(trims.len());
+        for t in trims {
+            inv.arg(t.key)
+                .arg(&t.id)
+                .arg(t.keep.tokens)
+                .arg(t.keep.pico.to_string());
         }
         let mut c = self.conn.get().await?;
         let reply: Vec<String> = inv.invoke_async(&mut c).await?;
@@ -283,6 +307,7 @@ impl RedisStore {
         amount: Amount,
         ttl_ms: u64,
         max_teams: Option<u64>,
+        trims: &[Trim],
     ) -> Result<Vec<(Reserve, LedgerUse)>, StoreError> {
         // Every team with a ledger is in its budget's index (status lists them from it); the
         // bound applies when the gateway sends one.
@@ -319,10 +344,11 @@ impl RedisStore {
                 }
             }
         }
-        self.reserve_holds(clock, router, ledgers, id, amount, ttl_ms)
+        self.reserve_holds(clock, router, ledgers, id, amount, ttl_ms, trims)
             .await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn reserve_holds(
         &self,
         clock: Clock,
@@ -331,12 +357,13 @@ impl RedisStore {
         id: &str,
         amount: Amount,
         ttl_ms: u64,
+        trims: &[Trim],
     ) -> Result<Vec<(Reserve, LedgerUse)>, StoreError> {
         let op = if self.hold { "reserve" } else { "check" };
         let refs: Vec<&LedgerRef> = ledgers.iter().collect();
         let mut out: Vec<(Reserve, LedgerUse)> = if self.conn.is_cluster() {
             let calls = self
-                .per_ledger(op, clock, router, &refs, id, amount, ttl_ms, true)
+                .per_ledger(op, clock, router, &refs, id, amount, ttl_ms, true, trims)
                 .await;
             let mut out = Vec::with_capacity(ledgers.len());
             let mut failure = None;
@@ -369,6 +396,7 @@ impl RedisStore {
                         Amount::ZERO,
                         ttl_ms,
                         false,
+                        &[],
                     )
                 }))
                 .await;
@@ -384,7 +412,7 @@ impl RedisStore {
             }
             out
         } else {
-            self.call(op, clock, router, &refs, id, amount, ttl_ms, true)
+            self.call(op, clock, router, &refs, id, amount, ttl_ms, true, trims)
                 .await?
                 .into_iter()
                 .map(|(code, wait, now)| (reserve_outcome(code, wait), now))
@@ -423,6 +451,7 @@ impl RedisStore {
                 amount,
                 ttl_ms,
                 None,
+                &[],
             )
             .await?;
         v.pop()
@@ -484,7 +513,7 @@ impl RedisStore {
     ) -> Result<Vec<(i64, i64, LedgerUse)>, StoreError> {
         let answers = if self.conn.is_cluster() {
             let calls = self
-                .per_ledger(op, clock, router, refs, id, amount, ttl_ms, false)
+                .per_ledger(op, clock, router, refs, id, amount, ttl_ms, false, &[])
                 .await;
             let mut all = Vec::with_capacity(refs.len());
             for r in calls {
@@ -492,7 +521,7 @@ impl RedisStore {
             }
             all
         } else {
-            self.call(op, clock, router, refs, id, amount, ttl_ms, false)
+            self.call(op, clock, router, refs, id, amount, ttl_ms, false, &[])
                 .await?
         };
         Ok(answers)
@@ -523,7 +552,17 @@ impl RedisStore {
         l: &LedgerRef,
     ) -> Result<(Amount, Amount), StoreError> {
         let mut v = self
-            .call("status", clock, router, &[l], "", Amount::ZERO, 0, false)
+            .call(
+                "status",
+                clock,
+                router,
+                &[l],
+                "",
+                Amount::ZERO,
+                0,
+                false,
+                &[],
+            )
             .await?;
         let (_, _, u) = v
             .pop()

@@ -31,9 +31,6 @@
 -- ARGV[3] reservation id, ARGV[4] tokens, ARGV[5] pico (decimal string), ARGV[6] hold ttl ms
 -- then per ledger i: ARGV[7+4i] bucket width ms, ARGV[8+4i] window ms,
 --                    ARGV[9+4i] token cap or -1, ARGV[10+4i] pico cap or -1
--- reserve and check, after the n ledgers: ARGV[7+4n] the number m of lease trims, then per
--- trim j: ARGV[8+4n+4j] ledger index i, the lease's id, the tokens and pico it keeps (a lease
--- of the gateway gives its unused room back before the request is checked; see `trim`)
 --
 -- Answer: 7 strings per ledger: code, wait, spent tokens, spent pico, held tokens, held pico,
 -- version. Reserve codes: 1 held (or, for check, fits), 2 the id had ended (nothing held),
@@ -272,7 +269,7 @@ local function exists(L) return redis.call('EXISTS', L.W) == 1 end
 local function save(L, held_dirty)
   if not held_dirty and not exists(L) then return end
   local f = {}
-  if held_dirty or #L.expired > 0 or L.trimmed then
+  if held_dirty or #L.expired > 0 then
     table.insert(f, 'ht'); table.insert(f, istr(L.held_t))
     table.insert(f, 'hu'); table.insert(f, pstr(L.held_p))
   end
@@ -391,24 +388,6 @@ local function finish(L, charge_t, charge_p)
   return found
 end
 
--- A lease's hold `lid` on L cut down to keep_t tokens and keep_p pico, never raised (it may be
--- gone: replaced by a report, ended, expired). A gateway sends this with a request its lease
--- could not admit: the lease gives back the room it holds beyond its use not reported yet and
--- its requests in flight, which would otherwise count as held against the request.
-local function trim(L, lid, keep_t, keep_p)
-  local h = redis.call('HGET', L.R, lid)
-  local sp = h and string.find(h, ' ')
-  if not sp then return end
-  local t, p = tonumber(string.sub(h, 1, sp - 1)), P(string.sub(h, sp + 1))
-  local nt, np = math.min(t, keep_t), p
-  if ple(keep_p, p) then np = keep_p end
-  if nt == t and ple(p, np) then return end
-  L.held_t = math.max(0, L.held_t - (t - nt))
-  L.held_p = psub(L.held_p, psub(p, np))
-  redis.call('HSET', L.R, lid, istr(nt) .. ' ' .. pstr(np))
-  L.trimmed = true
-end
-
 local n = math.floor(#KEYS / 3)
 local ledgers = {}
 for i = 0, n - 1 do ledgers[i + 1] = load(i) end
@@ -418,15 +397,6 @@ if op == 'reserve' or op == 'check' then
   local refused = false
   for _, L in ipairs(ledgers) do
     L.prior = (op == 'reserve') and redis.call('HGET', L.R, id)
-  end
-  -- Lease trims, once: a reserve sent again (its id known here) applied them the first time.
-  local base = 7 + 4 * n
-  for j = 0, tonumber(ARGV[base] or '0') - 1 do
-    local at = base + 1 + 4 * j
-    local L = ledgers[tonumber(ARGV[at]) + 1]
-    if L and not L.prior then trim(L, ARGV[at + 1], tonumber(ARGV[at + 2]), P(ARGV[at + 3])) end
-  end
-  for _, L in ipairs(ledgers) do
     if not L.prior and not fits(L, L.spent_t + L.held_t, padd(L.spent_p, L.held_p)) then
       L.refused = true
       refused = true

@@ -10,9 +10,8 @@ use router_core::budget::admit::DEFAULT_HOLD_TTL_S;
 use router_core::budget::protocol::{
     validate_common, validate_reservation, AmountJson, EndBatch, EndBatchResponse, LeaseRequest,
     LeaseResponse, LedgerRef, LedgerState, ReserveRequest, ReserveResponse, SettleRequest,
-    SettleResponse, MAX_ENDS, MAX_TRIMS, MAX_TTL_S,
+    SettleResponse, MAX_ENDS, MAX_TTL_S,
 };
-use router_core::budget::shared_lease::Trim;
 use router_core::errors::ApiError;
 use std::sync::Arc;
 
@@ -173,22 +172,9 @@ impl Service {
         if r.max_teams == Some(0) {
             return bad_request("max_teams: must be at least 1".into());
         }
-        let trims = match lease_trims(&r) {
-            Ok(t) => t,
-            Err(e) => return bad_request(e),
-        };
         let outcomes = match self
             .store
-            .reserve_all(
-                clock,
-                &r.router,
-                &r.ledgers,
-                &id,
-                amount,
-                ttl,
-                r.max_teams,
-                &trims,
-            )
+            .reserve_all(clock, &r.router, &r.ledgers, &id, amount, ttl, r.max_teams)
             .await
         {
             Ok(o) => o,
@@ -415,26 +401,4 @@ fn percent_decode(s: &str) -> Option<String> {
         }
     }
     String::from_utf8(out).ok().filter(|s| !s.is_empty())
-}
-
-/// The lease holds a reserve cuts down (`ReserveRequest::leases`), checked: each names one of
-/// the request's ledgers and a valid id.
-fn lease_trims(r: &ReserveRequest) -> Result<Vec<Trim>, String> {
-    if r.leases.len() > MAX_TRIMS {
-        return Err(format!("leases: at most {MAX_TRIMS}"));
-    }
-    r.leases
-        .iter()
-        .map(|t| {
-            if t.ledger >= r.ledgers.len() {
-                return Err(format!("leases: no ledger {}", t.ledger));
-            }
-            validate_reservation(&t.id).map_err(|e| format!("leases: {e}"))?;
-            Ok(Trim {
-                key: t.ledger,
-                id: t.id.clone(),
-                keep: t.keep.parse()?,
-            })
-        })
-        .collect()
 }

@@ -4,7 +4,6 @@
 use crate::conn::Connector;
 use futures_util::future::join_all;
 use router_core::budget::protocol::{LedgerRef, Utilization};
-use router_core::budget::shared_lease::Trim;
 use router_core::budget::window::Geometry;
 use router_core::budget::{Amount, Caps};
 use std::collections::HashSet;
@@ -182,39 +181,24 @@ impl RedisStore {
         amount: Amount,
         ttl_ms: u64,
         with_caps: bool,
-        trims: &[Trim],
     ) -> Vec<Result<Vec<(i64, i64, LedgerUse)>, StoreError>> {
-        join_all(refs.iter().enumerate().map(|(i, l)| {
-            // Each call has one ledger: its trims name it as ledger 0.
-            let own: Vec<Trim> = trims
-                .iter()
-                .filter(|t| t.key == i)
-                .map(|t| Trim {
-                    key: 0,
-                    ..t.clone()
-                })
-                .collect();
-            async move {
-                self.call(
-                    op,
-                    clock,
-                    router,
-                    std::slice::from_ref(l),
-                    id,
-                    amount,
-                    ttl_ms,
-                    with_caps,
-                    &own,
-                )
-                .await
-            }
+        join_all(refs.iter().map(|l| {
+            self.call(
+                op,
+                clock,
+                router,
+                std::slice::from_ref(l),
+                id,
+                amount,
+                ttl_ms,
+                with_caps,
+            )
         }))
         .await
     }
 
     /// One script call on `ledgers` (all in one hash slot, or any in a single Redis): the
-    /// ledgers as the call left them, with the script's code and wait for each. `trims`: lease
-    /// holds a reserve cuts down first (`ReserveRequest::leases`).
+    /// ledgers as the call left them, with the script's code and wait for each.
     #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
@@ -226,7 +210,6 @@ impl RedisStore {
         amount: Amount,
         ttl_ms: u64,
         with_caps: bool,
-        trims: &[Trim],
     ) -> Result<Vec<(i64, i64, LedgerUse)>, StoreError> {
         let mut inv = self.script.prepare_invoke();
         let now: i64 = clock.map_or(-1, |t| t as i64);
@@ -251,13 +234,6 @@ impl RedisStore {
                 .arg(g.lifetime_ms)
                 .arg(caps.tokens.map_or(-1i64, |t| t.min(i64::MAX as u64) as i64))
                 .arg(caps.pico.map_or("-1".to_string(), |p| p.to_string()));
-        }
-        inv.arg(trims.len());
-        for t in trims {
-            inv.arg(t.key)
-                .arg(&t.id)
-                .arg(t.keep.tokens)
-                .arg(t.keep.pico.to_string());
         }
         let mut c = self.conn.get().await?;
         let reply: Vec<String> = inv.invoke_async(&mut c).await?;
@@ -307,7 +283,6 @@ impl RedisStore {
         amount: Amount,
         ttl_ms: u64,
         max_teams: Option<u64>,
-        trims: &[Trim],
     ) -> Result<Vec<(Reserve, LedgerUse)>, StoreError> {
         // Every team with a ledger is in its budget's index (status lists them from it); the
         // bound applies when the gateway sends one.
@@ -344,11 +319,10 @@ impl RedisStore {
                 }
             }
         }
-        self.reserve_holds(clock, router, ledgers, id, amount, ttl_ms, trims)
+        self.reserve_holds(clock, router, ledgers, id, amount, ttl_ms)
             .await
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn reserve_holds(
         &self,
         clock: Clock,
@@ -357,13 +331,12 @@ impl RedisStore {
         id: &str,
         amount: Amount,
         ttl_ms: u64,
-        trims: &[Trim],
     ) -> Result<Vec<(Reserve, LedgerUse)>, StoreError> {
         let op = if self.hold { "reserve" } else { "check" };
         let refs: Vec<&LedgerRef> = ledgers.iter().collect();
         let mut out: Vec<(Reserve, LedgerUse)> = if self.conn.is_cluster() {
             let calls = self
-                .per_ledger(op, clock, router, &refs, id, amount, ttl_ms, true, trims)
+                .per_ledger(op, clock, router, &refs, id, amount, ttl_ms, true)
                 .await;
             let mut out = Vec::with_capacity(ledgers.len());
             let mut failure = None;
@@ -396,7 +369,6 @@ impl RedisStore {
                         Amount::ZERO,
                         ttl_ms,
                         false,
-                        &[],
                     )
                 }))
                 .await;
@@ -412,7 +384,7 @@ impl RedisStore {
             }
             out
         } else {
-            self.call(op, clock, router, &refs, id, amount, ttl_ms, true, trims)
+            self.call(op, clock, router, &refs, id, amount, ttl_ms, true)
                 .await?
                 .into_iter()
                 .map(|(code, wait, now)| (reserve_outcome(code, wait), now))
@@ -451,7 +423,6 @@ impl RedisStore {
                 amount,
                 ttl_ms,
                 None,
-                &[],
             )
             .await?;
         v.pop()
@@ -513,7 +484,7 @@ impl RedisStore {
     ) -> Result<Vec<(i64, i64, LedgerUse)>, StoreError> {
         let answers = if self.conn.is_cluster() {
             let calls = self
-                .per_ledger(op, clock, router, refs, id, amount, ttl_ms, false, &[])
+                .per_ledger(op, clock, router, refs, id, amount, ttl_ms, false)
                 .await;
             let mut all = Vec::with_capacity(refs.len());
             for r in calls {
@@ -521,7 +492,7 @@ impl RedisStore {
             }
             all
         } else {
-            self.call(op, clock, router, refs, id, amount, ttl_ms, false, &[])
+            self.call(op, clock, router, refs, id, amount, ttl_ms, false)
                 .await?
         };
         Ok(answers)
@@ -552,17 +523,7 @@ impl RedisStore {
         l: &LedgerRef,
     ) -> Result<(Amount, Amount), StoreError> {
         let mut v = self
-            .call(
-                "status",
-                clock,
-                router,
-                &[l],
-                "",
-                Amount::ZERO,
-                0,
-                false,
-                &[],
-            )
+            .call("status", clock, router, &[l], "", Amount::ZERO, 0, false)
             .await?;
         let (_, _, u) = v
             .pop()

@@ -937,7 +937,6 @@ fn a_team_budget_admits_at_most_max_teams_and_frees_quiet_places() {
                         Amount::new(10, 0),
                         ttl,
                         Some(2),
-                        &[],
                     )
                     .await
                     .unwrap()
@@ -1126,51 +1125,6 @@ fn lease_reports_over_http_charge_once_and_refuse_malformed_ones() {
         Some(&json!({"router": router, "ledger": ledger, "id": "x", "bogus": 1})),
     );
     assert_eq!(status, 400, "{v}");
-}
-
-/// A reserve carrying a lease trim: the lease's hold is cut down to what it keeps before the
-/// request is checked, in the same script call, so the lease's unused room does not refuse a
-/// request that fits what is spent; a trim never raises a hold, one naming a lease that is
-/// gone does nothing, and a trim naming no ledger of the request is refused.
-#[test]
-fn a_reserve_trims_its_gateways_lease_before_it_is_checked() {
-    let Some(redis) = common::redis() else { return };
-    let svc = InProcess::start(&redis.url(), true);
-    let router = unique("trim");
-    let l = ledger("all", None, 3600, 1000);
-    let lease = json!({"router": router, "ledger": l, "id": "g-1",
-        "used": {"tokens": 0}, "admitted": {"tokens": 0}, "max": {"tokens": 300}});
-    let (status, v) = http(svc.addr, "POST", "/v1/lease", Some(&lease));
-    assert_eq!((status, &v["granted"]["tokens"]), (200, &json!(300)), "{v}");
-    let reserve = |id: &str, trims: Value| {
-        let req = json!({"router": router, "ledgers": [l], "amount": {"tokens": 800},
-            "reservation": id, "leases": trims});
-        http(svc.addr, "POST", "/v1/reserve", Some(&req))
-    };
-    let (_, v) = reserve("r-1", json!([]));
-    assert_eq!(v["admitted"], false, "the lease's 300 are in the way: {v}");
-    let keep = |id: &str, t: u64| json!([{"ledger": 0, "id": id, "keep": {"tokens": t}}]);
-    let (_, v) = reserve("r-2", keep("g-1", 150));
-    assert_eq!(v["admitted"], true, "{v}");
-    assert_eq!(svc_tokens(&svc, &router, "all"), (0, 950));
-    let (_, v) = reserve("r-3", keep("g-1", 200));
-    assert_eq!(v["admitted"], false, "{v}");
-    assert_eq!(
-        svc_tokens(&svc, &router, "all"),
-        (0, 950),
-        "a trim never raises a hold"
-    );
-    let (_, v) = reserve("r-4", keep("gone", 0));
-    assert_eq!(v["admitted"], false, "{v}");
-    // The lease's report drops what is left of its hold.
-    let report = json!({"router": router, "ledger": l, "old": "g-1", "id": "g-2",
-        "used": {"tokens": 100}, "admitted": {"tokens": 0}, "max": {"tokens": 0}});
-    assert_eq!(http(svc.addr, "POST", "/v1/lease", Some(&report)).0, 200);
-    assert_eq!(svc_tokens(&svc, &router, "all"), (100, 800));
-    let bad = json!([{"ledger": 1, "id": "g-2", "keep": {"tokens": 0}}]);
-    let (status, v) = reserve("r-5", bad);
-    assert_eq!(status, 400, "{v}");
-    assert!(v.to_string().contains("leases"), "{v}");
 }
 
 /// Team leases over HTTP: a team's lease is held and charged on that team's ledger; a new

@@ -554,29 +554,20 @@ impl Budgets {
         let splice = self.splice(r, &facts, &p)?;
         if let Ledgers::Shared { remote, leases } = &self.ledgers {
             audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
-            let carved = match leases.as_ref().map(|l| l.admit(&p.keys, p.amount)) {
-                Some(Ok(hold)) => {
-                    // Covered by this gateway's leases: no callout.
-                    let mut a = admitted(splice, Holding::Lease(hold));
-                    a.metered.rate = self.lease_rate(&p.keys);
-                    return Ok(Some(a));
-                }
-                Some(Err(carved)) => carved,
-                None => Default::default(),
-            };
+            if let Some(hold) = leases.as_ref().and_then(|l| l.admit(&p.keys, p.amount)) {
+                // Covered by this gateway's leases: no callout.
+                let mut a = admitted(splice, Holding::Lease(hold));
+                a.metered.rate = self.lease_rate(&p.keys);
+                return Ok(Some(a));
+            }
             let id = remote.new_id();
-            let sent = remote.reserve(&self.compiled, &p.keys, p.amount, &id, &carved.trims);
-            let pending = match sent {
+            let pending = match remote.reserve(&self.compiled, &p.keys, p.amount, &id) {
                 Ok(token) => RemoteHold {
                     keys: p.keys.clone(),
                     pending: Some(token),
                     reservation: id,
-                    carved,
                 },
                 Err(why) => {
-                    if let Some(l) = leases {
-                        l.carved(&carved);
-                    }
                     return self
                         .store_unavailable(remote, &p.keys, &why, audit)
                         .map(|()| None);
@@ -753,7 +744,6 @@ impl Budgets {
             return None;
         }
         h.pending = None;
-        self.carve_answered(h);
         let (admission, states) = remote.answer(num_headers, body_size);
         self.stats.record_all(&router_core::budget::remote::gauges(
             &self.compiled,
@@ -930,12 +920,10 @@ impl Budgets {
         match std::mem::replace(&mut m.holding, Holding::Ended) {
             Holding::Ledgers(held) => self.settle_in_ledgers(held, amount),
             Holding::WorkerLeases(held) => self.end_on_worker_lease(held, amount),
-            Holding::Remote(mut h) => {
+            Holding::Remote(h) => {
                 let Ledgers::Shared { remote, .. } = &self.ledgers else {
                     return;
                 };
-                // A reserve still out when the request ends is never answered here.
-                self.carve_answered(&mut h);
                 if now && h.pending.is_none() {
                     if let Some((token, end)) =
                         remote.end_now(&self.compiled, &h.keys, &h.reservation, charge)
@@ -957,16 +945,6 @@ impl Budgets {
             // Already ended; a settle still out stays this request's to wait for.
             held @ Holding::Settling(..) => m.holding = held,
             Holding::Ended => {}
-        }
-    }
-
-    /// The reserve of `h` was answered, or never will be: the leases it trimmed may report.
-    fn carve_answered(&self, h: &mut RemoteHold) {
-        if let Ledgers::Shared {
-            leases: Some(l), ..
-        } = &self.ledgers
-        {
-            l.carved(&std::mem::take(&mut h.carved));
         }
     }
 

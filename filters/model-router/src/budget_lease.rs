@@ -21,9 +21,7 @@ use router_core::budget::compiled::CompiledBudgets;
 use router_core::budget::lease_slots;
 use router_core::budget::protocol::LedgerState;
 use router_core::budget::remote::MAX_REPLY_BYTES;
-use router_core::budget::shared_lease::{
-    self, Admission, Lease, LeaseState, Pending, Trim, LEASE_PATH,
-};
+use router_core::budget::shared_lease::{self, Admission, Lease, LeaseState, Pending, LEASE_PATH};
 use router_core::budget::window::Amount;
 use router_core::shared_data::SharedData;
 use std::cell::{Cell, RefCell};
@@ -34,15 +32,6 @@ pub(crate) struct LeaseHold {
     units: Vec<usize>,
     budgets: Vec<usize>,
     bound: Amount,
-}
-
-/// What a request its leases did not admit gave back from them before reserving on its own:
-/// the trims its reserve carries, and the leases (units) that wait for that reserve's answer
-/// ([`Leases::carved`]).
-#[derive(Default)]
-pub(crate) struct Carved {
-    pub trims: Vec<Trim>,
-    units: Vec<usize>,
 }
 
 /// One lease in shared data: a router or rule budget's, or one slot of a team budget's.
@@ -194,82 +183,28 @@ impl Leases {
     }
 
     /// Admits a request of bound `b` on `keys`' leases, all or nothing, when every one of its
-    /// ledgers is leased. `Err`: not admitted (no lease, no room, a team without a slot, or
-    /// shared data failed); the request reserves per request, carrying what its leases gave
-    /// back ([`shared_lease::carve_all`]) so their unused room does not refuse it.
-    pub fn admit(&self, keys: &[LedgerKey], b: Amount) -> Result<LeaseHold, Carved> {
+    /// ledgers is leased. `None`: not admitted (no lease, no room, a team without a slot, or
+    /// shared data failed); the request reserves per request.
+    pub fn admit(&self, keys: &[LedgerKey], b: Amount) -> Option<LeaseHold> {
         let now = now_ms();
-        // Per key: its lease (unit), `None` for a team that found no slot.
         let mut units = Vec::with_capacity(keys.len());
         for k in keys {
-            // A ledger not leased: the request is never admitted on leases, and the leases
-            // keep their room for the requests they can admit.
-            let (Some(_), Some(&first)) = (
-                self.max.get(k.budget).copied().flatten(),
-                self.first.get(k.budget),
-            ) else {
-                return Err(Carved::default());
-            };
-            units.push(match &k.team {
-                Some(team) => {
-                    let slot = self.team_slot(k.budget, team, now);
-                    if slot.is_none() {
+            self.max.get(k.budget).copied().flatten()?;
+            let first = *self.first.get(k.budget)?;
+            let unit = match &k.team {
+                Some(team) => match self.team_slot(k.budget, team, now) {
+                    Some(s) => first + s,
+                    None => {
                         if let Some(Some(id)) = self.no_slot_ids.get(k.budget) {
                             edge::increment_metric(*id, 1);
                         }
+                        return None;
                     }
-                    slot.map(|s| first + s)
-                }
-                None => Some(first),
-            });
-        }
-        if let Some(all) = units.iter().copied().collect::<Option<Vec<usize>>>() {
-            if let Some(hold) = self.admit_on(keys, all, b, now) {
-                return Ok(hold);
-            }
-        }
-        Err(self.carve(keys, &units, b, now))
-    }
-
-    /// The request's leases give their unused room back ([`shared_lease::carve_all`]): it
-    /// reserves on its own.
-    fn carve(&self, keys: &[LedgerKey], units: &[Option<usize>], b: Amount, now: u64) -> Carved {
-        let until = now.saturating_add(self.report_timeout_ms);
-        let mut out = Carved::default();
-        for (i, (unit, k)) in units.iter().zip(keys).enumerate() {
-            let Some(u) = unit.and_then(|u| self.units.get(u).map(|x| (u, x))) else {
-                continue;
+                },
+                None => first,
             };
-            let name = [(u.1.key.as_str(), k.team.as_deref().unwrap_or(""))];
-            let trims = shared_lease::carve_all(&HostStore, &name, b, now, until);
-            if !trims.is_empty() {
-                out.units.push(u.0);
-            }
-            out.trims
-                .extend(trims.into_iter().map(|t| Trim { key: i, ..t }));
+            units.push(unit);
         }
-        out
-    }
-
-    /// The reserve that carried `c`'s trims was answered, or never will be (the request left):
-    /// its leases may report again.
-    pub fn carved(&self, c: &Carved) {
-        let keys: Vec<&str> = c
-            .units
-            .iter()
-            .filter_map(|&u| self.units.get(u).map(|x| x.key.as_str()))
-            .collect();
-        shared_lease::carved_all(&HostStore, &keys);
-    }
-
-    /// Admission on the leases `units` (one per key).
-    fn admit_on(
-        &self,
-        keys: &[LedgerKey],
-        units: Vec<usize>,
-        b: Amount,
-        now: u64,
-    ) -> Option<LeaseHold> {
         let names: Vec<(&str, &str)> = units
             .iter()
             .zip(keys)

@@ -46,9 +46,6 @@ pub(crate) struct RemoteHold {
     pub pending: Option<u32>,
     /// This worker's id of the reservation, chosen before the reserve is sent.
     pub reservation: String,
-    /// What this gateway's leases gave back for the reserve (lease mode): their reports wait
-    /// for its answer.
-    pub carved: crate::budget_lease::Carved,
 }
 
 /// A settle or release on its way to the service.
@@ -138,9 +135,8 @@ impl Remote {
         keys: &[LedgerKey],
         amount: Amount,
         id: &str,
-        trims: &[router_core::budget::shared_lease::Trim],
     ) -> Result<u32, String> {
-        let body = remote::reserve_body(&self.router, c, keys, amount, id, trims);
+        let body = remote::reserve_body(&self.router, c, keys, amount, id);
         self.send(RESERVE_PATH, &body)
     }
 

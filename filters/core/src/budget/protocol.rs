@@ -65,29 +65,7 @@ pub struct ReserveRequest {
     /// bound (a gateway older than this field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_teams: Option<u64>,
-    /// Leases of this gateway on the request's ledgers that give their unused room back in the
-    /// same script call, before the request is checked: each named hold, where it is still
-    /// there, is cut down to `keep` (never raised). A gateway sends them when a request does
-    /// not fit its lease and reserves on its own, so the lease's unused room does not refuse it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub leases: Vec<LeaseTrim>,
 }
-
-/// One lease hold cut down by a reserve (`ReserveRequest::leases`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LeaseTrim {
-    /// The index of its ledger in the request's `ledgers`.
-    pub ledger: usize,
-    /// The lease's reservation id.
-    pub id: String,
-    /// What the hold keeps: the lease's use not reported yet and its requests in flight.
-    pub keep: AmountJson,
-}
-
-/// Most lease trims one reserve carries (a lease and the one its report in flight takes, per
-/// ledger).
-pub const MAX_TRIMS: usize = 2 * MAX_LEDGERS;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -68,7 +68,6 @@ pub fn reserve_body(
     keys: &[LedgerKey],
     amount: Amount,
     reservation: &str,
-    trims: &[super::shared_lease::Trim],
 ) -> Vec<u8> {
     let req = ReserveRequest {
         router: router.to_string(),
@@ -77,14 +76,6 @@ pub fn reserve_body(
         ttl_s: Some(c.hold_ttl_s),
         reservation: Some(reservation.to_string()),
         max_teams: Some(c.max_teams as u64),
-        leases: trims
-            .iter()
-            .map(|t| super::protocol::LeaseTrim {
-                ledger: t.key,
-                id: t.id.clone(),
-                keep: AmountJson::from_amount(t.keep),
-            })
-            .collect(),
     };
     // Serialising plain strings and integers cannot fail; an empty body would only be refused
     // by the service with a 400, which the caller reports.
@@ -423,7 +414,7 @@ mod tests {
     #[test]
     fn calls_carry_every_ledger_with_its_caps_and_the_service_accepts_them() {
         let c = compiled();
-        let body = reserve_body("ns/r", &c, &keys(), Amount::new(7, 3_000_000), "w1-7", &[]);
+        let body = reserve_body("ns/r", &c, &keys(), Amount::new(7, 3_000_000), "w1-7");
         let r: ReserveRequest = serde_json::from_slice(&body).unwrap();
         assert!(validate_common(&r.router, &r.ledgers).is_ok());
         assert_eq!(r.ttl_s, Some(120));
@@ -616,7 +607,7 @@ mod tests {
 
     #[test]
     fn a_new_team_refused_by_a_full_budget_gets_the_embedded_tables_answer() {
-        let body = reserve_body("ns/r", &compiled(), &keys(), Amount::new(1, 0), "w1-1", &[]);
+        let body = reserve_body("ns/r", &compiled(), &keys(), Amount::new(1, 0), "w1-1");
         let r: ReserveRequest = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             r.max_teams,

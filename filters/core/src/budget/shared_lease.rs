@@ -174,23 +174,6 @@ pub struct LeaseState {
     /// A worker's report is out until then (0: none).
     pub reporting_until_ms: u64,
     pub pending: Option<Pending>,
-    /// The lease the pending report takes keeps at most this (its room was given back while
-    /// the report was out: [`LeaseState::carve`]).
-    pub keep_next: Option<Amount>,
-    /// Reserves carrying this lease's trims whose answers are out, and until when that count
-    /// is trusted (a request gone before its answer never counts down). No report starts
-    /// meanwhile: one applied before a trim would take the room given back as a new lease.
-    pub carving: u32,
-    pub carving_until_ms: u64,
-}
-
-/// A lease hold in the ledger cut down to `keep` by a request that reserves on its own
-/// (`protocol::LeaseTrim`): `key` is the index of the request's ledger.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Trim {
-    pub key: usize,
-    pub id: String,
-    pub keep: Amount,
 }
 
 /// Layout 2 adds the team; layout 1 (written before team leases) is read as team "".
@@ -252,9 +235,7 @@ impl LeaseState {
         out.push(LAYOUT);
         let flags = u8::from(self.wanted)
             | (u8::from(self.active) << 1)
-            | (u8::from(self.pending.is_some()) << 2)
-            | (u8::from(self.keep_next.is_some()) << 3)
-            | (u8::from(self.carving > 0) << 4);
+            | (u8::from(self.pending.is_some()) << 2);
         out.push(flags);
         put_str(&mut out, &self.team, super::admit::MAX_TEAM_KEY);
         put_id(&mut out, &self.id);
@@ -275,13 +256,6 @@ impl LeaseState {
             put_amount(&mut out, p.admitted);
             put_amount(&mut out, p.max);
             out.extend_from_slice(&p.sent_ms.to_le_bytes());
-        }
-        if let Some(k) = self.keep_next {
-            put_amount(&mut out, k);
-        }
-        if self.carving > 0 {
-            out.extend_from_slice(&u64::from(self.carving).to_le_bytes());
-            out.extend_from_slice(&self.carving_until_ms.to_le_bytes());
         }
         out
     }
@@ -311,9 +285,6 @@ impl LeaseState {
             wanted: flags & 1 != 0,
             active: flags & 2 != 0,
             pending: None,
-            keep_next: None,
-            carving: 0,
-            carving_until_ms: 0,
         };
         if flags & 4 != 0 {
             s.pending = Some(Pending {
@@ -323,13 +294,6 @@ impl LeaseState {
                 max: r.amount()?,
                 sent_ms: r.u64()?,
             });
-        }
-        if flags & 8 != 0 {
-            s.keep_next = Some(r.amount()?);
-        }
-        if flags & 16 != 0 {
-            s.carving = u32::try_from(r.u64()?).map_err(|_| Corrupt)?.max(1);
-            s.carving_until_ms = r.u64()?;
         }
         if !r.0.is_empty() {
             return Err(Corrupt);
@@ -346,8 +310,6 @@ impl LeaseState {
             && self.admitted.is_zero()
             && self.used.is_zero()
             && !self.wanted
-            && self.keep_next.is_none()
-            && self.carving == 0
     }
 
     /// Room left on the lease: granted − used − admitted.
@@ -382,57 +344,6 @@ impl LeaseState {
         self.used = self.used.plus(actual);
     }
 
-    /// A request of bound `b` this lease did not admit reserves on its own: the lease gives
-    /// back up to `b` of the room it holds beyond its use not reported yet and its requests in
-    /// flight (all of it when it has less: it could not admit the request), here and in the
-    /// ledger, where the reserve cuts its holds down to what they must keep (the trims, for
-    /// request ledger `key`) before the request is checked. Without this, the lease's unused
-    /// room would count as held against the request until the next report; a lease with room
-    /// to spare (the request was refused by another of its leases) keeps the rest.
-    ///
-    /// The hold in the ledger is the lease's id until the pending report (if any) is applied,
-    /// then the report's new id: both are trimmed, each to what it must cover (the new one
-    /// does not cover the use the report charges), and the new lease is capped locally to
-    /// the same when the report's answer arrives. While the reserve is out (`until_ms` at
-    /// most) no report starts: see [`LeaseState::carving`].
-    pub fn carve(&mut self, key: usize, b: Amount, until_ms: u64, now_ms: u64) -> Vec<Trim> {
-        let keep = self.granted.minus(self.room().min(b));
-        let mut trims = Vec::new();
-        if !self.id.is_empty() && self.granted != keep {
-            self.granted = keep;
-            trims.push(Trim {
-                key,
-                id: self.id.clone(),
-                keep,
-            });
-        }
-        if let Some(p) = &self.pending {
-            let keep = self.used.minus(p.used).plus(self.admitted);
-            self.keep_next = Some(self.keep_next.map_or(keep, |k| k.min(keep)));
-            trims.push(Trim {
-                key,
-                id: p.new_id.clone(),
-                keep,
-            });
-        }
-        if !trims.is_empty() {
-            if self.carving == 0 || now_ms >= self.carving_until_ms {
-                self.carving = 0;
-                self.carving_until_ms = until_ms;
-            }
-            self.carving = self.carving.saturating_add(1);
-        }
-        trims
-    }
-
-    /// A reserve that carried this lease's trims was answered (or will never be).
-    pub fn carved(&mut self) {
-        self.carving = self.carving.saturating_sub(1);
-        if self.carving == 0 {
-            self.carving_until_ms = 0;
-        }
-    }
-
     /// The report due at `now`, if any, with `new_id` as the next lease's id (used only when a
     /// new report starts; a report in doubt is resent with its own). `max`: the most a lease of
     /// this ledger takes.
@@ -444,8 +355,7 @@ impl LeaseState {
         hold_ttl_ms: u64,
         new_id: &str,
     ) -> Option<Pending> {
-        if now_ms < self.reporting_until_ms || (self.carving > 0 && now_ms < self.carving_until_ms)
-        {
+        if now_ms < self.reporting_until_ms {
             return None;
         }
         if let Some(p) = &self.pending {
@@ -533,7 +443,7 @@ impl LeaseState {
             return false;
         }
         self.used = self.used.minus(report.used);
-        self.granted = self.keep_next.take().map_or(granted, |k| granted.min(k));
+        self.granted = granted;
         self.id = if granted.is_zero() {
             String::new()
         } else {
@@ -560,9 +470,7 @@ impl LeaseState {
         }
         self.reporting_until_ms = 0;
         if !in_doubt {
-            // Never applied: its lease was never held, so nothing was trimmed from it.
             self.pending = None;
-            self.keep_next = None;
             self.wanted = true;
         }
     }
@@ -756,43 +664,6 @@ fn undo<S: SharedData>(data: &S, keys: &[(&str, &str)], b: Amount) {
     }
 }
 
-/// A request not admitted on the leases under `keys` (as [`admit_all`] takes them) reserves
-/// on its own: each lease on the request's team gives its unused room back
-/// ([`LeaseState::carve`]; `until_ms`: when the reserve's answer is overdue). The trims to
-/// send with the reserve; a lease whose state cannot be read or written gives nothing back
-/// (its room only stays held until its next report).
-pub fn carve_all<S: SharedData>(
-    data: &S,
-    keys: &[(&str, &str)],
-    b: Amount,
-    now_ms: u64,
-    until_ms: u64,
-) -> Vec<Trim> {
-    let mut trims = Vec::new();
-    for (i, (key, team)) in keys.iter().enumerate() {
-        let carved = update(data, key, |s| {
-            if s.team != *team {
-                return (false, Vec::new());
-            }
-            let t = s.carve(i, b, until_ms, now_ms);
-            (!t.is_empty(), t)
-        });
-        trims.extend(carved.unwrap_or_default());
-    }
-    trims
-}
-
-/// The reserve that carried trims of the leases under `keys` was answered, or never will be.
-pub fn carved_all<S: SharedData>(data: &S, keys: &[&str]) {
-    for key in keys {
-        let _ = update(data, key, |s| {
-            let was = s.carving;
-            s.carved();
-            (s.carving != was, ())
-        });
-    }
-}
-
 /// A request admitted on the leases under `keys` with bound `b` ended, charged `actual`
 /// (zero: released).
 pub fn settle_all<S: SharedData>(
@@ -896,119 +767,6 @@ mod tests {
         // A settle above its bound (an estimate that under-counted the bound) saturates.
         settle_all(&m, &["a"], b, Amount::new(90, 900)).unwrap();
         assert_eq!(get(&m, "a").room(), Amount::ZERO);
-    }
-
-    #[test]
-    fn a_request_the_lease_cannot_admit_takes_the_leases_unused_room_back_to_the_ledger() {
-        let m = Mem::default();
-        put(&m, "a", &lease(100));
-        let b = Amount::new(30, 0);
-        assert_eq!(
-            admit_all(&m, &[("a", "")], b, 0, 0),
-            Ok(Admission::Admitted)
-        );
-        settle_all(&m, &["a"], b, Amount::new(20, 200)).unwrap();
-        assert_eq!(
-            admit_all(&m, &[("a", "")], Amount::new(85, 0), 0, 0),
-            Ok(Admission::NoRoom)
-        );
-        // Another request is in flight: the hold keeps it and the use not reported yet.
-        assert_eq!(
-            admit_all(&m, &[("a", "")], Amount::new(5, 0), 0, 0),
-            Ok(Admission::Admitted)
-        );
-        let trims = carve_all(&m, &[("a", "")], Amount::new(85, 0), 0, 5_000);
-        assert_eq!(
-            trims,
-            vec![Trim {
-                key: 0,
-                id: "g-1".into(),
-                keep: Amount::new(25, 1000)
-            }],
-            "the request needs no USD: the lease keeps its USD room"
-        );
-        let s = get(&m, "a");
-        assert_eq!((s.room(), s.carving), (Amount::new(0, 800), 1));
-        assert_eq!(
-            carve_all(&m, &[("a", "")], Amount::new(85, 0), 0, 5_000),
-            vec![],
-            "nothing more to give back"
-        );
-        // Its request settling frees what it did not use, on the lease's hold.
-        settle_all(&m, &["a"], Amount::new(5, 0), Amount::new(2, 0)).unwrap();
-        assert_eq!(get(&m, "a").room(), Amount::new(3, 800));
-        // A lease with room to spare gives back only the request's bound.
-        put(&m, "b", &lease(100));
-        assert_eq!(
-            carve_all(&m, &[("b", "")], Amount::new(30, 0), 0, 5_000)[0].keep,
-            Amount::new(70, 1000)
-        );
-        assert_eq!(get(&m, "b").room(), Amount::new(70, 1000));
-        // Another team's slot gives nothing.
-        assert_eq!(
-            carve_all(&m, &[("a", "red")], Amount::new(85, 0), 0, 5_000),
-            vec![]
-        );
-    }
-
-    #[test]
-    fn while_a_report_is_out_both_holds_are_trimmed_and_the_new_lease_is_capped() {
-        let mut s = lease(100);
-        s.admit(Amount::new(10, 0), 0);
-        s.settle(Amount::new(10, 0), Amount::new(8, 0));
-        s.admit(Amount::new(4, 0), 0);
-        let r = s
-            .due(1000, &CFG, Amount::new(1000, 0), 10_000, "g-2")
-            .unwrap();
-        s.start(r.clone(), 1100);
-        s.settle(Amount::new(4, 0), Amount::new(1, 0));
-        let trims = s.carve(3, Amount::new(500, 0), 2_000, 1000);
-        assert_eq!(
-            trims,
-            vec![
-                Trim {
-                    key: 3,
-                    id: "g-1".into(),
-                    keep: Amount::new(9, 1000)
-                },
-                Trim {
-                    key: 3,
-                    id: "g-2".into(),
-                    keep: Amount::new(1, 0)
-                }
-            ],
-            "the old hold keeps all the use; the new one what the report does not charge"
-        );
-        assert!(s.applied(&r, Amount::new(400, 0), 10_000));
-        assert_eq!(
-            (s.granted, s.used, s.room()),
-            (Amount::new(1, 0), Amount::new(1, 0), Amount::ZERO)
-        );
-        assert_eq!(s.keep_next, None);
-    }
-
-    #[test]
-    fn no_report_starts_while_a_trimming_reserve_is_out() {
-        let mut s = lease(100);
-        s.wanted = true;
-        assert!(!s.carve(0, Amount::new(500, 0), 2_000, 1000).is_empty());
-        assert_eq!(
-            s.due(1500, &CFG, Amount::new(1000, 0), 10_000, "g-2"),
-            None,
-            "a report applied before the trim would take the room it gives back"
-        );
-        s.carved();
-        assert!(s
-            .due(1500, &CFG, Amount::new(1000, 0), 10_000, "g-2")
-            .is_some());
-        // A reserve never answered (its request left) holds reports back until its deadline.
-        s.granted = Amount::new(100, 1000);
-        assert!(!s.carve(0, Amount::new(500, 0), 2_000, 1600).is_empty());
-        assert_eq!(s.due(1999, &CFG, Amount::new(1000, 0), 10_000, "g-2"), None);
-        assert!(s
-            .due(2000, &CFG, Amount::new(1000, 0), 10_000, "g-2")
-            .is_some());
-        assert_eq!(LeaseState::decode(&s.encode()), Ok(s.clone()));
     }
 
     #[test]

@@ -47,10 +47,6 @@ impl Amount {
     pub fn is_zero(self) -> bool {
         self == Amount::ZERO
     }
-    /// The lesser of the two in each dimension.
-    pub fn min(self, o: Amount) -> Amount {
-        Amount::new(self.tokens.min(o.tokens), self.pico.min(o.pico))
-    }
 }
 
 /// How a lifetime is cut into buckets. Derived from configuration, never stored.

@@ -1,6 +1,7 @@
 //! The HTTP/1.1 JSON service: reserve, settle, release, status (README.md has the wire format).
 
-use crate::store::{Clock, LeaseCall, LedgerUse, RedisStore, Reserve, StoreError};
+use crate::store::lease::LeaseCall;
+use crate::store::{Clock, LedgerUse, RedisStore, Reserve, StoreError};
 use bytes::Bytes;
 use futures_util::future::join_all;
 use http_body_util::{BodyExt, Full, Limited};

@@ -9,8 +9,7 @@ use router_core::budget::{Amount, Caps};
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-mod lease;
-pub use lease::{LeaseCall, Leased};
+pub mod lease;
 
 const SCRIPT: &str = include_str!("ledger.lua");
 const TEAMS_SCRIPT: &str = include_str!("teams.lua");

@@ -176,7 +176,7 @@ async fn lease_step(
     core_holds: &mut std::collections::HashMap<String, router_core::budget::Hold>,
     core_leases: &mut std::collections::HashMap<String, u64>,
 ) {
-    use llmkube_budgets::store::LeaseCall;
+    use llmkube_budgets::store::lease::LeaseCall;
     use router_core::budget::shared_lease::grant;
     let (at, step, ctx) = (s.at, s.step, s.ctx);
     let usd = |k: &str| step[k].as_str().map_or(0, |u| parse_usd(u).unwrap());

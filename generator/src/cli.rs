@@ -640,7 +640,7 @@ fn lease_flags(a: &Args, o: &mut EnvoyOptions, problems: &mut Vec<Problem>) {
         }
     }
     if let Some(n) = slots {
-        let max = router_core::budget::lease_slots::MAX_TEAM_SLOTS;
+        let max = router_core::budget::lease_config::MAX_TEAM_SLOTS;
         match n.parse::<usize>() {
             Ok(n) if n <= max => lease.team_slots = n,
             _ => {

@@ -47,7 +47,7 @@ pub enum Mode {
     /// against this gateway's leases held in Redis.
     Shared {
         service: ServiceConfig,
-        lease: Option<super::shared_lease::Lease>,
+        lease: Option<super::lease_config::Lease>,
     },
     /// Test-only controls that break the guarantee on purpose, so end-to-end tests can show
     /// what reservation prevents. Never written by the generator outside its test options.

@@ -21,8 +21,6 @@ use super::shared_lease::LeaseState;
 use crate::shared_data::SharedData;
 
 pub use crate::config::budgets::DEFAULT_TEAM_SLOTS;
-/// Most slots per team budget (each is a shared-data key the root's tick reads).
-pub const MAX_TEAM_SLOTS: usize = 4096;
 /// Slots a team may use: this many from its hash (fewer when the budget has fewer).
 pub const PROBES: usize = 8;
 
@@ -77,7 +75,8 @@ pub fn find<S: SharedData>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::shared_lease::{admit_all, settle_all, update, Admission, Lease};
+    use crate::budget::lease_config::Lease;
+    use crate::budget::shared_lease::{admit_all, settle_all, update, Admission};
     use crate::budget::test_store::Envoyish as Mem;
     use crate::budget::window::Amount;
 

@@ -26,6 +26,7 @@ pub mod bound;
 pub mod compiled;
 pub mod gauge;
 pub mod inject;
+pub mod lease_config;
 pub mod lease_slots;
 pub mod ledger;
 pub mod money;

@@ -13,91 +13,16 @@
 //! requests admitted before it are sure to be covered. The report is then sent again as it was
 //! (same ids and amounts): the script recognises a report it already applied by its new id.
 
+use super::lease_config::Lease;
 use super::ledger::Caps;
-use super::money::parse_usd;
 use super::shared::SharedError;
 use super::window::Amount;
 use crate::shared_data::{compare_and_swap, SharedData, Swap};
 
-/// A lease's size in a dimension the gateway sets no lease maximum for (its budget has no cap
-/// there, so the hold's amount in it limits nothing): large, and exact in Lua's doubles.
-pub const UNLIMITED_TOKENS: u64 = 1_000_000_000_000_000;
-pub const UNLIMITED_PICO: u64 = 1_000_000_000_000_000_000;
 /// A lease without admissions for this many report periods shrinks to its requests in flight
 /// (and goes when they are done): it holds room other gateways could use.
 pub const IDLE_REPORTS: u64 = 10;
-/// Bound of `report_ms`.
-pub const MAX_REPORT_MS: u64 = 60_000;
 pub use crate::config::budgets::{LeaseConfig, DEFAULT_REPORT_MS};
-
-/// The lease configuration as the filter uses it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lease {
-    /// The most a lease takes, per dimension (`None`: not configured for it).
-    pub max_tokens: Option<u64>,
-    pub max_pico: Option<u64>,
-    pub report_ms: u64,
-    /// Team-lease slots per team budget (0: team budgets reserve per request).
-    pub team_slots: usize,
-    pub unheld: bool,
-}
-
-impl LeaseConfig {
-    pub fn compile(&self) -> Result<Lease, (String, String)> {
-        let e = |f: &str, why: &str| (format!("service.lease.{f}"), why.to_string());
-        if self.max_tokens == Some(0) {
-            return Err(e("max_tokens", "must be at least 1"));
-        }
-        let max_pico = match &self.max_usd {
-            Some(s) => {
-                let p = parse_usd(s).map_err(|why| e("max_usd", &why))?;
-                if p == 0 {
-                    return Err(e("max_usd", "must be more than 0"));
-                }
-                Some(p)
-            }
-            None => None,
-        };
-        if self.max_tokens.is_none() && max_pico.is_none() {
-            return Err(e("max_tokens", "either max_tokens or max_usd must be set"));
-        }
-        if self.report_ms == 0 || self.report_ms > MAX_REPORT_MS {
-            return Err(e("report_ms", "must be 1 to 60000"));
-        }
-        if self.team_slots > super::lease_slots::MAX_TEAM_SLOTS {
-            return Err(e("team_slots", "must be 0 to 4096"));
-        }
-        Ok(Lease {
-            max_tokens: self.max_tokens,
-            max_pico,
-            report_ms: self.report_ms,
-            team_slots: self.team_slots,
-            #[cfg(feature = "test-controls")]
-            unheld: self.unsafe_lease_unheld,
-            #[cfg(not(feature = "test-controls"))]
-            unheld: false,
-        })
-    }
-}
-
-impl Lease {
-    /// The most one lease of a budget with `caps` takes, or `None` when the budget is not
-    /// leased (a cap in a dimension this lease configuration has no maximum for: its requests
-    /// reserve one by one).
-    pub fn max_for(&self, caps: &Caps) -> Option<Amount> {
-        let tokens = match (caps.tokens, self.max_tokens) {
-            (Some(_), None) => return None,
-            (Some(_), Some(m)) => m,
-            (None, _) => UNLIMITED_TOKENS,
-        };
-        let pico = match (caps.pico, self.max_pico) {
-            (Some(_), None) => return None,
-            (Some(_), Some(m)) => m,
-            (None, _) => UNLIMITED_PICO,
-        };
-        Some(Amount::new(tokens, pico))
-    }
-}
 
 /// The size of a new lease, per dimension: `min(max, free / (2 × leaseholders))`, at least
 /// `admitted` (the requests already admitted on the lease, which the new hold must cover).
@@ -688,6 +613,7 @@ pub fn settle_all<S: SharedData>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::budget::lease_config::{UNLIMITED_PICO, UNLIMITED_TOKENS};
     use crate::budget::test_store::Envoyish as Mem;
 
     fn lease(granted: u64) -> LeaseState {

@@ -109,7 +109,8 @@ use filter_edge::shared_table::HostStore;
 use router_core::budget::admit::LedgerKey;
 use router_core::budget::gauge::{self, Reading};
 
-fn counter(name: &str) -> Option<u32> {
+/// A counter, or `None` (logged) when the host refuses to define it.
+pub(crate) fn counter(name: &str) -> Option<u32> {
     match edge::define_metric(MetricKind::Counter, name) {
         Ok(id) => Some(id),
         Err(e) => {

@@ -9,9 +9,10 @@
 //! root, a copy is still sent, and its answer still frees its slot, when the client's exchange
 //! finished first.
 
+use crate::metrics::counter;
 use filter_edge::shared_table::HostStore;
 use filter_edge::wake::Wake;
-use filter_edge::{self as edge, HttpCall, Level, MetricKind};
+use filter_edge::{self as edge, HttpCall, Level};
 use router_core::audit::AuditRecord;
 use router_core::router::{Decision, Router};
 use router_core::shadow::{copy_for, CopyRequest, InFlight, Original, Shadow as Plan};
@@ -52,16 +53,6 @@ pub(crate) struct Shadow {
     /// The root's wake-up; `None` when the host would not register it (copies then fail).
     wake: Option<Wake>,
     stats: Vec<Stats>,
-}
-
-fn counter(name: &str) -> Option<u32> {
-    match edge::define_metric(MetricKind::Counter, name) {
-        Ok(id) => Some(id),
-        Err(e) => {
-            edge::log(Level::Warn, &format!("model-router: metric {name}: {e}"));
-            None
-        }
-    }
 }
 
 fn bump(id: Option<u32>) {

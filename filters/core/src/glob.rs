@@ -8,6 +8,11 @@ pub struct Glob {
     tokens: Vec<Token>,
     /// No metacharacters: compare as a plain string.
     literal: Option<String>,
+    /// The plain characters the pattern starts with: a model that does not start with them
+    /// cannot match, and most models a rule sees do not (no per-character walk for those).
+    prefix: String,
+    /// The pattern is that prefix and one `*` (`qwen3-*`): starting with it is matching.
+    prefix_star: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,8 +112,18 @@ impl Glob {
                 c => tokens.push(Token::Char(c)),
             }
         }
+        let prefix: String = tokens
+            .iter()
+            .map_while(|t| match t {
+                Token::Char(c) => Some(*c),
+                _ => None,
+            })
+            .collect();
+        let rest = &tokens[prefix.chars().count()..];
         Ok(Glob {
             literal: plain.then(|| pattern.to_string()),
+            prefix_star: rest == [Token::Star],
+            prefix,
             tokens,
         })
     }
@@ -117,6 +132,17 @@ impl Glob {
         if let Some(lit) = &self.literal {
             return lit == s;
         }
+        if !s.starts_with(self.prefix.as_str()) {
+            return false;
+        }
+        if self.prefix_star {
+            return true;
+        }
+        self.walk(s)
+    }
+
+    /// The pattern's whole match, character by character.
+    fn walk(&self, s: &str) -> bool {
         let text: Vec<char> = s.chars().collect();
         let toks = &self.tokens;
         let (mut t, mut p) = (0usize, 0usize);
@@ -168,6 +194,42 @@ mod tests {
 
     fn m(p: &str, s: &str) -> bool {
         Glob::new(p).unwrap().matches(s)
+    }
+
+    #[test]
+    fn the_prefix_shortcuts_answer_as_the_walk() {
+        let patterns = [
+            "qwen3-*",
+            "qwen3-*b",
+            "*",
+            "q*",
+            "qw?n*",
+            "\\*x*",
+            "llama-[23]-*",
+            "é*",
+            "a*b*c",
+        ];
+        let models = [
+            "",
+            "q",
+            "qwen3-",
+            "qwen3-8b",
+            "qwen2-8b",
+            "qwen3-8bb",
+            "*xy",
+            "llama-3-70b",
+            "éa",
+            "aXbYc",
+            "meta-llama/Llama-3.3-70B-Instruct",
+        ];
+        for p in patterns {
+            let g = Glob::new(p).unwrap();
+            for s in models {
+                assert_eq!(g.matches(s), g.walk(s), "{p:?} against {s:?}");
+            }
+        }
+        assert!(Glob::new("qwen3-*").unwrap().prefix_star);
+        assert!(!Glob::new("qwen3-*b").unwrap().prefix_star);
     }
 
     #[test]

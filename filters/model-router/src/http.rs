@@ -3,6 +3,7 @@
 //! headers and bytes.
 
 use crate::budget::{self, RequestView};
+use crate::marks::mark;
 use crate::worker::Worker;
 use filter_edge::{self as edge, Buffer, Level, Map};
 use proxy_wasm::traits::{Context, HttpContext};
@@ -50,6 +51,8 @@ pub(crate) struct Request {
     worker: Option<Rc<Worker>>,
     phase: Phase,
     headers: RequestHeaders,
+    /// The request's start by the host's clock, read only when something needs it: the audit
+    /// line's latency, a quarantine check, a pick ([`started_clock`]); `0` until then.
     started_ns: u64,
     audit: AuditRecord,
     /// Whether this request is one we audit (inference and models requests).
@@ -88,6 +91,14 @@ struct Routed {
     complete: bool,
     /// The attempt order, for how long a failed request's backends stay ejected.
     order: Vec<usize>,
+}
+
+/// The request's start by the host's clock, read on first use (`0`: not read yet).
+fn started_clock(started_ns: &mut u64) -> u64 {
+    if *started_ns == 0 {
+        *started_ns = edge::now_nanos();
+    }
+    *started_ns
 }
 
 /// Why a piece of the body could not be read.
@@ -234,6 +245,7 @@ impl Request {
                 worker.stamped.iter().map(String::as_str),
             )
             .map_err(|e| format!("removing decision headers: {e}"))?;
+        mark!("headers: decision names removed");
         let router = &worker.router;
         let needed = router.needed_headers();
         let audit_cfg = &router.config.audit;
@@ -274,6 +286,7 @@ impl Request {
                 }
             }
         }
+        mark!("headers: walked");
         if self.audit.request_id.is_none() {
             // No gateway id (Envoy always sets one): make one, and send it upstream as well so
             // the backend's logs can name the same request.
@@ -297,6 +310,7 @@ impl Request {
         let first = |name: &str| self.headers.first(name).map(|v| v.to_string());
         self.audit.classification = first(router.classification_header());
         self.audit.task_complexity = first(router.complexity_header());
+        mark!("headers: audit fields");
         Ok((method, path, length))
     }
 
@@ -329,6 +343,7 @@ impl Request {
             .as_ref()
             .map(|f| f.spans.clone())
             .unwrap_or_default();
+        mark!("route: fields kept for budgets, usage, pick");
         let checked = match check_request(scanned) {
             Ok(c) => c,
             Err(refusal) => return self.refuse(refusal),
@@ -344,13 +359,13 @@ impl Request {
         {
             return self.refuse(refusal);
         }
-        let now = self.started_ns;
         let planned = {
-            let quarantined = worker.quarantine.active(now);
+            let started = &mut self.started_ns;
+            let quarantined = worker.quarantine.active(|| started_clock(started));
             let eligible = |b: usize| {
                 quarantined
                     .as_ref()
-                    .is_none_or(|q| !q.is_quarantined(b, now))
+                    .is_none_or(|(q, now)| !q.is_quarantined(b, *now))
             };
             let mut rng = worker.rng.borrow_mut();
             let inputs = RequestInputs {
@@ -360,8 +375,8 @@ impl Request {
             };
             plan_request(router, &checked, body_len, inputs).map_err(|refusal| {
                 // Refused while backends it could use are quarantined: say when one is back.
-                let retry_after = quarantined.as_ref().and_then(|q| {
-                    retry_after_quarantine(router, &checked.model, &self.headers, q, now)
+                let retry_after = quarantined.as_ref().and_then(|(q, now)| {
+                    retry_after_quarantine(router, &checked.model, &self.headers, q, *now)
                 });
                 (refusal, retry_after)
             })
@@ -372,10 +387,12 @@ impl Request {
                 return self.fail_retry(&refusal.error, refusal.outcome, retry_after)
             }
         };
+        mark!("route: checked, planned (rules, order, stamps)");
         // Hashed before the budget step edits the body; charged only once it is admitted.
         let pick = worker
             .pick
             .prepare(&forward.decision, &spans, body, body_len);
+        mark!("route: pick prepared");
         let backend = forward.backend();
         self.audit.backend = Some(backend.name.clone());
         self.audit.tier = Some(backend.tier.as_str());
@@ -389,11 +406,13 @@ impl Request {
             body,
             body_len,
         );
+        mark!("route: audit fields, shadow");
         let fields = budget_fields.as_ref();
         self.meter = crate::usage::Meter::new(body_len, false);
         if let Some(action) = self.budget_step(worker, &mut forward, body, body_len, fields) {
             return action;
         }
+        mark!("route: budget step");
         if self.budget.is_none() {
             if let Some(action) = self.ask_usage(&mut forward, ask_usage, body, body_len) {
                 return action;
@@ -406,6 +425,7 @@ impl Request {
             complete: false,
             order: forward.decision.order.clone(),
         });
+        mark!("route: usage asked, phase");
         for (name, value) in &forward.stamps {
             if let Err(e) = edge::set_header(Map::RequestHeaders, name, value) {
                 return self.internal(&format!("setting {name}: {e}"));
@@ -416,10 +436,16 @@ impl Request {
             self.pending_pick = pick;
             return Action::Pause;
         }
+        mark!("route: stamps written");
+        let now = match pick {
+            Some(_) => started_clock(&mut self.started_ns),
+            None => 0,
+        };
         let action = self.pick_pod(worker, pick, now);
         if action == Action::Continue {
             self.send_shadow(worker);
         }
+        mark!("route: picked, shadow sent");
         action
     }
 
@@ -691,6 +717,7 @@ impl Request {
                     Err(e) => return self.internal(&format!("reading the request body: {e}")),
                 };
                 let scanned = worker.scanner.borrow_mut().scan(&body);
+                mark!("body: scanned");
                 let len = body.len();
                 (scanned, Some(body), len)
             }
@@ -758,16 +785,22 @@ impl Context for Request {
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        self.started_ns = edge::now_nanos();
         let Some(worker) = self.worker.clone() else {
             return self.internal("filter is not configured");
         };
+        // The start is read here only for the audit line's latency; routing reads it when it
+        // needs a time (`started_clock`), and most requests need none.
+        if worker.audit_logged.get() {
+            self.started_ns = edge::now_nanos();
+        }
         let (method, path, length) = match self.read_headers(&worker) {
             Ok(v) => v,
             Err(e) => return self.internal(&e),
         };
         self.shape = ErrorShape::for_path(&path);
-        match plan_head(&worker.router.config, &method, &path, length, end_of_stream) {
+        let head = plan_head(&worker.router.config, &method, &path, length, end_of_stream);
+        mark!("headers: planned");
+        match head {
             HeadPlan::Models => {
                 self.audited = true;
                 self.settle(Outcome::Ok);
@@ -820,6 +853,7 @@ impl HttpContext for Request {
             // Envoy keeps buffering; the decision waits for the whole body.
             return self.scan_piece(body_size);
         }
+        mark!("body: size checked");
         self.finish_body(body_size)
     }
 
@@ -848,6 +882,7 @@ impl HttpContext for Request {
             Ok(pairs) => ResponseHead::read_iter(pairs.iter()),
             Err(_) => ResponseHead::unreadable(),
         };
+        mark!("response headers: map read");
         self.audit.attempts = head.attempts;
         // Internal detail: the client needs none of it. (No hostcall when it isn't there.)
         if head.attempt_count_sent {
@@ -898,8 +933,11 @@ impl HttpContext for Request {
             routed.served = self.backend_index;
             routed.complete = end_of_stream;
         }
+        mark!("response headers: endpoint, verdict");
         self.settle(verdict.outcome);
+        mark!("response headers: settled (counter)");
         self.meter.start(head.status, head.streaming);
+        mark!("response headers: usage reader started");
         if let (Some(budgets), Some(m)) = (&worker.budgets, self.budget.as_mut()) {
             budgets.on_response_headers(m, head.status, self.backend_index);
             if end_of_stream && budgets.on_response_end(m, &mut self.meter, &mut self.audit) {
@@ -945,10 +983,12 @@ impl HttpContext for Request {
                 budgets.end(m, &mut self.meter, &mut self.audit);
             }
         }
+        mark!("log: budgets ended");
         if let Some(worker) = &self.worker {
             let backend = self.backend_index;
             crate::usage::publish(&mut self.meter, &worker.usage, backend, &mut self.audit);
         }
+        mark!("log: usage published");
         self.settle(Outcome::Cancelled);
         // The audit line goes to the gateway's log at info; if the operator set the wasm log
         // above that, Envoy would drop it, so don't spend the serialisation.
@@ -959,7 +999,14 @@ impl HttpContext for Request {
             self.audit.router.clone_from(&worker.router.config.router);
         }
         let now = edge::now_nanos();
-        self.audit.latency_ms = now.saturating_sub(self.started_ns) as f64 / 1e6;
+        // Not read at the start when the line was off then (the level changed since): from the
+        // first time routing read, or 0.
+        let started = if self.started_ns == 0 {
+            now
+        } else {
+            self.started_ns
+        };
+        self.audit.latency_ms = now.saturating_sub(started) as f64 / 1e6;
         edge::log(Level::Info, &self.audit.line());
     }
 }

@@ -15,6 +15,7 @@ mod budget_headers;
 mod budget_lease;
 mod budget_remote;
 mod http;
+mod marks;
 mod metrics;
 mod pick;
 mod quarantine;

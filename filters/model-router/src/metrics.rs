@@ -11,13 +11,17 @@ use router_core::audit::Outcome;
 use router_core::router::Router;
 use std::cell::RefCell;
 
-/// (rule, backend, outcome) → the counter's id, `None` if the host refused to define it.
-type CounterIds = FnvHashMap<(Option<usize>, Option<usize>, Outcome), Option<u32>>;
+/// A counter's key: (rule, backend, outcome).
+type CounterKey = (Option<usize>, Option<usize>, Outcome);
+/// Counter key → the counter's id, `None` if the host refused to define it.
+type CounterIds = FnvHashMap<CounterKey, Option<u32>>;
 
 pub(crate) struct Metrics {
     rule_names: Vec<String>,
     backend_names: Vec<String>,
     ids: RefCell<CounterIds>,
+    /// The last key counted and its id: most requests in a row share one (no hashing then).
+    last: std::cell::Cell<Option<(CounterKey, Option<u32>)>>,
     violations: Option<u32>,
     /// `llmkube.failover_skipped`, defined only under a replay limit.
     failover_skipped: Option<u32>,
@@ -33,6 +37,7 @@ impl Metrics {
                 .map(|i| router.backend(i).name.clone())
                 .collect(),
             ids: RefCell::new(FnvHashMap::default()),
+            last: std::cell::Cell::new(None),
             violations: edge::define_metric(MetricKind::Counter, "llmkube.sensitive_violations")
                 .ok(),
             failover_skipped: router
@@ -43,8 +48,23 @@ impl Metrics {
     }
 
     pub fn count(&self, rule: Option<usize>, backend: Option<usize>, outcome: Outcome) {
+        let key = (rule, backend, outcome);
+        let id = match self.last.get() {
+            Some((last, id)) if last == key => id,
+            _ => {
+                let id = self.id(key);
+                self.last.set(Some((key, id)));
+                id
+            }
+        };
+        if let Some(id) = id {
+            edge::increment_metric(id, 1);
+        }
+    }
+
+    fn id(&self, (rule, backend, outcome): CounterKey) -> Option<u32> {
         let mut ids = self.ids.borrow_mut();
-        let id = *ids.entry((rule, backend, outcome)).or_insert_with(|| {
+        *ids.entry((rule, backend, outcome)).or_insert_with(|| {
             let name = format!(
                 "llmkube.requests.rule.{}.backend.{}.outcome.{}",
                 rule.and_then(|r| self.rule_names.get(r))
@@ -61,10 +81,7 @@ impl Metrics {
                     None
                 }
             }
-        });
-        if let Some(id) = id {
-            edge::increment_metric(id, 1);
-        }
+        })
     }
 
     pub fn violation(&self) {

@@ -52,11 +52,16 @@ impl QuarantineTable {
         }
     }
 
-    /// This worker's copy of the table, when anyone is quarantined at `now` (the common answer
-    /// is no, and routing then skips the checks altogether).
-    pub fn active(&self, now: u64) -> Option<Ref<'_, Quarantine>> {
+    /// This worker's copy of the table, when anyone is quarantined at `now()` (the common answer
+    /// is no, and routing then skips the checks altogether). The clock is read only when the
+    /// table holds a deadline at all: a worker that never quarantined anything reads none.
+    pub fn active(&self, now: impl FnOnce() -> u64) -> Option<(Ref<'_, Quarantine>, u64)> {
         let table = self.table.local();
-        table.any(now).then_some(table)
+        if !table.any(0) {
+            return None;
+        }
+        let now = now();
+        table.any(now).then_some((table, now))
     }
 
     /// Quarantines `backend` from `now` for the configured duration, for every worker.

@@ -12,6 +12,7 @@
 //! back into Prometheus labels (`gen_ai_client_token_usage_bucket{gen_ai_token_type="input",
 //! gen_ai_request_model="…",llmkube_backend="…",llmkube_team="…"}`).
 
+use crate::marks::mark;
 use filter_edge::{self as edge, Buffer, Level, MetricKind};
 use fnv::FnvHashMap;
 use router_core::audit::{AuditRecord, AuditTokens};
@@ -149,11 +150,14 @@ impl Meter {
             None
         };
         let chunk = chunk.unwrap_or_default();
+        mark!("usage: body read");
         self.out.clear();
         reader.feed(&chunk, &mut self.out);
+        mark!("usage: fed");
         if end {
             self.ended = Some(reader.finish(&mut self.out));
         }
+        mark!("usage: finished");
         if reader.strips() && (size > 0 || !self.out.is_empty()) {
             if let Err(e) = edge::replace_buffer(Buffer::ResponseBody, size, &self.out) {
                 edge::log(Level::Warn, &format!("model-router: usage: stripping: {e}"));
@@ -189,6 +193,17 @@ pub(crate) struct UsageStats {
     /// Per backend index: model → team → ids.
     series: RefCell<Vec<FnvHashMap<String, FnvHashMap<String, Ids>>>>,
     defined: Cell<usize>,
+    /// The series the last request recorded under: traffic runs in long stretches of one model
+    /// and team, and comparing two short strings costs a fraction of hashing them into two maps.
+    last: RefCell<Option<LastSeries>>,
+}
+
+/// A series by its key, as [`UsageStats::ids`] last found it.
+struct LastSeries {
+    backend: usize,
+    model: String,
+    team: String,
+    ids: Ids,
 }
 
 impl UsageStats {
@@ -198,6 +213,7 @@ impl UsageStats {
             series: RefCell::new(vec![FnvHashMap::default(); backends.len()]),
             backends,
             defined: Cell::new(0),
+            last: RefCell::new(None),
         }
     }
 
@@ -221,6 +237,36 @@ impl UsageStats {
     }
 
     fn ids(&self, backend: usize, model: &str, team: &str) -> Ids {
+        let mut last = self.last.borrow_mut();
+        if let Some(l) = last.as_ref() {
+            if l.backend == backend && l.model == model && l.team == team {
+                return l.ids;
+            }
+        }
+        let ids = self.look_up(backend, model, team);
+        // Kept in place: the strings' buffers are reused when the key changes.
+        match last.as_mut() {
+            Some(l) => {
+                l.backend = backend;
+                l.model.clear();
+                l.model.push_str(model);
+                l.team.clear();
+                l.team.push_str(team);
+                l.ids = ids;
+            }
+            None => {
+                *last = Some(LastSeries {
+                    backend,
+                    model: model.to_string(),
+                    team: team.to_string(),
+                    ids,
+                })
+            }
+        }
+        ids
+    }
+
+    fn look_up(&self, backend: usize, model: &str, team: &str) -> Ids {
         let mut series = self.series.borrow_mut();
         let per_backend = series.get_mut(backend)?;
         if let Some(ids) = per_backend.get(model).and_then(|m| m.get(team)) {
@@ -305,12 +351,14 @@ pub(crate) fn publish(
     let (Some(usage), Some(c)) = (meter.usage(), meter.charge()) else {
         return;
     };
+    mark!("log: usage charged");
     audit.tokens = Some(AuditTokens {
         prompt: c.prompt,
         completion: c.completion,
         cached: usage.cached,
     });
     audit.usage_estimated = c.estimated;
+    mark!("log: audit tokens");
     if let Some(b) = backend {
         let model = audit.model.as_deref().unwrap_or("");
         stats.record(b, model, team_of(audit), &usage);

@@ -194,13 +194,29 @@ fn main() {
         }
         println!("    hostcalls per request                  {calls:>5.2}");
         // One more request, as the instructions before each hostcall (callback starts marked).
+        // A module built with `--features cost-marks` logs `cost-mark <step>` at the end of each
+        // step: its `proxy_log` calls are named by those lines, in order.
+        h.clear_logs();
         h.trace_hostcalls(true);
         let start = fuel(&h);
         let marks = one(&mut h, &body, pieces);
+        let mut steps = h
+            .logs()
+            .into_iter()
+            .filter_map(|(_, l)| l.strip_prefix("cost-mark ").map(str::to_string))
+            .collect::<Vec<_>>()
+            .into_iter();
         let mut events: Vec<(u64, String)> = h
             .take_hostcall_trace()
             .into_iter()
-            .map(|(n, f)| (f, n.trim_start_matches("proxy_").to_string()))
+            .map(|(n, f)| {
+                let step = (n == "proxy_log").then(|| steps.next()).flatten();
+                let what = match step {
+                    Some(step) => format!("[{step}]"),
+                    None => n.trim_start_matches("proxy_").to_string(),
+                };
+                (f, what)
+            })
             .collect();
         h.trace_hostcalls(false);
         for (i, m) in marks.iter().enumerate() {

@@ -107,22 +107,23 @@ enum PieceError {
     Host(String),
 }
 
-/// Reads the body bytes from what `pieces` has seen up to `size` and scans them.
+/// Reads the body bytes up to `size` that `pieces` has not parsed (with the few it kept of a cut
+/// token: Envoy holds the whole body while the filter reads it) and scans them.
 fn read_piece(
     pieces: &mut Pieces,
     size: usize,
     complete: bool,
 ) -> Result<Option<Fields>, PieceError> {
-    let seen = pieces.seen();
-    let piece = if size > seen {
-        match edge::buffer(Buffer::RequestBody, seen, size - seen) {
+    let from = pieces.read_from();
+    let piece = if size > from {
+        match edge::buffer(Buffer::RequestBody, from, size - from) {
             Ok(p) => p.unwrap_or_default(),
             Err(e) => return Err(PieceError::Host(format!("reading the request body: {e}"))),
         }
     } else {
         Vec::new()
     };
-    pieces.feed(piece, complete).map_err(PieceError::Scan)
+    pieces.feed_read(piece, complete).map_err(PieceError::Scan)
 }
 
 impl Request {

@@ -225,6 +225,40 @@ mod tests {
         assert!(kept_some);
     }
 
+    /// A parser that keeps everything from `needed` on and notes each window it is given.
+    struct Spy {
+        needed: usize,
+        windows: Vec<(*const u8, usize, usize)>,
+    }
+
+    impl Resumable for Spy {
+        type Output = ();
+        type Error = ();
+        fn resume_window(&mut self, w: &[u8], base: usize, _: bool) -> Result<Option<()>, ()> {
+            self.windows.push((w.as_ptr(), base, w.len()));
+            Ok(None)
+        }
+        fn needed_from(&self) -> usize {
+            self.needed
+        }
+    }
+
+    #[test]
+    fn a_piece_read_from_the_kept_bytes_is_parsed_where_it_landed() {
+        let mut w = BodyWindow::new(Spy {
+            needed: 3,
+            windows: Vec::new(),
+        });
+        w.feed_read(b"abcd".to_vec(), false).unwrap();
+        assert_eq!((w.read_from(), w.retained(), w.seen()), (3, 1, 4));
+        // The next read starts at the kept byte; the piece is the window, not a copy of it.
+        let piece = b"defgh".to_vec();
+        let at = piece.as_ptr();
+        w.feed_read(piece, false).unwrap();
+        assert_eq!(w.parser.windows.last(), Some(&(at, 3, 5)));
+        assert_eq!(w.seen(), 8);
+    }
+
     #[test]
     fn a_long_prompt_is_not_kept_between_pieces() {
         let prompt = "x".repeat(512 * 1024);

@@ -349,74 +349,15 @@ pub fn build(
         },
     );
     if let Some(b) = plugin.budgets.as_mut() {
-        b.unsafe_charge_after = opts.unsafe_budgets_charge_after;
-        // Leases are the embedded default, so only the way back is written: the default output
-        // stays what it was before either mode existed.
-        let embedded = opts.budgets_cluster.is_none();
-        b.per_request = opts.budgets_per_request && embedded;
-        b.unsafe_worker_leases_unheld =
-            embedded && !b.per_request && opts.unsafe_budgets_worker_leases_unheld;
-        b.service = opts.budgets_cluster.clone().map(|cluster| {
-            router_core::budget::compiled::ServiceConfig {
-                cluster,
-                timeout_ms: SERVICE_TIMEOUT_MS,
-                fail_open: opts.budgets_fail_open,
-                lease: opts.budgets_lease.clone(),
-            }
-        });
-        if let Some(ttl) = opts.budgets_hold_ttl_s {
-            b.hold_ttl_s = ttl;
-        }
+        apply_budget_options(b, opts);
         if let Err(e) = b.compile() {
             let field = crate::plugin::budget_field(spec, b, &e.path);
             diags.error(Problem::new(&label, field, e.why));
             return None;
         }
     }
-    let plugin_json = match serde_json::to_string(&plugin) {
-        Ok(j) => j,
-        Err(e) => {
-            diags.error(Problem::new(
-                &label,
-                "spec",
-                format!("cannot serialise the plugin config: {e}"),
-            ));
-            return None;
-        }
-    };
-    let core = match Router::new(plugin.clone()) {
-        Ok(r) => r,
-        Err(e) => {
-            diags.error(Problem::new(
-                &label,
-                "spec",
-                format!("the filter refuses the plugin config: {e}"),
-            ));
-            return None;
-        }
-    };
-    let tiers: Vec<rc::Tier> = plugin.backends.iter().map(|b| b.tier).collect();
-    let mut backends = Vec::with_capacity(spec.backends.len());
-    for (i, b) in spec.backends.iter().enumerate() {
-        let cx = Site {
-            label: &label,
-            path: format!("spec.backends[{i}]"),
-            namespace: &namespace,
-        };
-        if let Some(kind) = resolve_backend(b, &cx, inputs, opts, diags) {
-            backends.push(Backend {
-                name: b.name.clone(),
-                tier: tiers[i],
-                endpoints: kind.1,
-                kind: kind.0,
-                vllm: b
-                    .inference_service_ref
-                    .as_ref()
-                    .and_then(|r| inputs.inference_service(&namespace, &r.name))
-                    .is_some_and(|s| s.vllm),
-            });
-        }
-    }
+    let (plugin_json, core) = compile_plugin(&plugin, &label, diags)?;
+    let backends = resolve_backends(spec, &plugin, &label, &namespace, inputs, opts, diags);
     if !diags.errors.is_empty() {
         return None;
     }
@@ -446,6 +387,87 @@ pub fn build(
         timeouts,
         max_body_bytes,
     })
+}
+
+/// The compile options that choose the budget ledgers' mode (the embedded default, per-request
+/// holds or the shared ledger), written into the plugin config's budgets.
+fn apply_budget_options(b: &mut rc::budgets::BudgetsConfig, opts: &CompileOptions) {
+    b.unsafe_charge_after = opts.unsafe_budgets_charge_after;
+    // Leases are the embedded default, so only the way back is written: the default output
+    // stays what it was before either mode existed.
+    let embedded = opts.budgets_cluster.is_none();
+    b.per_request = opts.budgets_per_request && embedded;
+    b.unsafe_worker_leases_unheld =
+        embedded && !b.per_request && opts.unsafe_budgets_worker_leases_unheld;
+    b.service =
+        opts.budgets_cluster
+            .clone()
+            .map(|cluster| router_core::budget::compiled::ServiceConfig {
+                cluster,
+                timeout_ms: SERVICE_TIMEOUT_MS,
+                fail_open: opts.budgets_fail_open,
+                lease: opts.budgets_lease.clone(),
+            });
+    if let Some(ttl) = opts.budgets_hold_ttl_s {
+        b.hold_ttl_s = ttl;
+    }
+}
+
+/// The plugin config as the filter reads it, and the filter's own router built from it: the
+/// generator plans routes with the decision engine the filter runs, so a config the filter would
+/// refuse is refused here.
+fn compile_plugin(
+    plugin: &PluginConfig,
+    label: &str,
+    diags: &mut Diagnostics,
+) -> Option<(String, Router)> {
+    let refuse = |diags: &mut Diagnostics, msg: String| {
+        diags.error(Problem::new(label, "spec", msg));
+        None
+    };
+    let plugin_json = match serde_json::to_string(plugin) {
+        Ok(j) => j,
+        Err(e) => return refuse(diags, format!("cannot serialise the plugin config: {e}")),
+    };
+    match Router::new(plugin.clone()) {
+        Ok(core) => Some((plugin_json, core)),
+        Err(e) => refuse(diags, format!("the filter refuses the plugin config: {e}")),
+    }
+}
+
+/// Every backend the cluster can resolve, with its tier from the plugin config (the backends
+/// that cannot be resolved are errors in `diags`).
+fn resolve_backends(
+    spec: &ModelRouterSpec,
+    plugin: &PluginConfig,
+    label: &str,
+    namespace: &str,
+    inputs: &Inputs,
+    opts: &CompileOptions,
+    diags: &mut Diagnostics,
+) -> Vec<Backend> {
+    let mut backends = Vec::with_capacity(spec.backends.len());
+    for (i, (b, pb)) in spec.backends.iter().zip(&plugin.backends).enumerate() {
+        let cx = Site {
+            label,
+            path: format!("spec.backends[{i}]"),
+            namespace,
+        };
+        if let Some((kind, endpoints)) = resolve_backend(b, &cx, inputs, opts, diags) {
+            backends.push(Backend {
+                name: b.name.clone(),
+                tier: pb.tier,
+                endpoints,
+                kind,
+                vllm: b
+                    .inference_service_ref
+                    .as_ref()
+                    .and_then(|r| inputs.inference_service(namespace, &r.name))
+                    .is_some_and(|s| s.vllm),
+            });
+        }
+    }
+    backends
 }
 
 /// Where a backend sits in the manifest, for problem lines.

@@ -16,7 +16,11 @@
 --                   ht, hu = tokens and pico-USD held by reservations;
 --                   v = the version of the last answer (see `stamp`);
 --                   bw, wl = bucket width and window (ms) the buckets were written under: a
---                   call under another window re-buckets them by time first (`rebucket`)
+--                   call under another window re-buckets them by time first (`rebucket`);
+--                   lu = until when a lease may hold room here (the newest lease's expiry;
+--                   absent once the last one is released);
+--                   rc = until when leases are asked to give back their unused room (see
+--                   `reclaim`)
 -- <ledger>:r  HASH  reservation id -> "<tokens> <pico>", or "-" once it ended
 -- <ledger>:x  ZSET  reservation id scored by its expiry (ms)
 --
@@ -34,8 +38,10 @@
 --
 -- Answer: 7 strings per ledger: code, wait, spent tokens, spent pico, held tokens, held pico,
 -- version. Reserve codes: 1 held (or, for check, fits), 2 the id had ended (nothing held),
--- 0 refused (wait = seconds, -1 never), 3 fits but not held (another ledger refused). Settle
--- and release: 1 when the hold was found.
+-- 0 refused (wait = seconds, -1 never), 3 fits but not held (another ledger refused), 4 refused
+-- while what is spent alone admits it and leases hold room (wait 1): the leases are asked to
+-- give their unused room back (`reclaim`), so the same reserve soon fits. Settle and release: 1
+-- when the hold was found.
 --
 -- Pico-dollar sums can pass 2^53, where Lua's doubles stop being exact, so they are kept as
 -- {high, low} pairs of base 10^9 digits; Redis stores them as decimal strings.
@@ -388,6 +394,22 @@ local function finish(L, charge_t, charge_p)
   return found
 end
 
+-- After a reserve found only holds in its way while leases held room, leases stay at their
+-- requests in flight for this long: their next reports give back the room they do not use, and
+-- take none, so the request (which the service may retry for a while) and those after it are
+-- admitted exactly while what is spent leaves room for them. Past it leases grow again.
+local RECLAIM_MS = 1000
+
+-- The ledger may have leases holding room (`lu`, set by the lease op).
+local function leased(L)
+  return tonumber(redis.call('HGET', L.W, 'lu') or '0') > now
+end
+
+-- A reserve refused by holds alone, with leases holding room: ask them to give it back.
+local function reclaim(L)
+  redis.call('HSET', L.W, 'rc', istr(now + RECLAIM_MS))
+end
+
 local n = math.floor(#KEYS / 3)
 local ledgers = {}
 for i = 0, n - 1 do ledgers[i + 1] = load(i) end
@@ -417,8 +439,13 @@ if op == 'reserve' or op == 'check' then
       end
     elseif L.refused then
       local w = wait_s(L)
+      local code = 0
+      if op == 'reserve' and fits(L, L.spent_t, L.spent_p) and leased(L) then
+        reclaim(L)
+        code = 4
+      end
       save(L, false)
-      answer(L, 0, w, stamp(L))
+      answer(L, code, w, stamp(L))
     elseif refused or op == 'check' then
       save(L, false)
       answer(L, refused and 3 or 1, 0, stamp(L))
@@ -453,7 +480,8 @@ elseif op == 'lease' then
   -- One ledger's lease (KEYS[4]: <ledger>:l, the live leases by expiry): the old lease `id`
   -- ('' for none) is dropped and its use charged, and a new hold taken under ARGV[11]:
   -- max(min(max, free / (2 x leaseholders)), admitted) per dimension (a dimension without a
-  -- cap gets max). ARGV[12..13] admitted tokens/pico, ARGV[14..15] max tokens/pico,
+  -- cap gets max), or only `admitted` while a reserve asked leases to give their room back
+  -- (`rc`). ARGV[12..13] admitted tokens/pico, ARGV[14..15] max tokens/pico,
   -- ARGV[16] '1' = unheld (test-only: granted from all the free room, nothing held).
   -- Answer: the ledger's 7 strings (code 1 applied, 2 applied before: this report's answer
   -- was lost and it came again) and the granted tokens and pico.
@@ -502,6 +530,10 @@ elseif op == 'lease' then
     if ple(chunk, g_p) then g_p = chunk end
   end
   if ple(g_p, adm_p) then g_p = adm_p end
+  if not unheld and tonumber(redis.call('HGET', L.W, 'rc') or '0') > now then
+    -- Reclaiming: hold what is in flight on the lease, no room beside it.
+    g_t, g_p = adm_t, adm_p
+  end
   if not unheld and (g_t > 0 or not pzero(g_p)) then
     L.held_t = L.held_t + g_t
     L.held_p = padd(L.held_p, g_p)
@@ -515,6 +547,12 @@ elseif op == 'lease' then
   end
   L.sums_dirty = true
   save(L, true)
+  -- Whether a lease may hold room here, for reserves refused by holds (`reclaim`).
+  if redis.call('ZCARD', LK) > 0 then
+    redis.call('HSET', L.W, 'lu', istr(now + ttl))
+  else
+    redis.call('HDEL', L.W, 'lu')
+  end
   keep_keys(L)
   redis.call('PEXPIRE', LK, L.life + L.width + math.max(ttl, 0) + 60000)
   answer(L, 1, 0, stamp(L))

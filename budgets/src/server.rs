@@ -11,7 +11,7 @@ use router_core::budget::admit::DEFAULT_HOLD_TTL_S;
 use router_core::budget::protocol::{
     validate_common, validate_reservation, AmountJson, EndBatch, EndBatchResponse, LeaseRequest,
     LeaseResponse, LedgerRef, LedgerState, ReserveRequest, ReserveResponse, SettleRequest,
-    SettleResponse, MAX_ENDS, MAX_TTL_S,
+    SettleResponse, MAX_ENDS, MAX_RESERVE_WAIT_MS, MAX_TTL_S,
 };
 use router_core::errors::ApiError;
 use std::sync::Arc;
@@ -19,6 +19,10 @@ use std::sync::Arc;
 /// Request bodies over this are refused (32 ledgers of long names fit easily, and a batch of
 /// `MAX_ENDS` ends as a gateway sends them).
 pub const MAX_BODY: usize = 256 * 1024;
+
+/// How often a reserve waiting for leases to give their room back is tried again: a few times
+/// per lease report period (100 ms by default).
+const RECLAIM_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 pub struct Service {
     pub store: RedisStore,
@@ -173,11 +177,7 @@ impl Service {
         if r.max_teams == Some(0) {
             return bad_request("max_teams: must be at least 1".into());
         }
-        let outcomes = match self
-            .store
-            .reserve_all(clock, &r.router, &r.ledgers, &id, amount, ttl, r.max_teams)
-            .await
-        {
+        let outcomes = match self.reserve_waiting(clock, &r, &id, amount, ttl).await {
             Ok(o) => o,
             Err(e) => return store_error(e),
         };
@@ -191,6 +191,11 @@ impl Service {
                 Reserve::Refused(w) => {
                     refused.push(l.label());
                     waits.push(w);
+                }
+                Reserve::Reclaiming => {
+                    // Only holds were in the way: they end with their requests and leases.
+                    refused.push(l.label());
+                    waits.push(Some(1));
                 }
                 Reserve::TeamsFull(w) => {
                     refused.push(l.label());
@@ -236,6 +241,38 @@ impl Service {
             teams_full: None,
             ledgers: states,
         })
+    }
+
+    /// The reserve, tried again while leases are giving their room back (`Reserve::Reclaiming`:
+    /// only holds refused it, what is spent leaves room) for up to the request's `wait_ms`:
+    /// the leases' next reports hold only their requests in flight, so a request that fits
+    /// what is spent is admitted within a report period or two instead of refused. Only on
+    /// the service's clock (a test clock does not move while it waits).
+    async fn reserve_waiting(
+        &self,
+        clock: Clock,
+        r: &ReserveRequest,
+        id: &str,
+        amount: router_core::budget::window::Amount,
+        ttl: u64,
+    ) -> Result<Vec<(Reserve, LedgerUse)>, StoreError> {
+        let wait = r.wait_ms.unwrap_or(0).min(MAX_RESERVE_WAIT_MS);
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(wait);
+        loop {
+            let outcomes = self
+                .store
+                .reserve_all(clock, &r.router, &r.ledgers, id, amount, ttl, r.max_teams)
+                .await?;
+            let reclaiming = outcomes.iter().any(|(w, _)| *w == Reserve::Reclaiming);
+            let refused_otherwise = outcomes
+                .iter()
+                .any(|(w, _)| w.refused() && *w != Reserve::Reclaiming);
+            let next = std::time::Instant::now() + RECLAIM_POLL;
+            if !reclaiming || refused_otherwise || clock.is_some() || next > until {
+                return Ok(outcomes);
+            }
+            tokio::time::sleep(RECLAIM_POLL).await;
+        }
     }
 
     /// Settle (charge the real usage) or release (charge nothing) on every ledger.

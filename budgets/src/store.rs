@@ -53,11 +53,22 @@ pub enum Reserve {
     Ended,
     /// Refused: seconds to wait, or `None` when the request alone is over the cap.
     Refused(Option<u64>),
+    /// Refused by holds alone (what is spent leaves room for it) while leases hold room: they
+    /// are asked to give their unused room back, so the same reserve soon fits (a refusal
+    /// with a wait of 1 s to a caller that does not wait for it).
+    Reclaiming,
     /// Would fit, but another ledger of the request refused (or failed), so nothing is held.
     NotHeld,
     /// A new team of a team budget that already has its `max_teams` active teams: seconds
     /// until one of them has rolled off.
     TeamsFull(u64),
+}
+
+impl Reserve {
+    /// This ledger refused the request.
+    pub fn refused(&self) -> bool {
+        matches!(self, Reserve::Refused(_) | Reserve::Reclaiming)
+    }
 }
 
 /// A ledger as one script call left it: spent in the window and held by requests in flight.
@@ -80,6 +91,7 @@ fn reserve_outcome(code: i64, wait: i64) -> Reserve {
         1 => Reserve::Held,
         2 => Reserve::Ended,
         3 => Reserve::NotHeld,
+        4 => Reserve::Reclaiming,
         _ if wait < 0 => Reserve::Refused(None),
         _ => Reserve::Refused(Some(wait.max(1) as u64)),
     }
@@ -351,7 +363,7 @@ impl RedisStore {
                     }
                 }
             }
-            let refused = out.iter().any(|(r, _)| matches!(r, Reserve::Refused(_)));
+            let refused = out.iter().any(|(r, _)| r.refused());
             if refused || failure.is_some() {
                 // Across nodes there is no atomic call: the holds already taken go again. A
                 // failed release leaves a hold that expires at its ttl, never a leak.

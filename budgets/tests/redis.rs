@@ -93,10 +93,14 @@ fn lua_and_core_agree_on_the_shared_table_of_cases() {
                                 core_holds.insert(id.to_string(), core_got.unwrap());
                                 redis_ids.insert(id.to_string(), rid);
                             }
-                            _ => {
+                            expect => {
                                 let w = step["wait_s"].as_i64().unwrap();
                                 let (core_want, redis_want) = if w < 0 {
                                     (Wait::Never, Reserve::Refused(None))
+                                } else if expect == "reclaiming" {
+                                    // Only holds in the way, leases among them: the script
+                                    // also asks the leases for their room back.
+                                    (Wait::Seconds(w as u64), Reserve::Reclaiming)
                                 } else {
                                     (Wait::Seconds(w as u64), Reserve::Refused(Some(w as u64)))
                                 };
@@ -1125,6 +1129,79 @@ fn lease_reports_over_http_charge_once_and_refuse_malformed_ones() {
         Some(&json!({"router": router, "ledger": ledger, "id": "x", "bogus": 1})),
     );
     assert_eq!(status, 400, "{v}");
+}
+
+/// A reserve that only holds refuse (what is spent leaves room for it) while a lease holds
+/// room: the script asks the leases for their room back (`rc` on the ledger), the service tries
+/// the reserve again for up to its `wait_ms`, and the lease's next report grants only what is in
+/// flight on it (none here) instead of half the free room, so the waiting reserve is admitted.
+/// Once no lease holds room, a reserve that holds refuse is refused at once (`Retry-After: 1`).
+#[test]
+fn a_reserve_refused_only_by_lease_room_waits_for_the_lease_to_give_it_back() {
+    let Some(redis) = common::redis() else { return };
+    let svc = InProcess::start(&redis.url(), true);
+    let router = unique("reclaim");
+    let ledger = ledger("all", None, 3600, 1000);
+    let lease = |old: Option<&str>, id: &str| {
+        let mut req = json!({"router": router, "ledger": ledger, "id": id,
+            "used": {"tokens": 0}, "admitted": {"tokens": 0}, "max": {"tokens": 900}});
+        if let Some(o) = old {
+            req["old"] = json!(o);
+        }
+        http(svc.addr, "POST", "/v1/lease", Some(&req))
+    };
+    let reserve = |id: &str, tokens: u64, wait_ms: Option<u64>| {
+        let mut req = json!({"router": router, "ledgers": [ledger], "amount": {"tokens": tokens},
+            "reservation": id});
+        if let Some(w) = wait_ms {
+            req["wait_ms"] = json!(w);
+        }
+        let addr = svc.addr;
+        move || http(addr, "POST", "/v1/reserve", Some(&req))
+    };
+    let (_, v) = lease(None, "g-1");
+    assert_eq!(v["granted"]["tokens"], 500, "half the free room: {v}");
+    assert_eq!(reserve("r-1", 400, None)().1["admitted"], true);
+    let settle = json!({"router": router, "reservation": "r-1", "ledgers": [ledger],
+        "amount": {"tokens": 400}});
+    assert_eq!(http(svc.addr, "POST", "/v1/settle", Some(&settle)).0, 200);
+    // Spent 400, the lease holds 500: a request of 350 fits what is spent (750), not the holds.
+    let waiting = std::thread::spawn(reserve("r-2", 350, Some(4000)));
+    let key = format!(
+        "{}:w",
+        RedisStore::ledger_key(&router, &serde_json::from_value(ledger.clone()).unwrap())
+    );
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while redis::cmd("HGET")
+        .arg(&key)
+        .arg("rc")
+        .query::<Option<String>>(&mut conn)
+        .unwrap()
+        .is_none()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reserve asked for the lease's room"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The lease's report gives its room back: nothing is in flight on it, nothing is granted
+    // (else half of the 600 free, which would still keep the request out).
+    let (_, v) = lease(Some("g-1"), "g-2");
+    assert_eq!(v["granted"]["tokens"], 0, "{v}");
+    let (status, v) = waiting.join().unwrap();
+    assert_eq!((status, v["admitted"].as_bool()), (200, Some(true)), "{v}");
+    // No lease holds room now: holds alone refusing is answered at once.
+    let (_, v) = reserve("r-3", 300, Some(4000))();
+    assert_eq!(
+        (v["admitted"].as_bool(), v["retry_after_s"].as_u64()),
+        (Some(false), Some(1)),
+        "{v}"
+    );
 }
 
 /// Team leases over HTTP: a team's lease is held and charged on that team's ledger; a new

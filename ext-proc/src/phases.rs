@@ -6,7 +6,7 @@
 
 mod duplex;
 
-use crate::pool::{Lease, Pool, PoolError};
+use crate::pool::{Pool, PoolError, PoolSeat};
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
@@ -56,7 +56,7 @@ impl Duplex {
 /// Where one ext_proc stream stands.
 pub struct Exchange<'p> {
     pool: &'p Pool,
-    lease: Option<Lease>,
+    seat: Option<PoolSeat>,
     request_headers: Headers,
     /// The request headers' mutations were sent (a headers or body response carried them).
     request_decided: bool,
@@ -72,7 +72,7 @@ impl<'p> Exchange<'p> {
     pub fn new(pool: &'p Pool) -> Self {
         Exchange {
             pool,
-            lease: None,
+            seat: None,
             request_headers: Vec::new(),
             request_decided: false,
             response_headers: Vec::new(),
@@ -114,13 +114,13 @@ impl<'p> Exchange<'p> {
 
     /// Ends the filter's stream (access log, teardown).
     pub fn finish(mut self) {
-        if let Some(lease) = self.lease.take() {
-            self.pool.close(lease);
+        if let Some(seat) = self.seat.take() {
+            self.pool.close(seat);
         }
     }
 
-    fn lease(&self) -> Result<Lease, String> {
-        self.lease
+    fn seat(&self) -> Result<PoolSeat, String> {
+        self.seat
             .ok_or_else(|| "a body or response arrived before the request headers".to_string())
     }
 
@@ -130,7 +130,7 @@ impl<'p> Exchange<'p> {
     /// the body bytes it forwarded.
     async fn run(
         &self,
-        lease: Lease,
+        seat: PoolSeat,
         response: bool,
         deliver: impl FnOnce(&mut Vm, StreamId) -> Result<(), HostError>,
         ready: impl Fn(&StreamOutcome) -> bool,
@@ -143,12 +143,12 @@ impl<'p> Exchange<'p> {
             };
             Ok::<_, HostError>((out, vm.pending_http_calls_of(id)))
         };
-        let settled = self.pool.settled(&lease);
+        let settled = self.pool.settled(&seat);
         let mut wake = std::pin::pin!(settled.notified());
         wake.as_mut().enable();
         let (mut out, mut pending) = self
             .pool
-            .with(&lease, |vm, id| {
+            .with(&seat, |vm, id| {
                 deliver(vm, id)?;
                 outcome(vm, id)
             })
@@ -157,11 +157,11 @@ impl<'p> Exchange<'p> {
             wake.as_mut().await;
             wake.set(settled.notified());
             wake.as_mut().enable();
-            (out, pending) = self.pool.with(&lease, outcome).map_err(pool_error)?;
+            (out, pending) = self.pool.with(&seat, outcome).map_err(pool_error)?;
         }
         let forwarded = self
             .pool
-            .with(&lease, |vm, id| vm.take_forwarded_body(id, response))
+            .with(&seat, |vm, id| vm.take_forwarded_body(id, response))
             .map_err(pool_error)?;
         Ok((out, forwarded))
     }
@@ -171,17 +171,17 @@ impl<'p> Exchange<'p> {
         h: HttpHeaders,
         attributes: &[(Vec<String>, Vec<u8>)],
     ) -> Result<ProcessingResponse, String> {
-        if self.lease.is_some() {
+        if self.seat.is_some() {
             return Err("request headers arrived twice".into());
         }
-        let lease = self.pool.open().map_err(pool_error)?;
-        self.lease = Some(lease);
+        let seat = self.pool.open().map_err(pool_error)?;
+        self.seat = Some(seat);
         self.request_headers = pairs(h.headers.map(|m| m.headers).unwrap_or_default());
         let headers = self.request_headers.clone();
         let eos = h.end_of_stream;
         let (out, _) = self
             .run(
-                lease,
+                seat,
                 false,
                 |vm, id| {
                     for (path, value) in attributes {
@@ -219,14 +219,14 @@ impl<'p> Exchange<'p> {
     }
 
     async fn request_body(&mut self, b: HttpBody) -> Result<ProcessingResponse, String> {
-        let lease = self.lease()?;
+        let seat = self.seat()?;
         if !b.end_of_stream && !self.request_decided {
             return Err("the request body must be sent whole (processing_mode.request_body_mode: BUFFERED) for the filter to decide on it".into());
         }
         let eos = b.end_of_stream;
         let (out, forwarded) = self
             .run(
-                lease,
+                seat,
                 false,
                 |vm, id| vm.request_body(id, &b.body, eos).map(drop),
                 |out| out.complete || !eos,
@@ -263,13 +263,13 @@ impl<'p> Exchange<'p> {
     }
 
     async fn response_headers(&mut self, h: HttpHeaders) -> Result<ProcessingResponse, String> {
-        let lease = self.lease()?;
+        let seat = self.seat()?;
         self.response_headers = pairs(h.headers.map(|m| m.headers).unwrap_or_default());
         let headers = self.response_headers.clone();
         let eos = h.end_of_stream;
         let (out, _) = self
             .run(
-                lease,
+                seat,
                 true,
                 |vm, id| vm.response_headers(id, &refs(&headers), eos).map(drop),
                 |out| out.forwarded_headers.is_some(),
@@ -301,11 +301,11 @@ impl<'p> Exchange<'p> {
     /// One chunk of a streamed (or the whole of a buffered) response body: what the filter
     /// passed replaces the chunk, so a filter that strips or rewrites a chunk does so here too.
     async fn response_body(&mut self, b: HttpBody) -> Result<ProcessingResponse, String> {
-        let lease = self.lease()?;
+        let seat = self.seat()?;
         let eos = b.end_of_stream;
         let (out, forwarded) = self
             .run(
-                lease,
+                seat,
                 true,
                 |vm, id| vm.response_body(id, &b.body, eos).map(drop),
                 |out| out.complete || !eos,
@@ -336,11 +336,11 @@ impl<'p> Exchange<'p> {
     }
 
     fn trailers(&mut self, t: HttpTrailers, response: bool) -> Result<ProcessingResponse, String> {
-        let lease = self.lease()?;
+        let seat = self.seat()?;
         let trailers = pairs(t.trailers.map(|m| m.headers).unwrap_or_default());
         let out = self
             .pool
-            .with(&lease, |vm, id| {
+            .with(&seat, |vm, id| {
                 if response {
                     vm.response_trailers(id, &refs(&trailers))?;
                     vm.response_outcome(id)

@@ -70,14 +70,14 @@ impl Callouts for ToTransport {
 
 struct Instance {
     vm: Vm,
-    /// Bumped when the VM is replaced: leases (and callouts) of the old one are void.
+    /// Bumped when the VM is replaced: seats (and callouts) of the old one are void.
     generation: u64,
     slot: usize,
 }
 
 /// A stream's place in the pool.
 #[derive(Debug, Clone, Copy)]
-pub struct Lease {
+pub struct PoolSeat {
     slot: usize,
     generation: u64,
     pub id: StreamId,
@@ -157,13 +157,13 @@ impl Pool {
     }
 
     /// The woken-on-settle signal of a stream's instance.
-    pub fn settled(&self, lease: &Lease) -> &Notify {
-        &self.slots[lease.slot].settled
+    pub fn settled(&self, seat: &PoolSeat) -> &Notify {
+        &self.slots[seat.slot].settled
     }
 
     /// Delivers a callout's answer (`None`: the call failed) to the instance that made it, unless
     /// that instance was replaced since; then wakes the streams waiting on it (also after a
-    /// replacement: they find their lease void and fail closed). The timer task wakes them at
+    /// replacement: they find their seat void and fail closed). The timer task wakes them at
     /// least every 50 ms as well, so no stream waits on a call that can no longer settle.
     pub fn settle_call(&self, call: &Callout, reply: Option<HttpCallReply>) {
         let Some(s) = self.slots.get(call.slot) else {
@@ -211,7 +211,7 @@ impl Pool {
     }
 
     /// Opens a stream on the instance with the fewest open streams.
-    pub fn open(&self) -> Result<Lease, PoolError> {
+    pub fn open(&self) -> Result<PoolSeat, PoolError> {
         let slot = (0..self.slots.len())
             .min_by_key(|i| self.slots[*i].open.load(Ordering::Relaxed))
             .unwrap_or(0);
@@ -223,7 +223,7 @@ impl Pool {
             .new_http_stream()
             .map_err(|e| self.failed(&mut inst, e))?;
         s.open.fetch_add(1, Ordering::Relaxed);
-        Ok(Lease {
+        Ok(PoolSeat {
             slot,
             generation: inst.generation,
             id,
@@ -265,23 +265,23 @@ impl Pool {
     /// Runs `f` on the stream's instance. A trap replaces the instance.
     pub fn with<R>(
         &self,
-        lease: &Lease,
+        seat: &PoolSeat,
         f: impl FnOnce(&mut Vm, StreamId) -> Result<R, HostError>,
     ) -> Result<R, PoolError> {
-        let mut inst = lock(&self.slots[lease.slot].vm);
-        if inst.generation != lease.generation {
+        let mut inst = lock(&self.slots[seat.slot].vm);
+        if inst.generation != seat.generation {
             return Err(PoolError::Replaced);
         }
-        f(&mut inst.vm, lease.id).map_err(|e| self.failed(&mut inst, e))
+        f(&mut inst.vm, seat.id).map_err(|e| self.failed(&mut inst, e))
     }
 
     /// Ends a stream: access log and teardown when the instance is the one it started on.
-    pub fn close(&self, lease: Lease) {
-        let s = &self.slots[lease.slot];
+    pub fn close(&self, seat: PoolSeat) {
+        let s = &self.slots[seat.slot];
         s.open.fetch_sub(1, Ordering::Relaxed);
         let mut inst = lock(&s.vm);
-        if inst.generation == lease.generation {
-            if let Err(e) = inst.vm.log_and_done(lease.id) {
+        if inst.generation == seat.generation {
+            if let Err(e) = inst.vm.log_and_done(seat.id) {
                 let _ = self.failed(&mut inst, e);
             }
         }

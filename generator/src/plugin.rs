@@ -65,69 +65,9 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
     let backends = spec
         .backends
         .iter()
-        .map(|b| {
-            let model_info = b.model_info.as_ref().map(|m| rc::ModelInfo {
-                context_length: m.context_length.map(|c| c as u64).or_else(|| {
-                    let r = b.inference_service_ref.as_ref()?;
-                    ctx.inputs
-                        .inference_service(namespace, &r.name)?
-                        .context_length
-                }),
-                input_modalities: m.input_modalities.clone(),
-                output_modalities: m.output_modalities.clone(),
-            });
-            BackendConfig {
-                name: b.name.clone(),
-                display_name: b.display_name.clone(),
-                tier: b.effective_tier(),
-                capabilities: b.capabilities.clone(),
-                weight: b.effective_weight().clamp(0, u32::MAX as i64) as u32,
-                model_info,
-                external_model: b.external.as_ref().map(|e| e.model.clone()),
-                served_model: b.inference_service_ref.as_ref().and_then(|r| {
-                    ctx.inputs
-                        .inference_service(namespace, &r.name)?
-                        .served_model
-                        .clone()
-                }),
-                provider: b.external.as_ref().map(|e| e.provider.as_str().to_string()),
-                timeout_ms: resolve_timeout(b.timeout.as_deref(), cap).or(Some(ms(cap))),
-                // Filled in by a target that picks pods (it knows the pods and its clusters).
-                pick: None,
-            }
-        })
+        .map(|b| backend_config(b, ctx, namespace, cap))
         .collect();
-
-    let rules = spec
-        .rules
-        .iter()
-        .map(|r| {
-            let m = r.match_.clone().unwrap_or_default();
-            RuleConfig {
-                name: r.name.clone(),
-                models: m.models.clone(),
-                headers: m
-                    .headers
-                    .iter()
-                    .map(|(k, v)| HeaderMatch {
-                        name: k.to_ascii_lowercase(),
-                        value: v.clone(),
-                    })
-                    .collect(),
-                task_complexity: m.task_complexity,
-                data_classification: m
-                    .data_classification
-                    .iter()
-                    .map(|c| c.to_ascii_lowercase())
-                    .collect(),
-                required_capabilities: m.required_capabilities.clone(),
-                fail_closed: r.fail_closed.unwrap_or(false),
-                strategy: r.route.strategy.unwrap_or_default(),
-                backends: r.route.backends.clone(),
-                timeout_ms: resolve_timeout(r.timeout.as_deref(), cap),
-            }
-        })
-        .collect();
+    let rules = spec.rules.iter().map(|r| rule_config(r, cap)).collect();
 
     PluginConfig {
         router: router_key(router),
@@ -154,6 +94,74 @@ pub fn plugin_config(router: &ModelRouter, ctx: &PluginContext) -> PluginConfig 
         failover_replay_limit: None,
         // Set by a target whose gateway cannot mirror the body (agentgateway).
         shadow: None,
+    }
+}
+
+/// A backend as the filter reads it: its tier, weight, model facts (the context length from the
+/// InferenceService when the manifest gives none) and timeout.
+fn backend_config(
+    b: &RouterBackend,
+    ctx: &PluginContext,
+    namespace: &str,
+    cap: Duration,
+) -> BackendConfig {
+    let model_info = b.model_info.as_ref().map(|m| rc::ModelInfo {
+        context_length: m.context_length.map(|c| c as u64).or_else(|| {
+            let r = b.inference_service_ref.as_ref()?;
+            ctx.inputs
+                .inference_service(namespace, &r.name)?
+                .context_length
+        }),
+        input_modalities: m.input_modalities.clone(),
+        output_modalities: m.output_modalities.clone(),
+    });
+    BackendConfig {
+        name: b.name.clone(),
+        display_name: b.display_name.clone(),
+        tier: b.effective_tier(),
+        capabilities: b.capabilities.clone(),
+        weight: b.effective_weight().clamp(0, u32::MAX as i64) as u32,
+        model_info,
+        external_model: b.external.as_ref().map(|e| e.model.clone()),
+        served_model: b.inference_service_ref.as_ref().and_then(|r| {
+            ctx.inputs
+                .inference_service(namespace, &r.name)?
+                .served_model
+                .clone()
+        }),
+        provider: b.external.as_ref().map(|e| e.provider.as_str().to_string()),
+        timeout_ms: resolve_timeout(b.timeout.as_deref(), cap).or(Some(ms(cap))),
+        // Filled in by a target that picks pods (it knows the pods and its clusters).
+        pick: None,
+    }
+}
+
+/// A rule as the filter reads it: header names and classifications lowercased, its timeout
+/// within the response-header cap.
+fn rule_config(r: &RouterRule, cap: Duration) -> RuleConfig {
+    let m = r.match_.clone().unwrap_or_default();
+    RuleConfig {
+        name: r.name.clone(),
+        models: m.models.clone(),
+        headers: m
+            .headers
+            .iter()
+            .map(|(k, v)| HeaderMatch {
+                name: k.to_ascii_lowercase(),
+                value: v.clone(),
+            })
+            .collect(),
+        task_complexity: m.task_complexity,
+        data_classification: m
+            .data_classification
+            .iter()
+            .map(|c| c.to_ascii_lowercase())
+            .collect(),
+        required_capabilities: m.required_capabilities.clone(),
+        fail_closed: r.fail_closed.unwrap_or(false),
+        strategy: r.route.strategy.unwrap_or_default(),
+        backends: r.route.backends.clone(),
+        timeout_ms: resolve_timeout(r.timeout.as_deref(), cap),
     }
 }
 

@@ -450,6 +450,17 @@ pub struct Measured {
     pub replicas: Report,
     pub oracle: Report,
     pub targets: Targets,
+    /// With [`evaluate_with_references`]: what balancing alone and the balanced oracle reach.
+    pub references: Option<References>,
+}
+
+/// The arms that say whether a draw's targets can be met together: a placement that only
+/// balances (least-loaded: the core's picker without prefix affinity) and the prefix oracle
+/// held to the balance target ([`Policy::BalancedPrefixOracle`]).
+#[derive(Clone, Debug)]
+pub struct References {
+    pub least_loaded: Report,
+    pub balanced_oracle: Report,
 }
 
 impl Measured {
@@ -463,6 +474,7 @@ impl Measured {
             replicas: pr,
             oracle: or,
             targets,
+            references: None,
         }
     }
 }
@@ -486,6 +498,19 @@ pub fn evaluate_instance(inst: &Instance, tweak: &dyn Fn(&mut Setup)) -> Measure
     let pr = simulate(Policy::Picker, &many, &inst.reqs);
     let or = simulate(Policy::PrefixOracle, &s, &inst.reqs);
     Measured::judged(draw, rr, pk, pr, or)
+}
+
+/// [`evaluate`], and the reference arms ([`References`]) on the same requests.
+pub fn evaluate_with_references(draw: &Draw, tweak: &dyn Fn(&mut Setup)) -> Measured {
+    let inst = Instance::new(draw);
+    let mut m = evaluate_instance(&inst, tweak);
+    let mut s = inst.setup.clone();
+    tweak(&mut s);
+    m.references = Some(References {
+        least_loaded: simulate(Policy::LeastLoaded, &s, &inst.reqs),
+        balanced_oracle: simulate(Policy::BalancedPrefixOracle, &s, &inst.reqs),
+    });
+    m
 }
 
 /// The targets of a draw of `kind` from what round-robin, the picker (one replica and the
@@ -590,6 +615,112 @@ pub fn misses_table(rows: &[Measured]) -> String {
             share(p.copies, p.shared_requests),
             m.oracle.imbalance,
             m.picker.imbalance,
+        ));
+    }
+    out
+}
+
+/// One arm's figures on a draw, against the prefix oracle's.
+struct Against {
+    hit: f64,
+    imbalance: f64,
+    p99: f64,
+}
+
+/// Whether the targets can be met together, per draw run with [`evaluate_with_references`]:
+/// the prefix oracle's own imbalance and p99 (the hit and p99 targets are relative to it), the
+/// picker's, what least-loaded reaches (balance alone) and what the oracle held to the balance
+/// target reaches, each against the oracle. "Worst for" names the targets whose worst draw
+/// (the picker's) this is. A summary over the draws follows.
+pub fn references_table(rows: &[Measured]) -> String {
+    let short = [
+        "hit÷oracle",
+        "hit÷rr",
+        "imbalance",
+        "p99÷oracle",
+        "unique p99",
+        "replicas",
+    ];
+    let mut worst: Vec<Option<usize>> = vec![None; TARGETS.len()];
+    for (k, (_, _, at_least)) in TARGETS.iter().enumerate() {
+        worst[k] = rows
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.targets.values()[k].map(|v| (i, v)))
+            .min_by(|a, b| {
+                let (x, y) = if *at_least { (a.1, b.1) } else { (b.1, a.1) };
+                x.total_cmp(&y)
+            })
+            .map(|(i, _)| i);
+    }
+    let mut out = String::from(
+        "| seed | draw | oracle: hit / imbalance / p99 ms | picker: hit÷oracle / imbalance / p99÷oracle | least-loaded: hit÷oracle / imbalance / p99÷oracle | balanced oracle: hit÷oracle / imbalance / p99÷oracle | worst for |\n|---|---|---|---|---|---|---|\n",
+    );
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    // The draws with a hit target, for the summary.
+    let mut hit_draws: Vec<[Against; 3]> = Vec::new();
+    for (i, m) in rows.iter().enumerate() {
+        let Some(r) = &m.references else {
+            continue;
+        };
+        let (o, p, ll, bo) = (&m.oracle, &m.picker, &r.least_loaded, &r.balanced_oracle);
+        let marks: Vec<&str> = (0..TARGETS.len())
+            .filter(|&k| worst[k] == Some(i))
+            .map(|k| short[k])
+            .collect();
+        out.push_str(&format!(
+            "| {:x} | {} | {:.3} / {:.2} / {:.0} | {:.3} / {:.2} / {:.3} | {:.3} / {:.2} / {:.3} | {:.3} / {:.2} / {:.3} | {} |\n",
+            m.draw.seed,
+            m.draw.label(),
+            o.hit_rate,
+            o.imbalance,
+            o.e2e_p99_ms,
+            ratio(p.hit_rate, o.hit_rate),
+            p.imbalance,
+            ratio(p.e2e_p99_ms, o.e2e_p99_ms),
+            ratio(ll.hit_rate, o.hit_rate),
+            ll.imbalance,
+            ratio(ll.e2e_p99_ms, o.e2e_p99_ms),
+            ratio(bo.hit_rate, o.hit_rate),
+            bo.imbalance,
+            ratio(bo.e2e_p99_ms, o.e2e_p99_ms),
+            marks.join(", ")
+        ));
+        if m.targets.hit_vs_oracle.is_some() {
+            let against = |r: &Report| Against {
+                hit: ratio(r.hit_rate, o.hit_rate),
+                imbalance: r.imbalance,
+                p99: ratio(r.e2e_p99_ms, o.e2e_p99_ms),
+            };
+            hit_draws.push([against(o), against(ll), against(bo)]);
+        }
+    }
+    let n = hit_draws.len();
+    let (hit, bound, p99) = (TARGETS[0].1, TARGETS[2].1, TARGETS[3].1);
+    out.push_str(&format!(
+        "\nOver the {n} draws with a hit target:\n\n\
+         | arm | imbalance ≤ {bound} (worst) | hit÷oracle ≥ {hit} (worst) | both | p99÷oracle ≤ {p99} (worst) |\n|---|---|---|---|---|\n"
+    ));
+    for (k, arm) in ["prefix oracle", "least-loaded", "balanced prefix oracle"]
+        .iter()
+        .enumerate()
+    {
+        let of: Vec<&Against> = hit_draws.iter().map(|d| &d[k]).collect();
+        let count = |f: &dyn Fn(&Against) -> bool| of.iter().filter(|a| f(a)).count();
+        let worst = |f: &dyn Fn(&Against) -> f64, high: bool| {
+            of.iter()
+                .map(|a| f(a))
+                .fold(f64::NAN, if high { f64::max } else { f64::min })
+        };
+        out.push_str(&format!(
+            "| {arm} | {} / {n} ({:.2}) | {} / {n} ({:.3}) | {} / {n} | {} / {n} ({:.3}) |\n",
+            count(&|a| a.imbalance <= bound),
+            worst(&|a| a.imbalance, true),
+            count(&|a| a.hit >= hit),
+            worst(&|a| a.hit, false),
+            count(&|a| a.imbalance <= bound && a.hit >= hit),
+            count(&|a| a.p99 <= p99),
+            worst(&|a| a.p99, true),
         ));
     }
     out

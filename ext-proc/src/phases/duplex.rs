@@ -79,10 +79,10 @@ impl Exchange<'_> {
     async fn duplex_body(&mut self, b: HttpBody, response: bool) -> Vec<ProcessingResponse> {
         let eos = b.end_of_stream;
         let r = async {
-            let lease = self.lease()?;
+            let seat = self.seat()?;
             let (out, forwarded) = self
                 .run(
-                    lease,
+                    seat,
                     response,
                     |vm, id| {
                         if response {
@@ -112,10 +112,10 @@ impl Exchange<'_> {
     ) -> Vec<ProcessingResponse> {
         let trailers = pairs(t.trailers.map(|m| m.headers).unwrap_or_default());
         let r = async {
-            let lease = self.lease()?;
+            let seat = self.seat()?;
             let held = trailers.clone();
             self.run(
-                lease,
+                seat,
                 response,
                 |vm, id| {
                     let t = refs(&held);

@@ -25,7 +25,7 @@ use crate::usage::Meter;
 use filter_edge::{self as edge, shared_table::HostStore, Buffer, Level};
 use router_core::audit::AuditRecord;
 use router_core::budget::admit::{admit_all, LedgerKey, LedgerStore, Refusal, Scope};
-use router_core::budget::bound::request_facts;
+use router_core::budget::bound::{request_facts, RequestFacts};
 use router_core::budget::compiled::{CompiledBudgets, Mode, UnsafeMode};
 use router_core::budget::inject::{edits, stream_needs_asking, Splice};
 use router_core::budget::ledger::{Hold, Shape, Wait};
@@ -269,7 +269,12 @@ impl Budgets {
             Mode::PerRequest => Ledgers::PerRequest { hold: true },
             Mode::Unsafe(UnsafeMode::ChargeAfter) => Ledgers::PerRequest { hold: false },
             Mode::Shared { service, lease } => Ledgers::Shared {
-                remote: Remote::new(&router.config.router, service, compiled.hold_ttl_s),
+                remote: Remote::new(
+                    &router.config.router,
+                    service,
+                    compiled.hold_ttl_s,
+                    lease.as_ref().map_or(0, |l| l.reserve_wait_ms()),
+                ),
                 leases: lease.as_ref().and_then(|lease| {
                     Leases::configure(&compiled, lease, &router.config.router, service.timeout_ms)
                 }),
@@ -533,6 +538,27 @@ impl Budgets {
         r: &RequestView,
         audit: &mut AuditRecord,
     ) -> Result<Option<Admitted>, Answer> {
+        let Some((facts, p)) = self.plan_of(r)? else {
+            return Ok(None);
+        };
+        // Before any hold: a body that cannot be edited holds nothing.
+        let splice = self.splice(r, &facts, &p)?;
+        if let Ledgers::Shared { remote, leases } = &self.ledgers {
+            audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
+            return self.admit_shared(remote, leases.as_ref(), p, splice, audit);
+        }
+        let now = now_ms();
+        let names = self.ledger_names(&p.keys, now)?;
+        audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
+        let (holds, rate) = self.reserve_embedded(&p, &names, now)?;
+        let mut a = admitted(splice, self.holding(p.keys, holds, names));
+        a.metered.rate = Some(rate);
+        Ok(Some(a))
+    }
+
+    /// What the request would reserve: its facts (what its bound is made of) and the plan (its
+    /// ledgers and amount). `None`: no budget applies.
+    fn plan_of(&self, r: &RequestView) -> Result<Option<(RequestFacts, BudgetPlan)>, Answer> {
         let mut facts = request_facts(r.body_len, r.fields);
         if facts.template_needs_shape {
             facts.template_margin = template_margin(r)?;
@@ -541,58 +567,79 @@ impl Budgets {
             .order
             .iter()
             .filter_map(|&b| self.attempts.get(b).copied());
-        let Some(p) = plan(
+        let p = plan(
             &self.compiled,
             r.rule,
             |h| r.headers.first(h),
             &facts,
             attempts,
-        ) else {
-            return Ok(None);
-        };
-        // Before any hold: a body that cannot be edited holds nothing.
-        let splice = self.splice(r, &facts, &p)?;
-        if let Ledgers::Shared { remote, leases } = &self.ledgers {
-            audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
-            if let Some(hold) = leases.as_ref().and_then(|l| l.admit(&p.keys, p.amount)) {
-                // Covered by this gateway's leases: no callout.
-                let mut a = admitted(splice, Holding::Lease(hold));
-                a.metered.rate = self.lease_rate(&p.keys);
-                return Ok(Some(a));
-            }
-            let id = remote.new_id();
-            let pending = match remote.reserve(&self.compiled, &p.keys, p.amount, &id) {
-                Ok(token) => RemoteHold {
-                    keys: p.keys.clone(),
+        );
+        Ok(p.map(|p| (facts, p)))
+    }
+
+    /// The shared ledger: admitted on this gateway's leases when they cover the request (no
+    /// callout), else reserved by a call to the service, whose answer the request waits for.
+    /// `Ok(None)`: the service cannot be reached and `fail_open` lets the request go unbudgeted.
+    fn admit_shared(
+        &self,
+        remote: &Remote,
+        leases: Option<&Leases>,
+        p: BudgetPlan,
+        splice: Option<Splice>,
+        audit: &mut AuditRecord,
+    ) -> Result<Option<Admitted>, Answer> {
+        if let Some(hold) = leases.and_then(|l| l.admit(&p.keys, p.amount)) {
+            let mut a = admitted(splice, Holding::Lease(hold));
+            a.metered.rate = self.lease_rate(&p.keys);
+            return Ok(Some(a));
+        }
+        let id = remote.new_id();
+        match remote.reserve(&self.compiled, &p.keys, p.amount, &id) {
+            Ok(token) => Ok(Some(admitted(
+                splice,
+                Holding::Remote(RemoteHold {
+                    keys: p.keys,
                     pending: Some(token),
                     reservation: id,
-                },
-                Err(why) => {
-                    return self
-                        .store_unavailable(remote, &p.keys, &why, audit)
-                        .map(|()| None);
-                }
-            };
-            return Ok(Some(admitted(splice, Holding::Remote(pending))));
+                }),
+            ))),
+            Err(why) => self
+                .store_unavailable(remote, &p.keys, &why, audit)
+                .map(|()| None),
         }
-        let now = now_ms();
-        // Per key of `p.keys`, in its order: the ledger's shared-data name and until when the
-        // team table keeps its slot (no copy of the key itself).
-        let mut names: Vec<(Rc<str>, u64)> = Vec::with_capacity(p.keys.len());
-        for key in &p.keys {
-            names.push(match &key.team {
-                Some(team) => {
-                    let k = self.team_slot(key.budget, team, now)?;
-                    (k.name, k.until)
-                }
-                // `fixed` has every budget's (a key's budget is an index into the budgets).
-                None => (self.fixed[key.budget].clone(), 0),
-            });
-        }
-        audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
-        let mut store = self.store(|k| named(&p.keys, &names, k), now);
+    }
+
+    /// Per key, in its order: the shared-data key of its embedded ledger and until when the
+    /// team table keeps a team's slot (0 for router and rule budgets). A team without a slot
+    /// takes one, or is refused when the table is full.
+    fn ledger_names(&self, keys: &[LedgerKey], now: u64) -> Result<Vec<(Rc<str>, u64)>, Answer> {
+        keys.iter()
+            .map(|key| {
+                Ok(match &key.team {
+                    Some(team) => {
+                        let k = self.team_slot(key.budget, team, now)?;
+                        (k.name, k.until)
+                    }
+                    // `fixed` has every budget's (a key's budget is an index into the budgets).
+                    None => (self.fixed[key.budget].clone(), 0),
+                })
+            })
+            .collect()
+    }
+
+    /// Reserves the plan on the embedded ledgers `names`, all or nothing, in this router's
+    /// mode: the holds in key order (none under charge-after) and the ledgers as admission saw
+    /// them (the rate-limit headers); or the answer to a refusal, whose ledgers' gauges are
+    /// set from what they hold now.
+    fn reserve_embedded(
+        &self,
+        p: &BudgetPlan,
+        names: &[(Rc<str>, u64)],
+        now: u64,
+    ) -> Result<(Vec<Hold>, RateLimit), Answer> {
+        let mut store = self.store(|k| named(&p.keys, names, k), now);
         let mut rate = RateLimit::default();
-        let admitted_holds = match &self.ledgers {
+        let reserved = match &self.ledgers {
             Ledgers::WorkerLeases(worker) => {
                 let mut leases = worker.borrow_mut();
                 let mut leased = LeasedLedgers {
@@ -603,12 +650,12 @@ impl Budgets {
                 let r = admit_all(&mut leased, &p.keys, p.amount);
                 // Only a renewal read the ledger: its gauges follow that state.
                 for (key, reading) in &leased.readings {
-                    if let Some(shared) = named(&p.keys, &names, key) {
+                    if let Some(shared) = named(&p.keys, names, key) {
                         self.stats.record_ledger(key, shared, *reading);
                     }
                 }
                 store = leased.shared;
-                for (shared, _) in &names {
+                for (shared, _) in names {
                     if let Some(seen) = leases.seen(shared, now) {
                         rate.add(&seen);
                     }
@@ -631,27 +678,33 @@ impl Budgets {
                 r
             }
         };
-        let holds = match admitted_holds.map_err(|e| unavailable(&e))? {
-            Ok(holds) => holds,
+        match reserved.map_err(|e| unavailable(&e))? {
+            // Gauges follow settle, release and refusal, not admission: one ledger read fewer
+            // on the request path.
+            Ok(holds) => Ok((holds, rate)),
             Err(refusal) => {
                 let answer = self.refusal(&refusal, rate);
                 for key in &refusal.refused {
-                    if let (Ok(r), Some(shared)) = (store.usage(key), named(&p.keys, &names, key)) {
+                    if let (Ok(r), Some(shared)) = (store.usage(key), named(&p.keys, names, key)) {
                         self.stats.record_ledger(key, shared, r);
                     }
                 }
-                return Err(answer);
+                Err(answer)
             }
-        };
-        // Gauges follow settle, release and refusal, not admission: one ledger read fewer on
-        // the request path.
-        drop(store);
-        // The holds come back in key order, the order `names` was built in: the keys and names
-        // move into the holds instead of being looked up and copied.
-        // Charge-after holds nothing: no holds, `None` for every ledger.
+        }
+    }
+
+    /// What an admitted request holds on the embedded ledgers. The holds come back in key
+    /// order, the order `names` was built in: the keys and names move into the holds instead of
+    /// being looked up and copied. Charge-after holds nothing: `None` for every ledger.
+    fn holding(
+        &self,
+        keys: Vec<LedgerKey>,
+        holds: Vec<Hold>,
+        names: Vec<(Rc<str>, u64)>,
+    ) -> Holding {
         let holds = holds.into_iter().map(Some).chain(std::iter::repeat(None));
-        let held = p
-            .keys
+        let held = keys
             .into_iter()
             .zip(holds)
             .zip(names)
@@ -662,13 +715,10 @@ impl Budgets {
                 owned_until,
             })
             .collect();
-        let holding = match &self.ledgers {
+        match &self.ledgers {
             Ledgers::WorkerLeases(_) => Holding::WorkerLeases(held),
             _ => Holding::Ledgers(held),
-        };
-        let mut a = admitted(splice, holding);
-        a.metered.rate = Some(rate);
-        Ok(Some(a))
+        }
     }
 
     /// The body edits admission makes (ask the stream for usage; cap the completion when
@@ -678,7 +728,7 @@ impl Budgets {
     fn splice(
         &self,
         r: &RequestView,
-        facts: &router_core::budget::bound::RequestFacts,
+        facts: &RequestFacts,
         p: &BudgetPlan,
     ) -> Result<Option<Splice>, Answer> {
         let path = std::str::from_utf8(r.path).unwrap_or("");

@@ -3,7 +3,10 @@
 //! data (`router_core::budget::shared_lease`), with no callout; the root's tick reports each busy
 //! lease (its use charged, a new lease taken) by one `POST /v1/lease`. A request that does not
 //! fit its leases reserves per request as without leases, and marks them wanted, so the next
-//! report asks for room.
+//! report asks for room. When only holds refuse that reserve (what is spent leaves room for it)
+//! while leases hold room, the service asks the leases for their unused room back (their next
+//! reports take none) and tries the reserve again for up to `Lease::reserve_wait_ms`, so the
+//! room a lease does not use never refuses a request that per-request mode would admit.
 //!
 //! Team budgets are leased per team through a fixed table of slots per team budget
 //! (`router_core::budget::lease_slots`): a slot's key is created at configuration (shared

@@ -80,6 +80,9 @@ pub(crate) struct Remote {
     cluster: String,
     timeout: Duration,
     pub fail_open: bool,
+    /// Lease mode: how long the service may hold a reserve that only holds refuse while leases
+    /// give their room back (0: refused at once); the reserve call's timeout grows by it.
+    wait_ms: u64,
     router: String,
     hold_ttl_ms: u64,
     /// Random per worker VM: ids of two workers or two Envoys do not meet.
@@ -95,7 +98,7 @@ fn now_ms() -> u64 {
 }
 
 impl Remote {
-    pub fn new(router: &str, service: &ServiceConfig, hold_ttl_s: u64) -> Remote {
+    pub fn new(router: &str, service: &ServiceConfig, hold_ttl_s: u64, wait_ms: u64) -> Remote {
         let mut seed = [0u8; 8];
         if getrandom::fill(&mut seed).is_err() {
             // Without entropy the clock tells workers apart (they start at different nanos).
@@ -105,6 +108,7 @@ impl Remote {
             cluster: service.cluster.clone(),
             timeout: Duration::from_millis(service.timeout_ms.max(1)),
             fail_open: service.fail_open,
+            wait_ms,
             router: router.to_string(),
             hold_ttl_ms: hold_ttl_s.saturating_mul(1000),
             id_prefix: seed.iter().map(|b| format!("{b:02x}")).collect(),
@@ -136,8 +140,9 @@ impl Remote {
         amount: Amount,
         id: &str,
     ) -> Result<u32, String> {
-        let body = remote::reserve_body(&self.router, c, keys, amount, id);
-        self.send(RESERVE_PATH, &body)
+        let body = remote::reserve_body(&self.router, c, keys, amount, id, self.wait_ms);
+        let timeout = self.timeout + Duration::from_millis(self.wait_ms);
+        self.send_within(RESERVE_PATH, &body, timeout)
     }
 
     /// Reads the reserve answer being delivered (only inside `on_http_call_response`), with the
@@ -365,13 +370,22 @@ impl Remote {
     }
 
     pub(crate) fn send(&self, path: &'static str, body: &[u8]) -> Result<u32, String> {
+        self.send_within(path, body, self.timeout)
+    }
+
+    fn send_within(
+        &self,
+        path: &'static str,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<u32, String> {
         let headers = remote::call_headers(path);
         let call = HttpCall {
             upstream: &self.cluster,
             headers: &headers,
             body,
             trailers: &[],
-            timeout: self.timeout,
+            timeout,
         };
         edge::check_http_call(&call).map_err(|e| e.to_string())?;
         // The SDK's own dispatch, not the edge's: only calls made through it are registered with
@@ -383,7 +397,7 @@ impl Remote {
             headers.to_vec(),
             Some(body),
             Vec::new(),
-            Duration::from_millis(u64::from(edge::timeout_ms(self.timeout))),
+            Duration::from_millis(u64::from(edge::timeout_ms(timeout))),
         )
         .map_err(|s| format!("calling cluster {}: {s:?}", self.cluster))
     }

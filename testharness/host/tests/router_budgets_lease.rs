@@ -61,6 +61,20 @@ fn a_granted_lease_admits_on_every_worker_without_a_callout_and_reports_the_use(
     assert!(req.local_response.is_none(), "{:?}", a.logs());
     let reserve = calls_to(&a, 0, "/v1/reserve");
     assert_eq!(reserve.len(), 1);
+    // The service may hold it for four report periods while leases give their room back (only
+    // holds in its way): the call's timeout grows by as much.
+    assert_eq!(
+        reserve[0].1["wait_ms"].as_u64(),
+        Some(400),
+        "{}",
+        reserve[0].1
+    );
+    let call = a
+        .http_calls()
+        .into_iter()
+        .find(|c| c.token == reserve[0].0)
+        .unwrap();
+    assert_eq!(call.timeout, std::time::Duration::from_millis(1400));
     let admitted = json!({"admitted": true, "reservation": "r", "ledgers": []});
     a.reply_http_call(reserve[0].0, HttpCallReply::new(200, admitted.to_string()))
         .unwrap();

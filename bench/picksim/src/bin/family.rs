@@ -1,11 +1,16 @@
 //! The workload family: `cargo run --release -p picksim --bin family [-- --held-out K]
-//! [--tuning K] [--skip K] [--seed HEX] [--set name=value]... [--misses]`.
+//! [--tuning K] [--skip K] [--seed HEX] [--set name=value]... [--misses] [--oracle-stats]`.
 //!
 //! Draws K held-out workloads (32 by default; `--tuning K` draws from the tuning seeds
 //! instead; `--skip K` leaves out the first K held-out seeds), runs round-robin, the picker (one replica and the draw's replicas) and the prefix
 //! oracle on each, and prints a Markdown table with the worst draw of each target
-//! (`--misses`: and where the picker's misses came from, per draw).
-use picksim::family::{evaluate, held_out_seeds, misses_table, table, tuning_seeds, Draw};
+//! (`--misses`: and where the picker's misses came from, per draw; `--oracle-stats`: also
+//! least-loaded and the prefix oracle held to the balance target, and whether the targets can
+//! be met together).
+use picksim::family::{
+    evaluate, evaluate_with_references, held_out_seeds, misses_table, references_table, table,
+    tuning_seeds, Draw,
+};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -28,10 +33,11 @@ fn main() {
         let skip = count("--skip").unwrap_or(0);
         held_out_seeds(skip + count("--held-out").unwrap_or(32)).split_off(skip)
     };
+    let references = args.iter().any(|a| a == "--oracle-stats");
     let mut rows = Vec::new();
     for seed in seeds {
         let d = Draw::new(seed);
-        let m = evaluate(&d, &|s| {
+        let tweak = |s: &mut picksim::Setup| {
             for (i, a) in args.iter().enumerate() {
                 if a == "--set" {
                     if let Some(kv) = args.get(i + 1) {
@@ -39,7 +45,12 @@ fn main() {
                     }
                 }
             }
-        });
+        };
+        let m = if references {
+            evaluate_with_references(&d, &tweak)
+        } else {
+            evaluate(&d, &tweak)
+        };
         eprintln!(
             "{seed:x} {}: rr {:.3} picker {:.3} x{} {:.3} oracle {:.3}; p99 {:.0} / {:.0} ms (rr {:.0})",
             d.label(),
@@ -63,5 +74,8 @@ fn main() {
     print!("{}", table(&rows));
     if args.iter().any(|a| a == "--misses") {
         print!("\n{}", misses_table(&rows));
+    }
+    if references {
+        print!("\n{}", references_table(&rows));
     }
 }

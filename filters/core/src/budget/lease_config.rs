@@ -65,7 +65,23 @@ impl LeaseConfig {
     }
 }
 
+/// A reserve refused by holds alone while leases hold room waits for this many report periods
+/// (at most [`MAX_LEASE_RESERVE_WAIT_MS`]) for them to give their room back: each busy lease
+/// reports once a period, and the tick that sends it may run late.
+pub const RESERVE_WAIT_REPORTS: u64 = 4;
+/// The most a gateway asks the service to wait (the service allows up to
+/// `protocol::MAX_RESERVE_WAIT_MS`).
+pub const MAX_LEASE_RESERVE_WAIT_MS: u64 = 2_000;
+
 impl Lease {
+    /// How long the service may hold a reserve that only holds refuse while leases give their
+    /// room back (`ReserveRequest::wait_ms`).
+    pub fn reserve_wait_ms(&self) -> u64 {
+        self.report_ms
+            .saturating_mul(RESERVE_WAIT_REPORTS)
+            .min(MAX_LEASE_RESERVE_WAIT_MS)
+    }
+
     /// The most one lease of a budget with `caps` takes, or `None` when the budget is not
     /// leased (a cap in a dimension this lease configuration has no maximum for: its requests
     /// reserve one by one).

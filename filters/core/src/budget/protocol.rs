@@ -65,7 +65,15 @@ pub struct ReserveRequest {
     /// bound (a gateway older than this field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_teams: Option<u64>,
+    /// Lease mode: when only holds refuse the request and leases hold room, the service asks
+    /// them to give it back and tries again for up to this long (ms, at most
+    /// [`MAX_RESERVE_WAIT_MS`]) before it refuses. Absent or 0: refused at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
+
+/// Longest a reserve waits for leases to give their room back (`ReserveRequest::wait_ms`).
+pub const MAX_RESERVE_WAIT_MS: u64 = 5_000;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

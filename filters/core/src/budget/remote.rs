@@ -61,13 +61,16 @@ pub fn ledger_refs(c: &CompiledBudgets, keys: &[LedgerKey]) -> Vec<LedgerRef> {
 }
 
 /// `POST /v1/reserve`: hold `amount` on every ledger of `keys`, all or nothing, under the
-/// gateway's id `reservation` (so the gateway can release it without the answer).
+/// gateway's id `reservation` (so the gateway can release it without the answer). `wait_ms`
+/// (lease mode; 0: none): how long the service may wait for leases to give back room that is
+/// all that refuses the request.
 pub fn reserve_body(
     router: &str,
     c: &CompiledBudgets,
     keys: &[LedgerKey],
     amount: Amount,
     reservation: &str,
+    wait_ms: u64,
 ) -> Vec<u8> {
     let req = ReserveRequest {
         router: router.to_string(),
@@ -76,6 +79,7 @@ pub fn reserve_body(
         ttl_s: Some(c.hold_ttl_s),
         reservation: Some(reservation.to_string()),
         max_teams: Some(c.max_teams as u64),
+        wait_ms: (wait_ms > 0).then_some(wait_ms),
     };
     // Serialising plain strings and integers cannot fail; an empty body would only be refused
     // by the service with a 400, which the caller reports.
@@ -414,7 +418,7 @@ mod tests {
     #[test]
     fn calls_carry_every_ledger_with_its_caps_and_the_service_accepts_them() {
         let c = compiled();
-        let body = reserve_body("ns/r", &c, &keys(), Amount::new(7, 3_000_000), "w1-7");
+        let body = reserve_body("ns/r", &c, &keys(), Amount::new(7, 3_000_000), "w1-7", 0);
         let r: ReserveRequest = serde_json::from_slice(&body).unwrap();
         assert!(validate_common(&r.router, &r.ledgers).is_ok());
         assert_eq!(r.ttl_s, Some(120));
@@ -607,7 +611,7 @@ mod tests {
 
     #[test]
     fn a_new_team_refused_by_a_full_budget_gets_the_embedded_tables_answer() {
-        let body = reserve_body("ns/r", &compiled(), &keys(), Amount::new(1, 0), "w1-1");
+        let body = reserve_body("ns/r", &compiled(), &keys(), Amount::new(1, 0), "w1-1", 0);
         let r: ReserveRequest = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             r.max_teams,

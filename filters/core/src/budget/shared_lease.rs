@@ -4,6 +4,9 @@
 //! root's tick reports what the lease's requests used and takes a new lease in one script call
 //! (`lease` in ledger.lua), so every admission stays covered by a hold in Redis: the bound of
 //! per-request mode holds, except for a crashed gateway's unreported use (at most its lease).
+//! A request no lease of its gateway can admit reserves on its own; room other leases hold and
+//! do not use is given back when only holds refuse it (`reclaim` in ledger.lua, waited for by
+//! the service up to [`super::lease_config::Lease::reserve_wait_ms`]).
 //!
 //! The lease state lives in shared data (one key per ledger), so every worker of the Envoy
 //! admits against the same lease; one worker at a time reports it (the `reporting` deadline
@@ -891,6 +894,9 @@ mod tests {
         };
         let l = c(r#"{"max_tokens":500}"#).unwrap();
         assert_eq!(l.report_ms, 100);
+        assert_eq!(l.reserve_wait_ms(), 400, "four report periods");
+        let slow = c(r#"{"max_tokens":500,"report_ms":60000}"#).unwrap();
+        assert_eq!(slow.reserve_wait_ms(), 2000, "bounded");
         assert!(c(r#"{"max_tokens":500,"bogus":1}"#)
             .unwrap_err()
             .contains("unknown field"));

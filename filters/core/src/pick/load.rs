@@ -5,14 +5,14 @@
 //! stream context and releases it in its last callback (which the host calls on completion,
 //! reset and client abort alike). If a release is still lost (a worker restarts with the
 //! counters in shared data), the count expires anyway: every acquisition lands in a time bucket,
-//! and buckets older than the lease stop counting. So a leak is bounded by the lease, not
+//! and buckets older than the in-flight expiry stop counting. So a leak is bounded by the expiry, not
 //! permanent.
 
-/// Buckets in the lease ring.
+// Buckets in the expiry ring.
 pub const BUCKETS: usize = 8;
 
-/// Default lease: longer than any sane request (the default stream idle guard is 5 minutes).
-pub const DEFAULT_LEASE_NS: u64 = 15 * 60 * 1_000_000_000;
+/// Default in-flight expiry: longer than any sane request (the default stream idle guard is 5 minutes).
+pub const DEFAULT_IN_FLIGHT_EXPIRY_NS: u64 = 15 * 60 * 1_000_000_000;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Bucket {

@@ -95,7 +95,7 @@ pub struct Config {
     /// `proxy.quarantineDuration`.
     pub quarantine_ns: u64,
     /// In-flight counts older than this stop counting (a lost release cannot leak for ever).
-    pub lease_ns: u64,
+    pub in_flight_expiry_ns: u64,
     /// A pod recently sent more than this percentage of the mean prefill work (plus this
     /// prompt) sheds known prefixes to the next pod holding most (see `place.rs`). 0: a known
     /// prefix stays while the load bound allows.
@@ -115,7 +115,7 @@ impl Default for Config {
             prefix: Some(PrefixAffinity::default()),
             session: None,
             quarantine_ns: 15_000_000_000,
-            lease_ns: load::DEFAULT_LEASE_NS,
+            in_flight_expiry_ns: load::DEFAULT_IN_FLIGHT_EXPIRY_NS,
             known_balance_percent: 150,
             recent_half_life_ns: 10_000_000_000,
             metrics_max_age_ns: 5_000_000_000,
@@ -279,7 +279,7 @@ impl Picker {
     }
 
     fn epoch(&self, now: u64) -> u64 {
-        now / (self.cfg.lease_ns / (load::BUCKETS as u64 - 1)).max(1)
+        now / (self.cfg.in_flight_expiry_ns / (load::BUCKETS as u64 - 1)).max(1)
     }
 
     /// Records the engine's gauges for pod `i`.

@@ -409,7 +409,7 @@ fn cached_tokens_correct_the_table_bound() {
 #[test]
 fn lost_releases_stop_counting_after_the_lease() {
     let c = Config {
-        lease_ns: 70 * S,
+        in_flight_expiry_ns: 70 * S,
         ..cfg()
     };
     let mut p = Picker::new(c, &pods(1));

@@ -193,17 +193,6 @@ pub(crate) struct UsageStats {
     /// Per backend index: model → team → ids.
     series: RefCell<Vec<FnvHashMap<String, FnvHashMap<String, Ids>>>>,
     defined: Cell<usize>,
-    /// The series the last request recorded under: traffic runs in long stretches of one model
-    /// and team, and comparing two short strings costs a fraction of hashing them into two maps.
-    last: RefCell<Option<LastSeries>>,
-}
-
-/// A series by its key, as [`UsageStats::ids`] last found it.
-struct LastSeries {
-    backend: usize,
-    model: String,
-    team: String,
-    ids: Ids,
 }
 
 impl UsageStats {
@@ -213,7 +202,6 @@ impl UsageStats {
             series: RefCell::new(vec![FnvHashMap::default(); backends.len()]),
             backends,
             defined: Cell::new(0),
-            last: RefCell::new(None),
         }
     }
 
@@ -237,36 +225,6 @@ impl UsageStats {
     }
 
     fn ids(&self, backend: usize, model: &str, team: &str) -> Ids {
-        let mut last = self.last.borrow_mut();
-        if let Some(l) = last.as_ref() {
-            if l.backend == backend && l.model == model && l.team == team {
-                return l.ids;
-            }
-        }
-        let ids = self.look_up(backend, model, team);
-        // Kept in place: the strings' buffers are reused when the key changes.
-        match last.as_mut() {
-            Some(l) => {
-                l.backend = backend;
-                l.model.clear();
-                l.model.push_str(model);
-                l.team.clear();
-                l.team.push_str(team);
-                l.ids = ids;
-            }
-            None => {
-                *last = Some(LastSeries {
-                    backend,
-                    model: model.to_string(),
-                    team: team.to_string(),
-                    ids,
-                })
-            }
-        }
-        ids
-    }
-
-    fn look_up(&self, backend: usize, model: &str, team: &str) -> Ids {
         let mut series = self.series.borrow_mut();
         let per_backend = series.get_mut(backend)?;
         if let Some(ids) = per_backend.get(model).and_then(|m| m.get(team)) {

@@ -23,6 +23,9 @@ type Headers = Vec<(String, String)>;
 
 /// `HeaderValueOption.append_action`: replace what is there.
 const OVERWRITE_IF_EXISTS_OR_ADD: i32 = 2;
+/// How long a request the filter holds after its end, with no callout out, is waited for (its
+/// root's tick resumes or answers it; the model-router holds one at most a few ticks).
+const HELD_FOR_TICK_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 /// ... or add another value.
 const APPEND_IF_EXISTS_OR_ADD: i32 = 0;
 
@@ -126,22 +129,30 @@ impl<'p> Exchange<'p> {
 
     /// Runs one callback on the stream's instance, then, while the filter is neither done with
     /// this phase (`ready`) nor answered and has callouts out, waits for them to settle (answer,
-    /// failure or timeout wake the instance's waiters). Returns where the direction stands and
-    /// the body bytes it forwarded.
+    /// failure or timeout wake the instance's waiters). `ended`: the callback ended the request;
+    /// a filter that holds it with no callout out may resume or answer it from its root's tick
+    /// (budgets waiting for room), which is waited for too, up to [`HELD_FOR_TICK_MAX`]. Returns
+    /// where the direction stands and the body bytes it forwarded.
     async fn run(
         &self,
         seat: PoolSeat,
         response: bool,
+        ended: bool,
         deliver: impl FnOnce(&mut Vm, StreamId) -> Result<(), HostError>,
         ready: impl Fn(&StreamOutcome) -> bool,
     ) -> Result<(StreamOutcome, Vec<u8>), String> {
+        let until = std::time::Instant::now() + HELD_FOR_TICK_MAX;
         let outcome = |vm: &mut Vm, id: StreamId| {
             let out = if response {
                 vm.response_outcome(id)?
             } else {
                 vm.request_outcome(id)?
             };
-            Ok::<_, HostError>((out, vm.pending_http_calls_of(id)))
+            let tick = !response
+                && ended
+                && vm.tick_period().is_some()
+                && std::time::Instant::now() < until;
+            Ok::<_, HostError>((out, vm.pending_http_calls_of(id) + usize::from(tick)))
         };
         let settled = self.pool.settled(&seat);
         let mut wake = std::pin::pin!(settled.notified());
@@ -182,6 +193,7 @@ impl<'p> Exchange<'p> {
         let (out, _) = self
             .run(
                 seat,
+                false,
                 false,
                 |vm, id| {
                     for (path, value) in attributes {
@@ -228,6 +240,7 @@ impl<'p> Exchange<'p> {
             .run(
                 seat,
                 false,
+                eos,
                 |vm, id| vm.request_body(id, &b.body, eos).map(drop),
                 |out| out.complete || !eos,
             )
@@ -271,6 +284,7 @@ impl<'p> Exchange<'p> {
             .run(
                 seat,
                 true,
+                false,
                 |vm, id| vm.response_headers(id, &refs(&headers), eos).map(drop),
                 |out| out.forwarded_headers.is_some(),
             )
@@ -307,6 +321,7 @@ impl<'p> Exchange<'p> {
             .run(
                 seat,
                 true,
+                false,
                 |vm, id| vm.response_body(id, &b.body, eos).map(drop),
                 |out| out.complete || !eos,
             )

@@ -84,6 +84,7 @@ impl Exchange<'_> {
                 .run(
                     seat,
                     response,
+                    eos,
                     |vm, id| {
                         if response {
                             vm.response_body(id, &b.body, eos).map(drop)
@@ -117,6 +118,7 @@ impl Exchange<'_> {
             self.run(
                 seat,
                 response,
+                true,
                 |vm, id| {
                     let t = refs(&held);
                     if response {

@@ -160,6 +160,9 @@ hostcalls! {
     fn proxy_continue_stream(stream_type: u32) -> u32 {
         OK
     }
+    fn proxy_set_effective_context(context_id: u32) -> u32 {
+        BAD_ARGUMENT
+    }
     fn proxy_register_shared_queue(name_data: *const u8, name_size: usize, return_id: *mut u32) -> u32 {
         *return_id = 0;
         BAD_ARGUMENT

@@ -181,6 +181,18 @@ pub fn resume(stream: Stream) -> HostResult<()> {
     }
 }
 
+/// Makes the hostcalls that follow act on the stream of HTTP context `id` (from the root, e.g.
+/// its tick resuming or answering a request it holds). An error: that stream is gone.
+pub fn set_effective_context(id: u32) -> HostResult<()> {
+    match unsafe { proxy_set_effective_context(id) } {
+        OK => Ok(()),
+        status => Err(HostError {
+            call: "proxy_set_effective_context",
+            status,
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

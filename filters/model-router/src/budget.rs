@@ -23,7 +23,7 @@ use crate::budget_remote::{PendingEnd, Remote, RemoteHold};
 use crate::metrics::BudgetStats;
 use crate::usage::Meter;
 use filter_edge::{self as edge, shared_table::HostStore, Buffer, Level};
-use router_core::audit::AuditRecord;
+use router_core::audit::{AuditRecord, Outcome};
 use router_core::budget::admit::{admit_all, LedgerKey, LedgerStore, Refusal, Scope};
 use router_core::budget::bound::{request_facts, RequestFacts};
 use router_core::budget::compiled::{CompiledBudgets, Mode, UnsafeMode};
@@ -43,7 +43,7 @@ use router_core::budget::template;
 use router_core::budget::usage::Charge;
 use router_core::budget::window::Amount;
 use router_core::budget::worker_lease::{LeasedLedgers, Leases as WorkerLeases};
-use router_core::errors::ApiError;
+use router_core::errors::{ApiError, ErrorShape};
 use router_core::router::{RequestHeaders, Router};
 use router_core::scan::Fields;
 use router_core::shared_data::{compare_and_swap, CasError, SharedData, Swap};
@@ -52,6 +52,13 @@ use std::rc::Rc;
 
 /// Lease states a worker keeps for the rate-limit headers (every lease it can hold reports one).
 const LEASE_SEEN_MAX: usize = 4096;
+
+/// How long a request refused on worker leases only because other workers' leases hold the
+/// room it needs waits for them to give it back: four of the root's ticks (each worker's tick
+/// renews its leases, and gives room back once asked).
+const WAIT_FOR_ROOM_MS: u64 = 4 * filter_edge::shared_table::REFRESH_MS as u64;
+/// Requests one worker holds waiting for room at most; more are refused at once.
+const WAITING_MAX: usize = 1024;
 
 /// Per team budget (by index), team → its slot, a time until which the team table is known
 /// to keep that slot the team's (`quiet_until` as this worker last wrote or read it), and the
@@ -103,6 +110,34 @@ pub(crate) struct Budgets {
     /// Lease mode of the shared ledger: each leased ledger's state as the last lease report
     /// this worker got answered it (the rate-limit headers of lease-admitted responses).
     lease_seen: RefCell<Vec<LedgerState>>,
+    /// Worker leases: the requests held for room other workers' leases hold ([`Budgets::wake`]).
+    waiting: RefCell<Vec<Waiting>>,
+}
+
+/// A request held for room on worker leases: the root's tick tries it again until it is
+/// admitted (and resumed) or its wait is over (and it is answered from the root).
+struct Waiting {
+    /// Its HTTP context, which the root resumes or answers.
+    context_id: u32,
+    keys: Vec<LedgerKey>,
+    amount: Amount,
+    until_ms: u64,
+    /// For the answer: the client's error shape and the request id its body names.
+    shape: ErrorShape,
+    request_id: Option<String>,
+    state: Rc<RefCell<RoomWait>>,
+}
+
+/// Where a held request stands, shared by the request ([`Holding::Waiting`]) and the root.
+enum RoomWait {
+    Waiting,
+    /// Admitted by the root: these holds on the worker's leases, and the ledgers as admission
+    /// saw them.
+    Admitted(Vec<Held>, RateLimit),
+    /// Answered by the root with this status (a refusal, or the store unavailable).
+    Answered(u32, Outcome),
+    /// The request ended while it waited: the root forgets it.
+    Gone,
 }
 
 /// What the client gets instead of an upstream answer.
@@ -138,6 +173,8 @@ enum Holding {
     /// The settle this request sent the shared ledger itself, by call token: the last response
     /// chunk waits for its answer.
     Settling(u32, PendingEnd),
+    /// Held for room on worker leases: the root admits it later, or answers it.
+    Waiting(Rc<RefCell<RoomWait>>),
     /// Nothing left: settled or released.
     Ended,
 }
@@ -164,6 +201,40 @@ impl Metered {
         matches!(self.holding, Holding::Settling(..))
     }
 
+    /// Held for room on worker leases: the request waits, and the root resumes or answers it.
+    pub fn held_for_room(&self) -> bool {
+        matches!(&self.holding, Holding::Waiting(w) if matches!(*w.borrow(), RoomWait::Waiting))
+    }
+
+    /// The root answered the request while it was held for room: the status and outcome.
+    pub fn answered_while_held(&self) -> Option<(u32, Outcome)> {
+        match &self.holding {
+            Holding::Waiting(w) => match *w.borrow() {
+                RoomWait::Answered(status, outcome) => Some((status, outcome)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// A request the root admitted after holding it now carries its holds itself.
+    fn take_admitted(&mut self) {
+        let Holding::Waiting(w) = &self.holding else {
+            return;
+        };
+        // Taken out first: the borrow ends before the state is put back.
+        let state = std::mem::replace(&mut *w.borrow_mut(), RoomWait::Gone);
+        let admitted = match state {
+            RoomWait::Admitted(held, rate) => (held, rate),
+            other => {
+                *w.borrow_mut() = other;
+                return;
+            }
+        };
+        self.holding = Holding::WorkerLeases(admitted.0);
+        self.rate = Some(admitted.1);
+    }
+
     /// The budgets whose ledgers it holds.
     fn budgets(&self) -> Vec<usize> {
         match &self.holding {
@@ -172,7 +243,7 @@ impl Metered {
             }
             Holding::Remote(h) => h.keys.iter().map(|k| k.budget).collect(),
             Holding::Lease(h) => h.budgets().to_vec(),
-            Holding::Settling(..) | Holding::Ended => Vec::new(),
+            Holding::Settling(..) | Holding::Waiting(_) | Holding::Ended => Vec::new(),
         }
     }
 }
@@ -195,6 +266,13 @@ pub(crate) struct RequestView<'a> {
     /// The attempt order (backend indexes).
     pub order: &'a [usize],
     pub path: &'a [u8],
+    /// Its HTTP context: a request refused only for room other workers' leases hold may wait
+    /// for it, and the root resumes or answers it by this id.
+    pub context_id: u32,
+    /// `false`: the request may not wait (it has shadow copies to send as it goes upstream).
+    pub may_wait: bool,
+    /// The client's error shape (an answer from the root is in it).
+    pub shape: ErrorShape,
 }
 
 /// The chat-template margin of a request with `tools` or tool calls, from those values' bytes
@@ -237,6 +315,44 @@ fn unavailable(e: &SharedError) -> Answer {
     };
     edge::log(Level::Error, &format!("model-router: budgets: {e:?}"));
     Answer::Unavailable(reply::store_unavailable(why))
+}
+
+impl Answer {
+    /// The reply: its error, the headers beside the request id (the rate-limit headers of the
+    /// ledgers that refused, then `Retry-After`, or `x-should-retry: false` for a request no
+    /// wait admits) and the audit outcome.
+    pub fn parts(&self) -> (&ApiError, Vec<(&'static str, String)>, Outcome) {
+        let (err, retry_after, rate) = match self {
+            Answer::Refused(r, rate) if r.never => (&r.error, None, Some(rate)),
+            Answer::Refused(r, rate) => (&r.error, Some(r.retry_after_s.to_string()), Some(rate)),
+            Answer::Unavailable(e) => (e, None, None),
+        };
+        let outcome = if rate.is_some() {
+            Outcome::BudgetExceeded
+        } else {
+            Outcome::FailClosedRuntime
+        };
+        let mut headers = rate.map(|r| r.headers()).unwrap_or_default();
+        match (retry_after, rate.is_some()) {
+            (Some(s), _) => headers.push(("retry-after", s)),
+            (None, true) => headers.push(("x-should-retry", "false".to_string())),
+            (None, false) => {}
+        }
+        (err, headers, outcome)
+    }
+}
+
+/// What reserving on the embedded ledgers came to.
+enum Reserved {
+    /// The holds in key order (none under charge-after), and the ledgers as admission saw them.
+    Held(Vec<Hold>, RateLimit),
+    /// Refused; `reclaimed`: on worker leases, only because other workers' leases hold the room
+    /// (what is spent leaves room for it), and they were asked to give it back.
+    Refused {
+        refusal: Refusal,
+        rate: RateLimit,
+        reclaimed: bool,
+    },
 }
 
 impl Budgets {
@@ -295,6 +411,7 @@ impl Budgets {
             compiled,
             slots: RefCell::new(SlotCache::default()),
             lease_seen: RefCell::new(Vec::new()),
+            waiting: RefCell::new(Vec::new()),
         };
         let ttl = budgets.compiled.hold_ttl_s;
         budgets.shapes = budgets
@@ -550,10 +667,31 @@ impl Budgets {
         let now = now_ms();
         let names = self.ledger_names(&p.keys, now)?;
         audit.budgets = p.keys.iter().map(|k| self.label(k)).collect();
-        let (holds, rate) = self.reserve_embedded(&p, &names, now)?;
-        let mut a = admitted(splice, self.holding(p.keys, holds, names));
-        a.metered.rate = Some(rate);
-        Ok(Some(a))
+        match self.reserve_embedded(&p.keys, p.amount, &names, now)? {
+            Reserved::Held(holds, rate) => {
+                let mut a = admitted(splice, self.holding(p.keys, holds, names));
+                a.metered.rate = Some(rate);
+                Ok(Some(a))
+            }
+            Reserved::Refused {
+                reclaimed: true, ..
+            } if r.may_wait && self.waiting.borrow().len() < WAITING_MAX => {
+                let state = Rc::new(RefCell::new(RoomWait::Waiting));
+                self.waiting.borrow_mut().push(Waiting {
+                    context_id: r.context_id,
+                    keys: p.keys,
+                    amount: p.amount,
+                    until_ms: now.saturating_add(WAIT_FOR_ROOM_MS),
+                    shape: r.shape,
+                    request_id: audit.request_id.clone(),
+                    state: state.clone(),
+                });
+                Ok(Some(admitted(splice, Holding::Waiting(state))))
+            }
+            Reserved::Refused { refusal, rate, .. } => {
+                Err(self.refused_embedded(&p.keys, &names, now, &refusal, rate))
+            }
+        }
     }
 
     /// What the request would reserve: its facts (what its bound is made of) and the plan (its
@@ -627,18 +765,20 @@ impl Budgets {
             .collect()
     }
 
-    /// Reserves the plan on the embedded ledgers `names`, all or nothing, in this router's
-    /// mode: the holds in key order (none under charge-after) and the ledgers as admission saw
-    /// them (the rate-limit headers); or the answer to a refusal, whose ledgers' gauges are
-    /// set from what they hold now.
+    /// Reserves `amount` on the embedded ledgers of `keys` (shared-data keys `names`), all or
+    /// nothing, in this router's mode. Gauges follow settle, release and refusal, not
+    /// admission: one ledger read fewer on the request path. `Err`: the ledgers cannot be read
+    /// or written.
     fn reserve_embedded(
         &self,
-        p: &BudgetPlan,
+        keys: &[LedgerKey],
+        amount: Amount,
         names: &[(Rc<str>, u64)],
         now: u64,
-    ) -> Result<(Vec<Hold>, RateLimit), Answer> {
-        let mut store = self.store(|k| named(&p.keys, names, k), now);
+    ) -> Result<Reserved, Answer> {
+        let mut store = self.store(|k| named(keys, names, k), now);
         let mut rate = RateLimit::default();
+        let mut reclaimed = false;
         let reserved = match &self.ledgers {
             Ledgers::WorkerLeases(worker) => {
                 let mut leases = worker.borrow_mut();
@@ -646,15 +786,16 @@ impl Budgets {
                     shared: store,
                     leases: &mut leases,
                     readings: Vec::new(),
+                    reclaimed: false,
                 };
-                let r = admit_all(&mut leased, &p.keys, p.amount);
+                let r = admit_all(&mut leased, keys, amount);
                 // Only a renewal read the ledger: its gauges follow that state.
                 for (key, reading) in &leased.readings {
-                    if let Some(shared) = named(&p.keys, names, key) {
+                    if let Some(shared) = named(keys, names, key) {
                         self.stats.record_ledger(key, shared, *reading);
                     }
                 }
-                store = leased.shared;
+                reclaimed = leased.reclaimed;
                 for (shared, _) in names {
                     if let Some(seen) = leases.seen(shared, now) {
                         rate.add(&seen);
@@ -662,35 +803,113 @@ impl Budgets {
                 }
                 r
             }
-            Ledgers::PerRequest { hold: false } => {
-                charge_after_check(&mut store, &p.keys, p.amount)
-            }
+            Ledgers::PerRequest { hold: false } => charge_after_check(&mut store, keys, amount),
             _ => {
                 let mut seeing = Seeing {
                     store,
                     seen: Vec::new(),
                 };
-                let r = admit_all(&mut seeing, &p.keys, p.amount);
+                let r = admit_all(&mut seeing, keys, amount);
                 for seen in &seeing.seen {
                     rate.add(seen);
                 }
-                store = seeing.store;
                 r
             }
         };
-        match reserved.map_err(|e| unavailable(&e))? {
-            // Gauges follow settle, release and refusal, not admission: one ledger read fewer
-            // on the request path.
-            Ok(holds) => Ok((holds, rate)),
-            Err(refusal) => {
-                let answer = self.refusal(&refusal, rate);
-                for key in &refusal.refused {
-                    if let (Ok(r), Some(shared)) = (store.usage(key), named(&p.keys, names, key)) {
-                        self.stats.record_ledger(key, shared, r);
-                    }
-                }
-                Err(answer)
+        Ok(match reserved.map_err(|e| unavailable(&e))? {
+            Ok(holds) => Reserved::Held(holds, rate),
+            Err(refusal) => Reserved::Refused {
+                refusal,
+                rate,
+                reclaimed,
+            },
+        })
+    }
+
+    /// The answer to a refusal on the embedded ledgers; their gauges are set from what they
+    /// hold now.
+    fn refused_embedded(
+        &self,
+        keys: &[LedgerKey],
+        names: &[(Rc<str>, u64)],
+        now: u64,
+        refusal: &Refusal,
+        rate: RateLimit,
+    ) -> Answer {
+        let answer = self.refusal(refusal, rate);
+        let store = self.store(|k| named(keys, names, k), now);
+        for key in &refusal.refused {
+            if let (Ok(r), Some(shared)) = (store.usage(key), named(keys, names, key)) {
+                self.stats.record_ledger(key, shared, r);
             }
+        }
+        answer
+    }
+
+    /// The root's tick: each request held for room is tried again. One admitted is resumed; one
+    /// whose wait is over, or refused for good, is answered from here (its request sees the
+    /// answer: [`Metered::answered_while_held`]). A request whose stream is gone gives back
+    /// what it was admitted with.
+    fn wake(&self, now: u64) {
+        let waiting = std::mem::take(&mut *self.waiting.borrow_mut());
+        for w in waiting {
+            if !matches!(*w.state.borrow(), RoomWait::Waiting) {
+                continue;
+            }
+            let retried = self.ledger_names(&w.keys, now).and_then(|names| {
+                let reserved = self.reserve_embedded(&w.keys, w.amount, &names, now)?;
+                Ok((reserved, names))
+            });
+            let answer = match retried {
+                Ok((Reserved::Held(holds, rate), names)) => {
+                    let held = held_of(w.keys.clone(), holds, names);
+                    *w.state.borrow_mut() = RoomWait::Admitted(held, rate);
+                    let resumed = edge::set_effective_context(w.context_id)
+                        .and_then(|()| edge::resume(edge::Stream::Request));
+                    if let Err(e) = resumed {
+                        edge::log(
+                            Level::Warn,
+                            &format!("model-router: budgets: resuming a held request: {e}"),
+                        );
+                        let state = std::mem::replace(&mut *w.state.borrow_mut(), RoomWait::Gone);
+                        if let RoomWait::Admitted(held, _) = state {
+                            self.end_on_worker_lease(held, Amount::ZERO);
+                        }
+                    }
+                    continue;
+                }
+                Ok((
+                    Reserved::Refused {
+                        reclaimed: true, ..
+                    },
+                    _,
+                )) if now < w.until_ms => {
+                    self.waiting.borrow_mut().push(w);
+                    continue;
+                }
+                Ok((Reserved::Refused { refusal, rate, .. }, names)) => {
+                    self.refused_embedded(&w.keys, &names, now, &refusal, rate)
+                }
+                Err(answer) => answer,
+            };
+            self.answer_held(&w, &answer);
+        }
+    }
+
+    /// Answers a held request from the root.
+    fn answer_held(&self, w: &Waiting, answer: &Answer) {
+        let (err, mut headers, outcome) = answer.parts();
+        *w.state.borrow_mut() = RoomWait::Answered(err.status, outcome);
+        let body = err.body_in(w.shape, w.request_id.as_deref());
+        headers.insert(0, ("content-type", "application/json".to_string()));
+        let pairs: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let sent = edge::set_effective_context(w.context_id)
+            .and_then(|()| edge::respond(err.status, &pairs, &body, err.code));
+        if let Err(e) = sent {
+            edge::log(
+                Level::Warn,
+                &format!("model-router: budgets: answering a held request: {e}"),
+            );
         }
     }
 
@@ -703,18 +922,7 @@ impl Budgets {
         holds: Vec<Hold>,
         names: Vec<(Rc<str>, u64)>,
     ) -> Holding {
-        let holds = holds.into_iter().map(Some).chain(std::iter::repeat(None));
-        let held = keys
-            .into_iter()
-            .zip(holds)
-            .zip(names)
-            .map(|((key, hold), (shared, owned_until))| Held {
-                key,
-                shared,
-                hold,
-                owned_until,
-            })
-            .collect();
+        let held = held_of(keys, holds, names);
         match &self.ledgers {
             Ledgers::WorkerLeases(_) => Holding::WorkerLeases(held),
             _ => Holding::Ledgers(held),
@@ -839,6 +1047,7 @@ impl Budgets {
             Ledgers::PerRequest { .. } | Ledgers::WorkerLeases(_) => {
                 let now = now_ms();
                 self.report_worker_leases(now, false);
+                self.wake(now);
                 // The embedded ledgers this worker set gauges for, as they are now (their `seq`
                 // says whether another worker changed them since).
                 self.stats.republish(|k, key| {
@@ -994,6 +1203,8 @@ impl Budgets {
             }
             // Already ended; a settle still out stays this request's to wait for.
             held @ Holding::Settling(..) => m.holding = held,
+            // Still held for room (admitted ones took their holds first): the root forgets it.
+            Holding::Waiting(w) => *w.borrow_mut() = RoomWait::Gone,
             Holding::Ended => {}
         }
     }
@@ -1073,6 +1284,7 @@ impl Budgets {
 
     /// The response headers came through with `status` from backend `served`.
     pub fn on_response_headers(&self, m: &mut Metered, status: u32, served: Option<usize>) {
+        m.take_admitted();
         if (200..300).contains(&status) {
             if let Some(rate) = &m.rate {
                 crate::budget_headers::send(rate);
@@ -1127,6 +1339,7 @@ impl Budgets {
     /// estimate; anything else (refused locally, failed upstream, client gone before an answer)
     /// releases.
     pub fn end(&self, m: &mut Metered, meter: &mut Meter, audit: &mut AuditRecord) {
+        m.take_admitted();
         match std::mem::replace(&mut m.holding, Holding::Ended) {
             Holding::Settling(_, end) => {
                 // Its answer would come to a context that is going: the root sends it again.
@@ -1227,6 +1440,22 @@ fn push_decimal(s: &mut String, v: u64) {
     for &d in router_core::budget::ratelimit::decimal(v, &mut digits) {
         s.push(char::from(d));
     }
+}
+
+/// The ledgers a request holds: `holds[i]` on `keys[i]` under shared-data key `names[i]`
+/// (charge-after holds nothing: `None` for every ledger).
+fn held_of(keys: Vec<LedgerKey>, holds: Vec<Hold>, names: Vec<(Rc<str>, u64)>) -> Vec<Held> {
+    let holds = holds.into_iter().map(Some).chain(std::iter::repeat(None));
+    keys.into_iter()
+        .zip(holds)
+        .zip(names)
+        .map(|((key, hold), (shared, owned_until))| Held {
+            key,
+            shared,
+            hold,
+            owned_until,
+        })
+        .collect()
 }
 
 /// An admitted request, what it holds and its body edit.

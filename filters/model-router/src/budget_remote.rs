@@ -18,9 +18,15 @@
 //! reserve answer never came (the client left, the call timed out) still releases its id; the
 //! service remembers ended ids, so a reserve arriving after its release holds nothing.
 //!
+//! What the root holds is the gauge `llmkube.budget_service.ends_pending` (Envoy:
+//! `wasmcustom.llmkube.budget_service.ends_pending`, summed over workers): settles and releases
+//! queued or sent and not yet answered, retries included. At 0 nothing more reaches the
+//! service from this gateway but new requests' ends. The counter
+//! `llmkube.budget_service.end_calls` counts the calls the roots sent them in.
+//!
 //! `router_core::budget::remote` builds the calls and reads the answers; this moves them.
 
-use filter_edge::{self as edge, HttpCall, Level};
+use filter_edge::{self as edge, HttpCall, Level, MetricKind};
 use router_core::budget::admit::LedgerKey;
 use router_core::budget::compiled::{CompiledBudgets, ServiceConfig};
 use router_core::budget::protocol::MAX_ENDS;
@@ -57,6 +63,8 @@ struct End {
     next_ms: u64,
     /// Past this (the hold's TTL after the request ended) it is not sent again.
     give_up_ms: u64,
+    /// The root holds it: counted in `ends_pending` until it is answered or given up.
+    counted: bool,
 }
 
 /// An end a request sent itself and waits for ([`Remote::end_now`]).
@@ -91,6 +99,9 @@ pub(crate) struct Remote {
     ends: RefCell<VecDeque<End>>,
     /// Ends sent and not answered yet, by call token: one end, or a batch (`/v1/end`).
     sent: RefCell<Vec<(u32, Vec<End>)>>,
+    /// `llmkube.budget_service.ends_pending` (gauge) and `.end_calls` (counter).
+    pending: Option<u32>,
+    calls: Option<u32>,
 }
 
 fn now_ms() -> u64 {
@@ -115,6 +126,17 @@ impl Remote {
             next_id: Cell::new(0),
             ends: RefCell::new(VecDeque::new()),
             sent: RefCell::new(Vec::new()),
+            pending: edge::define_metric(MetricKind::Gauge, "llmkube.budget_service.ends_pending")
+                .ok(),
+            calls: edge::define_metric(MetricKind::Counter, "llmkube.budget_service.end_calls")
+                .ok(),
+        }
+    }
+
+    /// An end the root held was answered, or given up: `ends_pending` goes down by one.
+    fn let_go(&self, end: &End) {
+        if let (true, Some(id)) = (end.counted, self.pending) {
+            edge::increment_metric(id, -1);
         }
     }
 
@@ -190,6 +212,7 @@ impl Remote {
             sends: 0,
             next_ms: now,
             give_up_ms: now.saturating_add(self.hold_ttl_ms),
+            counted: false,
         }
     }
 
@@ -242,10 +265,18 @@ impl Remote {
         self.queue(end);
     }
 
-    fn queue(&self, end: End) {
+    fn queue(&self, mut end: End) {
+        if !end.counted {
+            end.counted = true;
+            if let Some(id) = self.pending {
+                edge::increment_metric(id, 1);
+            }
+        }
         let mut ends = self.ends.borrow_mut();
         if ends.len() + self.sent.borrow().len() >= MAX_QUEUED_ENDS {
-            ends.pop_front();
+            if let Some(dropped) = ends.pop_front() {
+                self.let_go(&dropped);
+            }
             edge::log(
                 Level::Warn,
                 "model-router: budgets: too many settles queued for llmkube-budgets; the oldest is dropped and its hold expires at its TTL",
@@ -294,7 +325,12 @@ impl Remote {
             )
         };
         match sent {
-            Ok(token) => self.sent.borrow_mut().push((token, ends)),
+            Ok(token) => {
+                if let Some(id) = self.calls {
+                    edge::increment_metric(id, 1);
+                }
+                self.sent.borrow_mut().push((token, ends));
+            }
             Err(e) => {
                 for end in ends {
                     self.failed(end, &e, true, now);
@@ -321,6 +357,7 @@ impl Remote {
             self.queue(end);
             return;
         }
+        self.let_go(&end);
         edge::log(
             Level::Error,
             &format!(
@@ -353,7 +390,10 @@ impl Remote {
                 .into_iter()
                 .zip(results)
                 .filter_map(|(end, r)| match r {
-                    Ok(answer) => Some(answer),
+                    Ok(answer) => {
+                        self.let_go(&end);
+                        Some(answer)
+                    }
                     Err(f) => {
                         self.failed(end, &f.why, f.retry, now);
                         None

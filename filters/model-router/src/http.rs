@@ -49,6 +49,8 @@ enum Phase {
 
 pub(crate) struct Request {
     worker: Option<Rc<Worker>>,
+    /// The host's id of this HTTP context (the root resumes or answers a request by it).
+    context_id: u32,
     phase: Phase,
     headers: RequestHeaders,
     /// The request's start by the host's clock, read only when something needs it: the audit
@@ -127,9 +129,10 @@ fn read_piece(
 }
 
 impl Request {
-    pub fn new(worker: Option<Rc<Worker>>) -> Self {
+    pub fn new(worker: Option<Rc<Worker>>, context_id: u32) -> Self {
         Request {
             worker,
+            context_id,
             phase: Phase::Passing,
             headers: RequestHeaders::new(),
             started_ns: 0,
@@ -444,6 +447,15 @@ impl Request {
         };
         let action = self.pick_pod(worker, pick, now);
         if action == Action::Continue {
+            if self
+                .budget
+                .as_ref()
+                .is_some_and(budget::Metered::held_for_room)
+            {
+                // Worker leases: the root resumes it once other workers give the room back,
+                // or answers it (`budget::Budgets::wake`). It has no shadow copies to send.
+                return Action::Pause;
+            }
             self.send_shadow(worker);
         }
         mark!("route: picked, shadow sent");
@@ -562,6 +574,9 @@ impl Request {
             fields,
             order: &forward.decision.order,
             path: &self.path,
+            context_id: self.context_id,
+            may_wait: self.shadow.is_empty(),
+            shape: self.shape,
         };
         let admitted = match budgets.admit(&view, &mut self.audit) {
             Ok(Some(a)) => a,
@@ -602,30 +617,30 @@ impl Request {
 
     /// A budget refusal: 429 with `Retry-After`, or 503 when the ledgers cannot be reached.
     fn answer_budget(&mut self, answer: &budget::Answer) -> Action {
-        let (err, retry_after, rate) = match answer {
-            // No waiting admits a request over a cap on its own: tell clients not to retry.
-            budget::Answer::Refused(r, rate) if r.never => (&r.error, None, Some(rate)),
-            budget::Answer::Refused(r, rate) => {
-                (&r.error, Some(r.retry_after_s.to_string()), Some(rate))
-            }
-            budget::Answer::Unavailable(e) => (e, None, None),
-        };
-        self.settle(if rate.is_some() {
-            Outcome::BudgetExceeded
-        } else {
-            Outcome::FailClosedRuntime
-        });
+        let (err, headers, outcome) = answer.parts();
+        self.settle(outcome);
         let body = err.body_in(self.shape, self.audit.request_id.as_deref());
-        // The rate-limit headers of the ledgers that refused, as on an admitted response.
-        let limits = rate.map(|r| r.headers()).unwrap_or_default();
-        let mut extra: Vec<(&'static str, &str)> =
-            limits.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        match (&retry_after, rate.is_some()) {
-            (Some(s), _) => extra.push(("retry-after", s)),
-            (None, true) => extra.push(("x-should-retry", "false")),
-            (None, false) => {}
-        }
+        let extra: Vec<(&'static str, &str)> =
+            headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
         self.reply(err.status, &body, err.code, &extra)
+    }
+
+    /// The root answered this request while its budgets held it for room: that answer is ours
+    /// (the request id goes on it, the audit line records it).
+    fn answered_while_held(&mut self) {
+        let Some((status, outcome)) = self
+            .budget
+            .as_ref()
+            .and_then(budget::Metered::answered_while_held)
+        else {
+            return;
+        };
+        if !matches!(self.phase, Phase::Answered) {
+            self.stamp_id();
+            self.phase = Phase::Answered;
+        }
+        self.audit.status = status;
+        self.settle(outcome);
     }
 
     /// A request whose last attempt failed in a way that leaves its backends ejected by Envoy:
@@ -868,6 +883,7 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.answered_while_held();
         // Our own answers carry it already.
         if !matches!(self.phase, Phase::Answered) {
             self.stamp_id();
@@ -970,6 +986,7 @@ impl HttpContext for Request {
     }
 
     fn on_log(&mut self) {
+        self.answered_while_held();
         if let (Some(worker), Some(held)) = (&self.worker, self.pick.take()) {
             worker.pick.release(held, edge::now_nanos());
         }

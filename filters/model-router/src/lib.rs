@@ -127,8 +127,11 @@ impl RootContext for Root {
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(http::Request::new(self.worker.clone())))
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(http::Request::new(
+            self.worker.clone(),
+            context_id,
+        )))
     }
 
     fn get_type(&self) -> Option<ContextType> {

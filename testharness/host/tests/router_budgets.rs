@@ -14,6 +14,17 @@ use support::*;
 const BODY: &str =
     r#"{"model":"qwen3-8b","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
 
+/// A request that only holds refuse waits (worker leases: at most four ticks) for the room to
+/// come back: its outcome once that wait is over.
+fn after_the_wait(h: &mut Host, o: wasm_host::StreamOutcome) -> wasm_host::StreamOutcome {
+    if o.local_response.is_some() || o.complete {
+        return o;
+    }
+    h.advance_clock(std::time::Duration::from_millis(400))
+        .unwrap();
+    h.request_outcome(o.stream).unwrap()
+}
+
 fn with_budgets(budgets: Value) -> Host {
     let mut c = router_config();
     c["budgets"] = json!({ "budgets": budgets });
@@ -70,8 +81,10 @@ fn holds_in_flight_refuse_and_settling_frees_what_was_not_used() {
     let first = post(&mut h, &[], BODY);
     assert!(first.local_response.is_none(), "admitted");
     assert_eq!(first.forwarded_body, BODY.as_bytes(), "no edit needed");
-    // 853 held: a second request does not fit until the first settles.
+    // 853 held: a second request does not fit until the first settles. Only a hold is in the
+    // way: it waits for the room (worker leases) and is refused when the wait is over.
     let second = post(&mut h, &[], BODY);
+    let second = after_the_wait(&mut h, second);
     assert_eq!(error_of(&second), (429, "budget_exceeded".into()));
     assert_eq!(retry_after(&second), 1, "only a hold is in the way");
     // The 429 carries the rate-limit headers of the ledger that refused: 896 − 853 held.
@@ -173,6 +186,7 @@ fn a_body_in_pieces_is_held_and_edited_as_a_whole_one_where_a_budget_applies() {
     assert!(first.local_response.is_none(), "admitted");
     assert_eq!(first.forwarded_body, BODY.as_bytes());
     let second = send_body(&mut h, &red, BODY, 9);
+    let second = after_the_wait(&mut h, second);
     assert_eq!(error_of(&second), (429, "budget_exceeded".into()));
     h.log_and_done(second.stream).unwrap();
     // No team header: no budget applies (red's is full), the request goes as it is.

@@ -7,7 +7,7 @@
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use wasm_host::Host;
+use wasm_host::{Host, SharedStore};
 
 mod support;
 use support::*;
@@ -110,11 +110,28 @@ fn holds_in_flight_on_a_lease_refuse_and_an_unanswered_request_releases() {
     );
     let first = post(&mut h, &[], BODY);
     assert!(first.local_response.is_none(), "admitted");
-    // 853 held in the lease: a second request does not fit until the first ends.
+    // 853 held in the lease: a second request does not fit until the first ends. Only a hold
+    // is in the way, so it waits (four ticks) for the room, then is answered from the root.
     let second = post(&mut h, &[], BODY);
+    assert!(second.local_response.is_none() && !second.complete, "held");
+    h.advance_clock(Duration::from_millis(300)).unwrap();
+    let waiting = h.request_outcome(second.stream).unwrap();
+    assert!(
+        waiting.local_response.is_none() && !waiting.complete,
+        "still held"
+    );
+    h.advance_clock(Duration::from_millis(100)).unwrap();
+    let second = h.request_outcome(second.stream).unwrap();
     assert_eq!(error_of(&second), (429, "budget_exceeded".into()));
     assert_eq!(retry_after(&second), 1, "only a hold is in the way");
     h.log_and_done(second.stream).unwrap();
+    let audit = h.logs_matching("\"outcome\"");
+    assert!(
+        audit
+            .last()
+            .is_some_and(|l| l.contains("\"budget_exceeded\"")),
+        "{audit:?}"
+    );
     // Never answered (client gone before a response): released on the lease.
     h.log_and_done(first.stream).unwrap();
     let third = post(&mut h, &[], BODY);
@@ -155,4 +172,57 @@ fn retry_after_on_a_lease_is_the_second_the_request_fits_again() {
     h.advance_clock(Duration::from_secs(1)).unwrap();
     let on_time = post(&mut h, &[], BODY);
     assert!(on_time.local_response.is_none(), "admitted at Retry-After");
+}
+
+/// 400 tokens.
+const USAGE_400: &[u8] = br#"{"choices":[],"usage":{"prompt_tokens":300,"completion_tokens":100}}"#;
+
+/// Two workers on one ledger (cap 4,265; a hold is 853). Worker A's first request leases room
+/// for one more beside it (1,706 held). Worker B's requests, one after another and charged 400
+/// each, fit beside that lease five times; the sixth fits what is spent (2,030 with A's) but not
+/// beside A's lease: it waits instead of being refused, A's tick gives the room back, and B's
+/// tick admits and resumes it.
+#[test]
+fn a_request_refused_only_for_room_another_workers_lease_holds_waits_for_it() {
+    let shared = SharedStore::new();
+    let budgets = json!({"budgets": [
+        {"name": "all", "scope": "router", "max_tokens": 4265, "window_s": 3600}
+    ]});
+    let mut a = budget_worker(&shared, budgets.clone());
+    let mut b = budget_worker(&shared, budgets);
+    serve(&mut a);
+    let json = [(":status", "200"), ("content-type", "application/json")];
+    let mut served = 0;
+    let held = loop {
+        let r = post(&mut b, &[], BODY);
+        if let Some(answer) = &r.local_response {
+            panic!(
+                "refused after {served}: {}",
+                String::from_utf8_lossy(&answer.body)
+            );
+        }
+        if !r.complete {
+            break r;
+        }
+        b.run_response(r.stream, &json, USAGE_400, 0).unwrap();
+        b.log_and_done(r.stream).unwrap();
+        served += 1;
+        assert!(served < 10, "never held");
+    };
+    assert_eq!(served, 5);
+    a.advance_clock(Duration::from_millis(100)).unwrap();
+    b.advance_clock(Duration::from_millis(100)).unwrap();
+    let resumed = b.request_outcome(held.stream).unwrap();
+    assert!(
+        resumed.local_response.is_none(),
+        "{:?}",
+        resumed.local_response
+    );
+    assert!(resumed.complete, "resumed upstream");
+    let done = b.run_response(held.stream, &json, USAGE_400, 0).unwrap();
+    assert_eq!(done.header("x-ratelimit-limit-tokens"), Some("4265"));
+    b.log_and_done(held.stream).unwrap();
+    b.advance_clock(Duration::from_millis(100)).unwrap();
+    assert_eq!(gauge(&b, "all.tokens_used"), 30 + 6 * 400);
+    assert_eq!(gauge(&b, "all.refusals"), 0);
 }

@@ -22,6 +22,13 @@
 //! it at once, and the ledger sees each charge and freed hold as per-request mode shows it, so
 //! a lease never keeps other workers from room that per-request mode would let them have for
 //! longer than a renewal's tick.
+//!
+//! Further from the cap, other workers' leases may hold room a request needs although what is
+//! spent leaves room for it (`spent + bound ≤ cap < spent + held + bound`). Such a refusal
+//! *asks for room back* ([`Renewal::reclaim`]): it marks the ledger for [`GIVE_BACK_MS`] (a
+//! shared-data key of its own, `<ledger>|give-back`), and while the mark is live every renewal
+//! leases no room, so each worker's next tick gives its unused room back to the ledger. The
+//! filter holds such a request and tries it again on its worker's ticks, a bounded wait.
 
 use super::admit::{LedgerKey, LedgerStore};
 use super::gauge::Reading;
@@ -38,6 +45,9 @@ pub const FREE_SHARE: u64 = 4;
 /// A renewal leases room for this many times the bounds the worker admitted since the last one:
 /// enough for the next tick's traffic, growing threefold per renewal in a burst.
 pub const DEMAND_FACTOR: u64 = 2;
+/// How long a refusal that asked for room back keeps every renewal of its ledger from leasing
+/// room: longer than the filter's wait for it, so every worker's tick gives its room back.
+pub const GIVE_BACK_MS: u64 = 1000;
 
 /// One worker's lease on one ledger.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -98,6 +108,9 @@ pub struct Renewal {
     now_ms: u64,
     /// `Ask::Admit` refused: how long until the request would fit.
     pub refused: Option<Wait>,
+    /// Refused although what is spent alone would admit it: holds (other workers' leased room,
+    /// requests in flight) are in the way, and other workers should give their room back.
+    pub reclaim: bool,
     view: View,
     /// The ledger as the renewal left it (its gauges).
     pub reading: Reading,
@@ -193,7 +206,10 @@ impl WorkerLease {
     /// again whatever the caps say (the old hold covered it), then `ask`'s request is checked as
     /// a per-request reserve would be, and room for the next period is leased. `hold_room`
     /// false is the unsafe control ([`Leases::unsafe_unheld`]): all the free room is granted,
-    /// none of it held.
+    /// none of it held. `give_back()`: another worker asked for room back (the ledger's mark is
+    /// live), and no room is leased; asked only when room would be (near the cap none is, and
+    /// the mark costs no read).
+    #[allow(clippy::too_many_arguments)]
     pub fn renew(
         &self,
         l: &mut Ledger,
@@ -202,6 +218,7 @@ impl WorkerLease {
         now_ms: u64,
         ask: Ask,
         hold_room: bool,
+        give_back: impl Fn() -> bool,
     ) -> Renewal {
         if let Some(h) = &self.hold {
             l.release(shape, h, now_ms);
@@ -218,6 +235,10 @@ impl WorkerLease {
                 Err(w) => (None, Some(w)),
             },
             Ask::Renew | Ask::Close => (None, None),
+        };
+        let reclaim = match ask {
+            Ask::Admit(b) => refused.is_some() && caps.admits(l.spent(shape, now_ms), b),
+            Ask::Renew | Ask::Close => false,
         };
         let take = admitted.unwrap_or(Amount::ZERO);
         let room = if ask == Ask::Close || refused.is_some() {
@@ -240,6 +261,11 @@ impl WorkerLease {
                 Amount::new(free(caps.tokens, used.tokens), free(caps.pico, used.pico))
             }
         };
+        let room = if room.is_zero() || !give_back() {
+            room
+        } else {
+            Amount::ZERO
+        };
         let view = View {
             spent: l.spent(shape, now_ms),
             others_held: l.held(shape, now_ms).minus(held),
@@ -261,6 +287,7 @@ impl WorkerLease {
             exact: room.is_zero(),
             now_ms,
             refused,
+            reclaim,
             view,
             reading: reading(l, shape, now_ms),
         }
@@ -437,8 +464,9 @@ fn renew_one<S: SharedData>(
         now_ms,
     };
     let lease = &e.lease;
+    let give_back = || giving_back(data, name, now_ms);
     match store.update(&e.key, |l, shape, caps, now| {
-        lease.renew(l, shape, caps, now, ask, hold_room)
+        lease.renew(l, shape, caps, now, ask, hold_room, give_back)
     }) {
         Ok(r) => {
             e.lease.renewed(&r);
@@ -462,6 +490,9 @@ pub struct LeasedLedgers<'a, 'l, S: SharedData, F> {
     pub leases: &'l mut Leases,
     /// The ledgers renewed on the way, as each renewal left them (their gauges).
     pub readings: Vec<(LedgerKey, Reading)>,
+    /// A refusal asked for room back ([`Renewal::reclaim`]): the request would fit once other
+    /// workers' ticks give their leased room back, so it may wait for them.
+    pub reclaimed: bool,
 }
 
 impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> LedgerStore
@@ -497,11 +528,18 @@ impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> LedgerSto
                 lease: WorkerLease::default(),
             });
         let lease = &e.lease;
+        let data = self.shared.data;
+        let give_back = || giving_back(data, l.key, now);
         let r = self.shared.update(key, |ledger, shape, caps, now| {
-            lease.renew(ledger, shape, caps, now, Ask::Admit(amount), hold_room)
+            let ask = Ask::Admit(amount);
+            lease.renew(ledger, shape, caps, now, ask, hold_room, give_back)
         })?;
         e.lease.renewed(&r);
         self.readings.push((key.clone(), r.reading));
+        if r.reclaim {
+            ask_back(self.shared.data, l.key, now);
+            self.reclaimed = true;
+        }
         Ok(match r.refused {
             None => Ok(on_lease),
             Some(w) => Err(w),
@@ -520,6 +558,34 @@ impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> LedgerSto
     fn check(&mut self, key: &LedgerKey, amount: Amount) -> Result<Result<(), Wait>, SharedError> {
         self.shared.check(key, amount)
     }
+}
+
+/// The shared-data key of ledger `ledger`'s give-back mark: until when (ms, u64 little-endian)
+/// renewals of that ledger lease no room.
+pub fn give_back_key(ledger: &str) -> String {
+    let mut k = String::with_capacity(ledger.len() + 10);
+    k.push_str(ledger);
+    k.push_str("|give-back");
+    k
+}
+
+/// Whether a refusal asked for the room leased on `ledger` back and the mark is still live. A
+/// mark that cannot be read is taken as absent: leasing room is what renewals do anyway.
+fn giving_back<S: SharedData>(data: &S, ledger: &str, now_ms: u64) -> bool {
+    match data.get(&give_back_key(ledger)) {
+        Ok(Some((b, _))) => {
+            <[u8; 8]>::try_from(b.as_slice()).is_ok_and(|until| u64::from_le_bytes(until) > now_ms)
+        }
+        _ => false,
+    }
+}
+
+/// Marks `ledger` so that renewals lease no room for [`GIVE_BACK_MS`]. Written unconditionally
+/// (every writer writes about the same time); best effort: without it the room still comes back
+/// at the other workers' next quiet tick.
+fn ask_back<S: SharedData>(data: &S, ledger: &str, now_ms: u64) {
+    let until = now_ms.saturating_add(GIVE_BACK_MS);
+    let _ = data.set(&give_back_key(ledger), &until.to_le_bytes(), None);
 }
 
 #[cfg(test)]

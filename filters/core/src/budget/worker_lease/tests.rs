@@ -70,6 +70,18 @@ fn admit<S: SharedData>(
     b: u64,
     now_ms: u64,
 ) -> Result<(), Wait> {
+    admit_asking(data, caps, leases, keys, b, now_ms).0
+}
+
+/// [`admit`], and whether a refusal asked other workers for their room back.
+fn admit_asking<S: SharedData>(
+    data: &S,
+    caps: &[u64],
+    leases: &mut Leases,
+    keys: &[LedgerKey],
+    b: u64,
+    now_ms: u64,
+) -> (Result<(), Wait>, bool) {
     let mut store = LeasedLedgers {
         shared: SharedLedgers {
             data,
@@ -78,11 +90,13 @@ fn admit<S: SharedData>(
         },
         leases,
         readings: Vec::new(),
+        reclaimed: false,
     };
-    match admit_all(&mut store, keys, t(b)).unwrap() {
+    let r = match admit_all(&mut store, keys, t(b)).unwrap() {
         Ok(_) => Ok(()),
         Err(refusal) => Err(refusal.wait),
-    }
+    };
+    (r, store.reclaimed)
 }
 
 /// Spent and held tokens of ledger `i` at `now`.
@@ -110,9 +124,10 @@ fn requests_that_fit_the_lease_cost_no_shared_data_call_and_the_tick_charges_the
     let mut leases = Leases::default();
     let before = data.calls();
     // The first request has no lease: one read and one compare-and-swap take it, with room
-    // for twice the demand (100) beside it.
+    // for twice the demand (100) beside it (and one read of the give-back mark, as every
+    // renewal that leases room makes).
     admit(&data, &caps, &mut leases, &[key(0)], 100, 1_000).unwrap();
-    assert_eq!(data.calls(), (before.0 + 1, before.1 + 1));
+    assert_eq!(data.calls(), (before.0 + 2, before.1 + 1));
     assert_eq!(ledger(&data, &caps, 0, 1_000), (0, 300));
     let after_lease = data.calls();
     // Two more fit the lease, and all three settle on it: no shared-data call at all.
@@ -124,9 +139,9 @@ fn requests_that_fit_the_lease_cost_no_shared_data_call_and_the_tick_charges_the
     assert_eq!(data.calls(), after_lease);
     assert_eq!(leases.get(NAMES[0]).unwrap().unreported(), t(90));
     // The tick: one read and one compare-and-swap charge the 90 and lease room for twice
-    // the 200 admitted since the last renewal.
+    // the 200 admitted since the last renewal (and the mark's read).
     let reported = tick(&data, &mut leases, 1_100);
-    assert_eq!(data.calls(), (after_lease.0 + 1, after_lease.1 + 1));
+    assert_eq!(data.calls(), (after_lease.0 + 2, after_lease.1 + 1));
     assert_eq!(reported.readings.len(), 1);
     assert_eq!(reported.readings[0].2.spent, t(90));
     assert_eq!(ledger(&data, &caps, 0, 1_100), (90, 400));
@@ -306,7 +321,11 @@ fn a_lease_stops_admitting_half_a_hold_ttl_after_its_last_renewal() {
     assert_eq!(data.calls(), calls, "within half the TTL: on the lease");
     // Past it (ticks failed to renew all that time): the request renews the lease itself.
     admit(&data, &caps, &mut leases, &[key(0)], 100, 450_000).unwrap();
-    assert_eq!(data.calls(), (calls.0 + 1, calls.1 + 1));
+    assert_eq!(
+        data.calls(),
+        (calls.0 + 2, calls.1 + 1),
+        "read, mark, write"
+    );
 }
 
 #[test]
@@ -354,4 +373,54 @@ fn a_lease_whose_ledger_is_no_longer_its_own_is_dropped_untouched() {
     assert!(r.readings.is_empty());
     assert!(leases.is_empty());
     assert_eq!(ledger(&data, &caps, 0, 10), before);
+}
+
+#[test]
+fn a_refusal_only_other_leases_cause_asks_for_their_room_and_their_next_renewal_gives_it() {
+    let caps = [1_000];
+    let data = Envoyish::default();
+    create(&data, &caps);
+    let (mut a, mut b) = (Leases::default(), Leases::default());
+    // Worker A leases room beside its request (300 held), admits a second request on it (its
+    // demand since the renewal) and both end, charged 100 each: unreported, still held.
+    admit(&data, &caps, &mut a, &[key(0)], 100, 1_000).unwrap();
+    admit(&data, &caps, &mut a, &[key(0)], 100, 1_001).unwrap();
+    a.end(NAMES[0], t(100), t(100), 1_002);
+    a.end(NAMES[0], t(100), t(100), 1_002);
+    assert_eq!(ledger(&data, &caps, 0, 1_002), (0, 300));
+    // Worker B's 800 fits what is spent (200 with A's) but not beside A's hold: refused, and
+    // it asks for the room back.
+    let (refused, asked) = admit_asking(&data, &caps, &mut b, &[key(0)], 800, 1_003);
+    assert_eq!(refused, Err(Wait::Seconds(1)));
+    assert!(asked);
+    let (mark, _) = data.get(&give_back_key(NAMES[0])).unwrap().unwrap();
+    assert_eq!(mark, 2_003u64.to_le_bytes());
+    // A's tick: its demand would lease 200 again; asked, it leases none.
+    tick(&data, &mut a, 1_100);
+    assert_eq!(ledger(&data, &caps, 0, 1_100), (200, 0));
+    assert!(a.get(NAMES[0]).is_none_or(WorkerLease::is_exact));
+    // B tries again and fits: 200 spent + 800.
+    assert_eq!(admit(&data, &caps, &mut b, &[key(0)], 800, 1_101), Ok(()));
+    // A refusal that what is spent alone explains asks for nothing.
+    let (refused, asked) = admit_asking(&data, &caps, &mut a, &[key(0)], 900, 1_102);
+    assert!(refused.is_err());
+    assert!(!asked);
+}
+
+#[test]
+fn once_the_mark_is_over_renewals_lease_room_again() {
+    let caps = [1_000];
+    let data = Envoyish::default();
+    create(&data, &caps);
+    let mut a = Leases::default();
+    data.set(&give_back_key(NAMES[0]), &1_500u64.to_le_bytes(), None)
+        .unwrap();
+    // Within the mark: an admission leases no room beside the request.
+    admit(&data, &caps, &mut a, &[key(0)], 100, 1_000).unwrap();
+    assert_eq!(ledger(&data, &caps, 0, 1_000), (0, 100));
+    a.end(NAMES[0], t(100), t(50), 1_001);
+    // After it: a renewal leases room beside the request again.
+    admit(&data, &caps, &mut a, &[key(0)], 100, 1_600).unwrap();
+    let (_, held) = ledger(&data, &caps, 0, 1_600);
+    assert!(held > 100, "{held}");
 }

@@ -458,14 +458,17 @@ pub struct Measured {
 }
 
 /// The 2×2 of cache knowledge (the picker's tables or the engines' true caches) and placement
-/// rule (the picker's or the balanced oracle's), on the same requests; the picker itself is
-/// the fourth corner.
+/// rule (the picker's or the balanced oracle's), on the same requests, the picker itself being
+/// the fourth corner; and the balanced rule on all the picker knows (its tables and its own
+/// prefill counters).
 #[derive(Clone, Debug)]
 pub struct Knowledge {
     /// The picker's rule on the true caches ([`Policy::PickerOnCaches`]).
     pub picker_on_caches: Report,
     /// The balanced oracle's rule on the picker's tables ([`Policy::BalancedOnTables`]).
     pub balanced_on_tables: Report,
+    /// The same on the picker's prefill counters too ([`Policy::BalancedOnPickerKnowledge`]).
+    pub balanced_on_picker_knowledge: Report,
     /// The balanced oracle's rule on the true caches ([`Policy::BalancedPrefixOracle`]).
     pub balanced_oracle: Report,
 }
@@ -539,6 +542,7 @@ pub fn evaluate_knowledge(draw: &Draw, tweak: &dyn Fn(&mut Setup)) -> Measured {
     m.knowledge = Some(Knowledge {
         picker_on_caches: simulate(Policy::PickerOnCaches, &s, &inst.reqs),
         balanced_on_tables: simulate(Policy::BalancedOnTables, &s, &inst.reqs),
+        balanced_on_picker_knowledge: simulate(Policy::BalancedOnPickerKnowledge, &s, &inst.reqs),
         balanced_oracle: simulate(Policy::BalancedPrefixOracle, &s, &inst.reqs),
     });
     m
@@ -768,21 +772,23 @@ pub fn knowledge_table(rows: &[Measured]) -> String {
         "picker (tables, picker's rule)",
         "true caches, picker's rule",
         "tables, balanced rule",
+        "tables and the picker's prefill counters, balanced rule",
         "balanced oracle (true caches, balanced rule)",
     ];
     let mut out = String::from(
-        "| seed | draw | oracle: hit / imbalance / p99 ms | picker | picker's rule on true caches | balanced rule on tables | balanced oracle |\n|---|---|---|---|---|---|---|\n",
+        "| seed | draw | oracle: hit / imbalance / p99 ms | picker | picker's rule on true caches | balanced rule on tables | balanced rule on tables and the picker's prefill | balanced oracle |\n|---|---|---|---|---|---|---|---|\n",
     );
-    let mut hit_draws: Vec<[Against; 4]> = Vec::new();
+    let mut hit_draws: Vec<[Against; 5]> = Vec::new();
     for m in rows {
         let Some(k) = &m.knowledge else {
             continue;
         };
         let o = &m.oracle;
-        let four = [
+        let arms_of = [
             &m.picker,
             &k.picker_on_caches,
             &k.balanced_on_tables,
+            &k.balanced_on_picker_knowledge,
             &k.balanced_oracle,
         ];
         let cell = |r: &Report| {
@@ -794,19 +800,20 @@ pub fn knowledge_table(rows: &[Measured]) -> String {
             )
         };
         out.push_str(&format!(
-            "| {:x} | {} | {:.3} / {:.2} / {:.0} | {} | {} | {} | {} |\n",
+            "| {:x} | {} | {:.3} / {:.2} / {:.0} | {} | {} | {} | {} | {} |\n",
             m.draw.seed,
             m.draw.label(),
             o.hit_rate,
             o.imbalance,
             o.e2e_p99_ms,
-            cell(four[0]),
-            cell(four[1]),
-            cell(four[2]),
-            cell(four[3]),
+            cell(arms_of[0]),
+            cell(arms_of[1]),
+            cell(arms_of[2]),
+            cell(arms_of[3]),
+            cell(arms_of[4]),
         ));
         if m.targets.hit_vs_oracle.is_some() {
-            hit_draws.push(four.map(|r| Against {
+            hit_draws.push(arms_of.map(|r| Against {
                 hit: ratio(r.hit_rate, o.hit_rate),
                 imbalance: r.imbalance,
                 p99: ratio(r.e2e_p99_ms, o.e2e_p99_ms),

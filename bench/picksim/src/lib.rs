@@ -48,6 +48,10 @@ pub enum Policy {
     /// tables instead of the engines' caches: what that rule reaches with the picker's
     /// knowledge of the caches.
     BalancedOnTables,
+    /// [`Policy::BalancedOnTables`] with the picker's own recent computed prefill per pod (its
+    /// sends, corrected by the engines' `usage`, decaying) in place of the pods' cumulative
+    /// computed prefill: the balanced rule on everything the picker knows.
+    BalancedOnPickerKnowledge,
 }
 
 /// How many more requests in flight than the least loaded pod the prefix oracle accepts.
@@ -78,6 +82,7 @@ impl Policy {
             Policy::BalancedPrefixOracle => "balanced-prefix-oracle",
             Policy::PickerOnCaches => "picker-on-caches",
             Policy::BalancedOnTables => "balanced-on-tables",
+            Policy::BalancedOnPickerKnowledge => "balanced-on-picker-knowledge",
         }
     }
 }
@@ -257,7 +262,8 @@ fn picker_config(policy: Policy, s: &Setup) -> Config {
         | Policy::PrefixOracle
         | Policy::BalancedPrefixOracle
         | Policy::PickerOnCaches
-        | Policy::BalancedOnTables => {
+        | Policy::BalancedOnTables
+        | Policy::BalancedOnPickerKnowledge => {
             c.mode = Mode::LoadAware;
             if c.session.is_none() {
                 c.session = Some(SessionAffinity {
@@ -454,7 +460,7 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                     pickers[replica].pick_knowing(&req, &matched, now)
                 }
                 // The tables' prefixes in the engines' blocks, the same share the other way.
-                Policy::BalancedOnTables => {
+                Policy::BalancedOnTables | Policy::BalancedOnPickerKnowledge => {
                     let blocks: Vec<u64> = w
                         .pods
                         .iter()
@@ -465,7 +471,24 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                             (bytes / p.engine.block_bytes() as u128) as u64
                         })
                         .collect();
-                    let to = balanced_prefix_oracle(&w.pods, &rendered, &blocks);
+                    let to = if policy == Policy::BalancedOnPickerKnowledge {
+                        // The picker's recent computed prefill (its own sends, corrected by
+                        // the engines' `usage`), in the engines' blocks at this prompt's ratio.
+                        let h = cfg.recent_half_life_ns;
+                        let scale = rendered.len() as f64 / prompt.bytes.max(1) as f64;
+                        let computed: Vec<u64> = (0..s.pods)
+                            .map(|p| {
+                                let bytes = pickers[replica]
+                                    .load(p)
+                                    .map_or(0.0, |l| l.recent.at(now, h));
+                                let block = w.pods[p].engine.block_bytes() as f64;
+                                (bytes * scale / block) as u64
+                            })
+                            .collect();
+                        balanced_rule(&w.pods, &rendered, &blocks, &computed)
+                    } else {
+                        balanced_prefix_oracle(&w.pods, &rendered, &blocks)
+                    };
                     let only: Vec<bool> = (0..s.pods).map(|p| p == to).collect();
                     pickers[replica].pick_within(&req, &only, now)
                 }
@@ -635,9 +658,16 @@ fn prefix_oracle(pods: &mut [Pod], rendered: &[u8]) -> usize {
 /// its engine's blocks (`held`: the true caches, or for [`Policy::BalancedOnTables`] the
 /// picker's tables).
 fn balanced_prefix_oracle(pods: &[Pod], rendered: &[u8], held: &[u64]) -> usize {
+    let computed: Vec<u64> = pods.iter().map(|p| p.computed).collect();
+    balanced_rule(pods, rendered, held, &computed)
+}
+
+/// The balanced oracle's rule on each pod's cached prefix (`held`) and computed prefill
+/// (`computed`), both in the engines' blocks; requests in flight are the pods' own.
+fn balanced_rule(pods: &[Pod], rendered: &[u8], held: &[u64], computed: &[u64]) -> usize {
     let flight = |p: &Pod| p.queue.len() + p.busy;
     let least = pods.iter().map(flight).min().unwrap_or(0);
-    let total: u64 = pods.iter().map(|p| p.computed).sum();
+    let total: u64 = computed.iter().sum();
     let n = pods.len().max(1) as f64;
     // (within the balance bound, held blocks if within else the least computed after it,
     // fewer in flight, lower index).
@@ -650,7 +680,7 @@ fn balanced_prefix_oracle(pods: &[Pod], rendered: &[u8], held: &[u64]) -> usize 
         let block = pod.engine.block_bytes() as u64;
         let blocks = (rendered.len() as u64).div_ceil(block);
         let held = held.get(i).copied().unwrap_or(0).min(blocks);
-        let after = pod.computed + blocks - held;
+        let after = computed.get(i).copied().unwrap_or(0) + blocks - held;
         let mean = (total + blocks - held) as f64 / n;
         let within = after as f64 <= BALANCED_ORACLE_BOUND * mean + blocks as f64;
         let score = if within { held } else { u64::MAX - after };

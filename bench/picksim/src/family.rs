@@ -452,6 +452,25 @@ pub struct Measured {
     pub targets: Targets,
     /// With [`evaluate_with_references`]: what balancing alone and the balanced oracle reach.
     pub references: Option<References>,
+    /// With [`evaluate_knowledge`]: the arms that split the picker's gap to the balanced
+    /// oracle into knowledge of the caches and placement.
+    pub knowledge: Option<Knowledge>,
+}
+
+/// The 2×2 of cache knowledge (the picker's tables or the engines' true caches) and placement
+/// rule (the picker's or the balanced oracle's), on the same requests, the picker itself being
+/// the fourth corner; and the balanced rule on all the picker knows (its tables and its own
+/// prefill counters).
+#[derive(Clone, Debug)]
+pub struct Knowledge {
+    /// The picker's rule on the true caches ([`Policy::PickerOnCaches`]).
+    pub picker_on_caches: Report,
+    /// The balanced oracle's rule on the picker's tables ([`Policy::BalancedOnTables`]).
+    pub balanced_on_tables: Report,
+    /// The same on the picker's prefill counters too ([`Policy::BalancedOnPickerKnowledge`]).
+    pub balanced_on_picker_knowledge: Report,
+    /// The balanced oracle's rule on the true caches ([`Policy::BalancedPrefixOracle`]).
+    pub balanced_oracle: Report,
 }
 
 /// The arms that say whether a draw's targets can be met together: a placement that only
@@ -475,6 +494,7 @@ impl Measured {
             oracle: or,
             targets,
             references: None,
+            knowledge: None,
         }
     }
 }
@@ -508,6 +528,21 @@ pub fn evaluate_with_references(draw: &Draw, tweak: &dyn Fn(&mut Setup)) -> Meas
     tweak(&mut s);
     m.references = Some(References {
         least_loaded: simulate(Policy::LeastLoaded, &s, &inst.reqs),
+        balanced_oracle: simulate(Policy::BalancedPrefixOracle, &s, &inst.reqs),
+    });
+    m
+}
+
+/// [`evaluate`], and the knowledge arms ([`Knowledge`]) on the same requests (one replica).
+pub fn evaluate_knowledge(draw: &Draw, tweak: &dyn Fn(&mut Setup)) -> Measured {
+    let inst = Instance::new(draw);
+    let mut m = evaluate_instance(&inst, tweak);
+    let mut s = inst.setup.clone();
+    tweak(&mut s);
+    m.knowledge = Some(Knowledge {
+        picker_on_caches: simulate(Policy::PickerOnCaches, &s, &inst.reqs),
+        balanced_on_tables: simulate(Policy::BalancedOnTables, &s, &inst.reqs),
+        balanced_on_picker_knowledge: simulate(Policy::BalancedOnPickerKnowledge, &s, &inst.reqs),
         balanced_oracle: simulate(Policy::BalancedPrefixOracle, &s, &inst.reqs),
     });
     m
@@ -718,6 +753,93 @@ pub fn references_table(rows: &[Measured]) -> String {
             worst(&|a| a.imbalance, true),
             count(&|a| a.hit >= hit),
             worst(&|a| a.hit, false),
+            count(&|a| a.imbalance <= bound && a.hit >= hit),
+            count(&|a| a.p99 <= p99),
+            worst(&|a| a.p99, true),
+        ));
+    }
+    out
+}
+
+/// Where the picker loses what the balanced oracle keeps, per draw run with
+/// [`evaluate_knowledge`]: each corner of knowledge (the picker's tables or the true caches)
+/// × rule (the picker's placement or the balanced oracle's), as hit ÷ prefix oracle /
+/// imbalance / p99 ÷ prefix oracle; then, over the draws with a hit target, how many meet the
+/// hit and imbalance targets (and both) in each corner, with the worst value.
+pub fn knowledge_table(rows: &[Measured]) -> String {
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    let arms = [
+        "picker (tables, picker's rule)",
+        "true caches, picker's rule",
+        "tables, balanced rule",
+        "tables and the picker's prefill counters, balanced rule",
+        "balanced oracle (true caches, balanced rule)",
+    ];
+    let mut out = String::from(
+        "| seed | draw | oracle: hit / imbalance / p99 ms | picker | picker's rule on true caches | balanced rule on tables | balanced rule on tables and the picker's prefill | balanced oracle |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut hit_draws: Vec<[Against; 5]> = Vec::new();
+    for m in rows {
+        let Some(k) = &m.knowledge else {
+            continue;
+        };
+        let o = &m.oracle;
+        let arms_of = [
+            &m.picker,
+            &k.picker_on_caches,
+            &k.balanced_on_tables,
+            &k.balanced_on_picker_knowledge,
+            &k.balanced_oracle,
+        ];
+        let cell = |r: &Report| {
+            format!(
+                "{:.3} / {:.2} / {:.3}",
+                ratio(r.hit_rate, o.hit_rate),
+                r.imbalance,
+                ratio(r.e2e_p99_ms, o.e2e_p99_ms)
+            )
+        };
+        out.push_str(&format!(
+            "| {:x} | {} | {:.3} / {:.2} / {:.0} | {} | {} | {} | {} | {} |\n",
+            m.draw.seed,
+            m.draw.label(),
+            o.hit_rate,
+            o.imbalance,
+            o.e2e_p99_ms,
+            cell(arms_of[0]),
+            cell(arms_of[1]),
+            cell(arms_of[2]),
+            cell(arms_of[3]),
+            cell(arms_of[4]),
+        ));
+        if m.targets.hit_vs_oracle.is_some() {
+            hit_draws.push(arms_of.map(|r| Against {
+                hit: ratio(r.hit_rate, o.hit_rate),
+                imbalance: r.imbalance,
+                p99: ratio(r.e2e_p99_ms, o.e2e_p99_ms),
+            }));
+        }
+    }
+    let n = hit_draws.len();
+    let (hit, bound, p99) = (TARGETS[0].1, TARGETS[2].1, TARGETS[3].1);
+    out.push_str(&format!(
+        "\nOver the {n} draws with a hit target:\n\n\
+         | knowledge × rule | hit÷oracle ≥ {hit} (worst) | imbalance ≤ {bound} (worst) | both | p99÷oracle ≤ {p99} (worst) |\n|---|---|---|---|---|\n"
+    ));
+    for (k, arm) in arms.iter().enumerate() {
+        let of: Vec<&Against> = hit_draws.iter().map(|d| &d[k]).collect();
+        let count = |f: &dyn Fn(&Against) -> bool| of.iter().filter(|a| f(a)).count();
+        let worst = |f: &dyn Fn(&Against) -> f64, high: bool| {
+            of.iter()
+                .map(|a| f(a))
+                .fold(f64::NAN, if high { f64::max } else { f64::min })
+        };
+        out.push_str(&format!(
+            "| {arm} | {} / {n} ({:.3}) | {} / {n} ({:.2}) | {} / {n} | {} / {n} ({:.3}) |\n",
+            count(&|a| a.hit >= hit),
+            worst(&|a| a.hit, false),
+            count(&|a| a.imbalance <= bound),
+            worst(&|a| a.imbalance, true),
             count(&|a| a.imbalance <= bound && a.hit >= hit),
             count(&|a| a.p99 <= p99),
             worst(&|a| a.p99, true),

@@ -40,6 +40,18 @@ pub enum Policy {
     /// reaches under the balance target: whether the hit and balance targets can be met
     /// together.
     BalancedPrefixOracle,
+    /// The picker's own placement fed each pod's true cached prefix of the prompt (the engines'
+    /// caches, in the picker's blocks) instead of its tables': what the picker's rule reaches
+    /// with exact knowledge of the caches.
+    PickerOnCaches,
+    /// The balanced prefix oracle's rule (the same load and prefill knowledge) fed the picker's
+    /// tables instead of the engines' caches: what that rule reaches with the picker's
+    /// knowledge of the caches.
+    BalancedOnTables,
+    /// [`Policy::BalancedOnTables`] with the picker's own recent computed prefill per pod (its
+    /// sends, corrected by the engines' `usage`, decaying) in place of the pods' cumulative
+    /// computed prefill: the balanced rule on everything the picker knows.
+    BalancedOnPickerKnowledge,
 }
 
 /// How many more requests in flight than the least loaded pod the prefix oracle accepts.
@@ -68,6 +80,9 @@ impl Policy {
             Policy::Oracle => "oracle",
             Policy::PrefixOracle => "prefix-oracle",
             Policy::BalancedPrefixOracle => "balanced-prefix-oracle",
+            Policy::PickerOnCaches => "picker-on-caches",
+            Policy::BalancedOnTables => "balanced-on-tables",
+            Policy::BalancedOnPickerKnowledge => "balanced-on-picker-knowledge",
         }
     }
 }
@@ -242,7 +257,13 @@ fn picker_config(policy: Policy, s: &Setup) -> Config {
             c.prefix = None;
             c.session = None;
         }
-        Policy::Picker | Policy::Oracle | Policy::PrefixOracle | Policy::BalancedPrefixOracle => {
+        Policy::Picker
+        | Policy::Oracle
+        | Policy::PrefixOracle
+        | Policy::BalancedPrefixOracle
+        | Policy::PickerOnCaches
+        | Policy::BalancedOnTables
+        | Policy::BalancedOnPickerKnowledge => {
             c.mode = Mode::LoadAware;
             if c.session.is_none() {
                 c.session = Some(SessionAffinity {
@@ -375,7 +396,13 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
         let (pod, ticket) = if policy == Policy::PrefixOracle {
             (prefix_oracle(&mut w.pods, &rendered), None)
         } else if policy == Policy::BalancedPrefixOracle {
-            (balanced_prefix_oracle(&mut w.pods, &rendered), None)
+            let blocks: Vec<u64> = w
+                .pods
+                .iter()
+                .zip(&held)
+                .map(|(p, &h)| h / p.engine.block_bytes() as u64)
+                .collect();
+            (balanced_prefix_oracle(&w.pods, &rendered, &blocks), None)
         } else if policy == Policy::Oracle {
             (
                 oracle(
@@ -418,7 +445,56 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                     })
                 })
                 .collect();
-            match pickers[replica].pick(&req, now) {
+            let choice = match policy {
+                // The true caches in the picker's blocks: the rendered bytes a pod holds, as a
+                // share of the rendered prompt, of the prompt's JSON bytes.
+                Policy::PickerOnCaches => {
+                    let matched: Vec<usize> = held
+                        .iter()
+                        .map(|&h| {
+                            let bytes = h.min(rendered.len() as u64) as u128 * prompt.bytes as u128
+                                / rendered.len().max(1) as u128;
+                            (bytes / block as u128) as usize
+                        })
+                        .collect();
+                    pickers[replica].pick_knowing(&req, &matched, now)
+                }
+                // The tables' prefixes in the engines' blocks, the same share the other way.
+                Policy::BalancedOnTables | Policy::BalancedOnPickerKnowledge => {
+                    let blocks: Vec<u64> = w
+                        .pods
+                        .iter()
+                        .zip(&known)
+                        .map(|(p, &k)| {
+                            let bytes = k.min(prompt.bytes as u64) as u128 * rendered.len() as u128
+                                / prompt.bytes.max(1) as u128;
+                            (bytes / p.engine.block_bytes() as u128) as u64
+                        })
+                        .collect();
+                    let to = if policy == Policy::BalancedOnPickerKnowledge {
+                        // The picker's recent computed prefill (its own sends, corrected by
+                        // the engines' `usage`), in the engines' blocks at this prompt's ratio.
+                        let h = cfg.recent_half_life_ns;
+                        let scale = rendered.len() as f64 / prompt.bytes.max(1) as f64;
+                        let computed: Vec<u64> = (0..s.pods)
+                            .map(|p| {
+                                let bytes = pickers[replica]
+                                    .load(p)
+                                    .map_or(0.0, |l| l.recent.at(now, h));
+                                let block = w.pods[p].engine.block_bytes() as f64;
+                                (bytes * scale / block) as u64
+                            })
+                            .collect();
+                        balanced_rule(&w.pods, &rendered, &blocks, &computed)
+                    } else {
+                        balanced_prefix_oracle(&w.pods, &rendered, &blocks)
+                    };
+                    let only: Vec<bool> = (0..s.pods).map(|p| p == to).collect();
+                    pickers[replica].pick_within(&req, &only, now)
+                }
+                _ => pickers[replica].pick(&req, now),
+            };
+            match choice {
                 Choice::Pod(t) => {
                     attribute(&mut misses, &held, t.pod(), &known);
                     let own = std::env::var_os("PICKSIM_DIAG_OWN").is_some();
@@ -578,24 +654,33 @@ fn prefix_oracle(pods: &mut [Pod], rendered: &[u8]) -> usize {
     best.2 .0.min(pods.len().saturating_sub(1))
 }
 
-/// [`Policy::BalancedPrefixOracle`]'s pick.
-fn balanced_prefix_oracle(pods: &mut [Pod], rendered: &[u8]) -> usize {
+/// [`Policy::BalancedPrefixOracle`]'s pick, given each pod's cached prefix of the prompt in
+/// its engine's blocks (`held`: the true caches, or for [`Policy::BalancedOnTables`] the
+/// picker's tables).
+fn balanced_prefix_oracle(pods: &[Pod], rendered: &[u8], held: &[u64]) -> usize {
+    let computed: Vec<u64> = pods.iter().map(|p| p.computed).collect();
+    balanced_rule(pods, rendered, held, &computed)
+}
+
+/// The balanced oracle's rule on each pod's cached prefix (`held`) and computed prefill
+/// (`computed`), both in the engines' blocks; requests in flight are the pods' own.
+fn balanced_rule(pods: &[Pod], rendered: &[u8], held: &[u64], computed: &[u64]) -> usize {
     let flight = |p: &Pod| p.queue.len() + p.busy;
     let least = pods.iter().map(flight).min().unwrap_or(0);
-    let total: u64 = pods.iter().map(|p| p.computed).sum();
+    let total: u64 = computed.iter().sum();
     let n = pods.len().max(1) as f64;
     // (within the balance bound, held blocks if within else the least computed after it,
     // fewer in flight, lower index).
     let mut best: Option<(bool, u64, Reverse<usize>, Reverse<usize>)> = None;
-    for (i, pod) in pods.iter_mut().enumerate() {
+    for (i, pod) in pods.iter().enumerate() {
         let f = flight(pod);
         if f > least + PREFIX_ORACLE_SLACK {
             continue;
         }
         let block = pod.engine.block_bytes() as u64;
         let blocks = (rendered.len() as u64).div_ceil(block);
-        let held = pod.engine.cached_prefix_blocks(rendered).min(blocks);
-        let after = pod.computed + blocks - held;
+        let held = held.get(i).copied().unwrap_or(0).min(blocks);
+        let after = computed.get(i).copied().unwrap_or(0) + blocks - held;
         let mean = (total + blocks - held) as f64 / n;
         let within = after as f64 <= BALANCED_ORACLE_BOUND * mean + blocks as f64;
         let score = if within { held } else { u64::MAX - after };

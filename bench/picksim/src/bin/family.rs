@@ -1,15 +1,17 @@
 //! The workload family: `cargo run --release -p picksim --bin family [-- --held-out K]
-//! [--tuning K] [--skip K] [--seed HEX] [--set name=value]... [--misses] [--oracle-stats]`.
+//! [--tuning K] [--skip K] [--seed HEX] [--set name=value]... [--misses] [--oracle-stats]
+//! [--knowledge]`.
 //!
 //! Draws K held-out workloads (32 by default; `--tuning K` draws from the tuning seeds
 //! instead; `--skip K` leaves out the first K held-out seeds), runs round-robin, the picker (one replica and the draw's replicas) and the prefix
 //! oracle on each, and prints a Markdown table with the worst draw of each target
 //! (`--misses`: and where the picker's misses came from, per draw; `--oracle-stats`: also
 //! least-loaded and the prefix oracle held to the balance target, and whether the targets can
-//! be met together).
+//! be met together; `--knowledge`: the picker's rule on the true caches and the balanced
+//! oracle's rule on the picker's tables, beside the picker and the balanced oracle).
 use picksim::family::{
-    evaluate, evaluate_with_references, held_out_seeds, misses_table, references_table, table,
-    tuning_seeds, Draw,
+    evaluate, evaluate_knowledge, evaluate_with_references, held_out_seeds, knowledge_table,
+    misses_table, references_table, table, tuning_seeds, Draw,
 };
 
 fn main() {
@@ -34,6 +36,7 @@ fn main() {
         held_out_seeds(skip + count("--held-out").unwrap_or(32)).split_off(skip)
     };
     let references = args.iter().any(|a| a == "--oracle-stats");
+    let knowledge = args.iter().any(|a| a == "--knowledge");
     let mut rows = Vec::new();
     for seed in seeds {
         let d = Draw::new(seed);
@@ -46,7 +49,9 @@ fn main() {
                 }
             }
         };
-        let m = if references {
+        let m = if knowledge {
+            evaluate_knowledge(&d, &tweak)
+        } else if references {
             evaluate_with_references(&d, &tweak)
         } else {
             evaluate(&d, &tweak)
@@ -77,5 +82,8 @@ fn main() {
     }
     if references {
         print!("\n{}", references_table(&rows));
+    }
+    if knowledge {
+        print!("\n{}", knowledge_table(&rows));
     }
 }

@@ -377,9 +377,44 @@ impl Picker {
         let matched: Vec<usize> = (0..n)
             .map(|i| self.tables[i].matched_prefix(blocks))
             .collect();
+        self.pick_matched(req, &matched, now)
+    }
+
+    /// [`Picker::pick`] with the caller's count of each pod's cached prefix blocks of the
+    /// prompt (`matched[p]`, in this picker's blocks) instead of the tables': for a caller that
+    /// knows the engines' caches exactly (the simulation's knowledge reference, or a precise
+    /// feed of the engines' KV events). Missing entries count as nothing cached.
+    pub fn pick_knowing(&mut self, req: &Request<'_>, matched: &[usize], now: u64) -> Choice {
+        let n = self.pods.len();
+        if !(0..n).any(|i| self.eligible(i, now, req.avoid)) {
+            return Choice::NoEligiblePod;
+        }
+        if self.cfg.mode == Mode::RoundRobin {
+            return self.round_robin(req, now);
+        }
+        let matched: Vec<usize> = match self.block_bytes() {
+            Some(_) => (0..n)
+                .map(|i| {
+                    matched
+                        .get(i)
+                        .copied()
+                        .unwrap_or(0)
+                        .min(req.prompt.blocks.len())
+                })
+                .collect(),
+            None => vec![0; n],
+        };
+        self.pick_matched(req, &matched, now)
+    }
+
+    fn pick_matched(&mut self, req: &Request<'_>, matched: &[usize], now: u64) -> Choice {
+        let blocks: &[u64] = match self.block_bytes() {
+            Some(_) => &req.prompt.blocks,
+            None => &[],
+        };
         let key = req.session.filter(|_| self.cfg.session.is_some());
         let leaving = match key.map(|k| self.session_verdict(k, req.avoid, now)) {
-            Some(Stay::On(b)) => return Choice::Pod(self.charge_session(b, &matched, req, now)),
+            Some(Stay::On(b)) => return Choice::Pod(self.charge_session(b, matched, req, now)),
             Some(Stay::Leaving(b)) => Some(b),
             Some(Stay::None) | None => None,
         };
@@ -388,11 +423,11 @@ impl Picker {
         // application's prefix most likely is); a session without a whole block by its key.
         let home_key = blocks.first().copied().or(key);
         let prompt_bytes = req.prompt.bytes as u64;
-        let Some(i) = self.place(&matched, leaving, req.avoid, home_key, prompt_bytes, now) else {
+        let Some(i) = self.place(matched, leaving, req.avoid, home_key, prompt_bytes, now) else {
             return Choice::NoEligiblePod;
         };
         // A new session, or one that moves, starts its conversation here.
-        Choice::Pod(self.charge_session(i, &matched, req, now))
+        Choice::Pod(self.charge_session(i, matched, req, now))
     }
 
     /// The next eligible pod after the cursor.

@@ -781,3 +781,37 @@ fn among_other_gateways_an_unknown_prompt_goes_home_within_the_known_prefix_slac
     let (home, at) = run(false);
     assert_ne!(at, home, "alone: past the home slack");
 }
+
+/// `pick_knowing` places by the caller's count of each pod's cached prefix, not by the tables:
+/// a prompt the tables credit to its pod goes where the caller says the engines hold it, and
+/// the charge predicts that pod's uncached part from the caller's count.
+#[test]
+fn a_pick_knowing_the_caches_follows_them_not_the_tables() {
+    let mut p = Picker::new(cfg(), &pods(4));
+    let system = text("tenant-b system prompt", 8000);
+    let first = prompt(&format!("{system} question one"), 256);
+    let t = pod(p.pick(&req(&first), 0));
+    let tabled = t.pod();
+    p.release(t, done(), 0);
+    let pr = prompt(&format!("{system} question two"), 256);
+    let blocks = pr.blocks.len();
+    // The engines say another pod holds all but the last block and the tabled pod nothing
+    // (it evicted, or another gateway placed the prompt).
+    let holder = (tabled + 2) % 4;
+    let mut matched = vec![0; 4];
+    matched[holder] = blocks - 1;
+    let t = pod(p.pick_knowing(&req(&pr), &matched, S));
+    assert_eq!(t.pod(), holder);
+    assert!(t.predicted_uncached_bytes() <= 2 * 256);
+    p.release(t, done(), S);
+    // A count past the prompt is the whole prompt; a missing entry is nothing cached.
+    let t = pod(p.pick_knowing(&req(&pr), &[0, 0, 0, usize::MAX][..], 2 * S));
+    assert_eq!(t.pod(), 3);
+    assert!(t.predicted_uncached_bytes() < 256, "only the partial tail");
+    p.release(t, done(), 2 * S);
+    // Nothing cached anywhere: the prompt's home, as a picker that never saw it places it.
+    let t = pod(p.pick_knowing(&req(&pr), &[], 3 * S));
+    let fresh = pod(Picker::new(cfg(), &pods(4)).pick(&req(&pr), 0));
+    assert_eq!(t.pod(), fresh.pod());
+    p.release(t, done(), 3 * S);
+}

@@ -53,15 +53,31 @@ impl Duplex {
     }
 }
 
+/// One direction's headers as the gateway sent them, and whether the filter's changes to them
+/// went out: they go once, with the headers answer or with the first body answer after it.
+#[derive(Default)]
+struct Side {
+    headers: Headers,
+    decided: bool,
+}
+
+impl Side {
+    /// The filter's changes to the headers (`forwarded`), the first time only.
+    fn decide(&mut self, forwarded: &Headers) -> Option<HeaderMutation> {
+        if self.decided {
+            return None;
+        }
+        self.decided = true;
+        Some(mutation(&self.headers, forwarded))
+    }
+}
+
 /// Where one ext_proc stream stands.
 pub struct Exchange<'p> {
     pool: &'p Pool,
     seat: Option<PoolSeat>,
-    request_headers: Headers,
-    /// The request headers' mutations were sent (a headers or body response carried them).
-    request_decided: bool,
-    response_headers: Headers,
-    response_decided: bool,
+    request: Side,
+    response: Side,
     /// An immediate response was sent: Envoy sends nothing more that needs an answer.
     answered: bool,
     /// Directions whose body streams full-duplex (from the gateway's `protocol_config`).
@@ -73,10 +89,8 @@ impl<'p> Exchange<'p> {
         Exchange {
             pool,
             seat: None,
-            request_headers: Vec::new(),
-            request_decided: false,
-            response_headers: Vec::new(),
-            response_decided: false,
+            request: Side::default(),
+            response: Side::default(),
             answered: false,
             duplex: Default::default(),
         }
@@ -116,6 +130,14 @@ impl<'p> Exchange<'p> {
     pub fn finish(mut self) {
         if let Some(seat) = self.seat.take() {
             self.pool.close(seat);
+        }
+    }
+
+    fn side(&mut self, response: bool) -> &mut Side {
+        if response {
+            &mut self.response
+        } else {
+            &mut self.request
         }
     }
 
@@ -176,8 +198,8 @@ impl<'p> Exchange<'p> {
         }
         let seat = self.pool.open().map_err(pool_error)?;
         self.seat = Some(seat);
-        self.request_headers = pairs(h.headers.map(|m| m.headers).unwrap_or_default());
-        let headers = self.request_headers.clone();
+        self.request.headers = pairs(h.headers.map(|m| m.headers).unwrap_or_default());
+        let headers = self.request.headers.clone();
         let eos = h.end_of_stream;
         let (out, _) = self
             .run(
@@ -196,20 +218,7 @@ impl<'p> Exchange<'p> {
         if let Some(lr) = &out.local_response {
             return Ok(self.immediate(lr));
         }
-        let response = match &out.forwarded_headers {
-            Some(fwd) => {
-                self.request_decided = true;
-                common(mutation(&self.request_headers, fwd), None)
-            }
-            None if eos => {
-                return Err(
-                    "the filter neither answered nor passed a request without a body".into(),
-                )
-            }
-            // The filter waits for the body (request_body_mode BUFFERED): its decision goes
-            // with the body response, which may still change the held headers.
-            None => CommonResponse::default(),
-        };
+        let response = Self::headers_common(&mut self.request, &out, eos, "request")?;
         Ok(reply(
             processing_response::Response::RequestHeaders(HeadersResponse {
                 response: Some(response),
@@ -218,9 +227,27 @@ impl<'p> Exchange<'p> {
         ))
     }
 
+    /// The answer to a headers message: the filter's changes if it passed the headers; nothing
+    /// yet if it waits for the body (its decision goes with the body answer, which may still
+    /// change the held headers); an error if it did neither on a message that ends the stream.
+    fn headers_common(
+        side: &mut Side,
+        out: &StreamOutcome,
+        end_of_stream: bool,
+        direction: &str,
+    ) -> Result<CommonResponse, String> {
+        match &out.forwarded_headers {
+            Some(fwd) => Ok(common(side.decide(fwd).unwrap_or_default(), None)),
+            None if end_of_stream => Err(format!(
+                "the filter neither answered nor passed a {direction} without a body"
+            )),
+            None => Ok(CommonResponse::default()),
+        }
+    }
+
     async fn request_body(&mut self, b: HttpBody) -> Result<ProcessingResponse, String> {
         let seat = self.seat()?;
-        if !b.end_of_stream && !self.request_decided {
+        if !b.end_of_stream && !self.request.decided {
             return Err("the request body must be sent whole (processing_mode.request_body_mode: BUFFERED) for the filter to decide on it".into());
         }
         let eos = b.end_of_stream;
@@ -245,14 +272,8 @@ impl<'p> Exchange<'p> {
                 "the filter holds the request after its whole body and has no callout out".into(),
             );
         }
-        let mut metadata = None;
-        let headers = if self.request_decided {
-            None
-        } else {
-            self.request_decided = true;
-            metadata = decision_metadata(fwd);
-            Some(mutation(&self.request_headers, fwd))
-        };
+        let headers = self.request.decide(fwd);
+        let metadata = headers.as_ref().and_then(|_| decision_metadata(fwd));
         let body = (forwarded != b.body).then_some(forwarded);
         Ok(reply(
             processing_response::Response::RequestBody(BodyResponse {
@@ -264,8 +285,8 @@ impl<'p> Exchange<'p> {
 
     async fn response_headers(&mut self, h: HttpHeaders) -> Result<ProcessingResponse, String> {
         let seat = self.seat()?;
-        self.response_headers = pairs(h.headers.map(|m| m.headers).unwrap_or_default());
-        let headers = self.response_headers.clone();
+        self.response.headers = pairs(h.headers.map(|m| m.headers).unwrap_or_default());
+        let headers = self.response.headers.clone();
         let eos = h.end_of_stream;
         let (out, _) = self
             .run(
@@ -278,18 +299,7 @@ impl<'p> Exchange<'p> {
         if let Some(lr) = &out.local_response {
             return Ok(self.immediate(lr));
         }
-        let response = match &out.forwarded_headers {
-            Some(fwd) => {
-                self.response_decided = true;
-                common(mutation(&self.response_headers, fwd), None)
-            }
-            None if h.end_of_stream => {
-                return Err(
-                    "the filter neither answered nor passed a response without a body".into(),
-                )
-            }
-            None => CommonResponse::default(),
-        };
+        let response = Self::headers_common(&mut self.response, &out, eos, "response")?;
         Ok(reply(
             processing_response::Response::ResponseHeaders(HeadersResponse {
                 response: Some(response),
@@ -314,13 +324,11 @@ impl<'p> Exchange<'p> {
         if let Some(lr) = &out.local_response {
             return Ok(self.immediate(lr));
         }
-        let headers = match (&out.forwarded_headers, self.response_decided) {
-            (Some(fwd), false) => {
-                self.response_decided = true;
-                mutation(&self.response_headers, fwd)
-            }
-            _ => HeaderMutation::default(),
-        };
+        let headers = out
+            .forwarded_headers
+            .as_ref()
+            .and_then(|fwd| self.response.decide(fwd))
+            .unwrap_or_default();
         // A chunk the filter holds is cleared here and comes back with a later one.
         let body = if forwarded == b.body {
             None

@@ -70,9 +70,9 @@ impl Exchange<'_> {
 
     fn decided(&self, response: bool) -> bool {
         if response {
-            self.response_decided
+            self.response.decided
         } else {
-            self.request_decided
+            self.request.decided
         }
     }
 
@@ -201,15 +201,11 @@ impl Exchange<'_> {
 
     fn headers_answer(&mut self, response: bool, fwd: &[(String, String)]) -> ProcessingResponse {
         let fwd = fwd.to_vec();
-        let (m, metadata) = if response {
-            self.response_decided = true;
-            (mutation(&self.response_headers, &fwd), None)
+        let m = self.side(response).decide(&fwd).unwrap_or_default();
+        let metadata = if response {
+            None
         } else {
-            self.request_decided = true;
-            (
-                mutation(&self.request_headers, &fwd),
-                decision_metadata(&fwd),
-            )
+            decision_metadata(&fwd)
         };
         let headers = envoy_types::pb::envoy::service::ext_proc::v3::HeadersResponse {
             response: Some(common(m, None)),

@@ -295,7 +295,7 @@ def run(a, started: dt.datetime, mach: dict, envoy_version: str, commit: str) ->
               + ", ".join(f"{x['key']}=:{x['port']}" for x in arms), flush=True)
         reps, dur = a.reps or 3, a.duration or 3
         if a.perf:
-            keys = ("L0", "L0-rb", "L0-nr", "L2", "L2-rb", "L2-nr") if a.ab else ("L0", "L1", "L2", "L2b")
+            keys = ("L0", "L0-rb", "L0-nr", "L2", "L2-rb", "L2-nr") if a.ab else ("L0", "L1", "LF", "L2", "L2b")
             prof = profile(env, [x for x in arms if x["key"] in keys], bs, max(sizes), dur, a.wrk)
             (B.RESULTS / "cpu-profile-generated-bootstrap.json").write_text(json.dumps(prof, indent=1) + "\n")
             return

@@ -395,7 +395,7 @@ fn forwarded(
     ex.stamps = f
         .stamps
         .iter()
-        .map(|(n, v)| (n.to_string(), v.clone()))
+        .map(|(n, v)| (n.to_string(), v.to_string()))
         .collect();
     match d.rule {
         Some(ri) => {

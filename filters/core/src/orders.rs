@@ -27,16 +27,22 @@ pub const MAX_SKIPPABLE: usize = 6;
 pub const UNRULED: &str = "~";
 
 /// `<rule>/<b1>,<b2>,...`; rule and backend names are DNS labels, so '/' and ',' cannot clash.
-pub fn route_key(rule: &str, order: &[&str]) -> String {
-    let mut key =
-        String::with_capacity(rule.len() + 1 + order.iter().map(|b| b.len() + 1).sum::<usize>());
+/// `order` is walked twice (the length, then the names) so the key is one allocation of its
+/// exact size, with no list of the names collected first.
+pub fn route_key<S: AsRef<str>>(
+    rule: &str,
+    order: impl IntoIterator<Item = S, IntoIter: Clone>,
+) -> String {
+    let order = order.into_iter();
+    let len = order.clone().map(|b| b.as_ref().len() + 1).sum::<usize>();
+    let mut key = String::with_capacity(rule.len() + 1 + len);
     key.push_str(rule);
     key.push('/');
-    for (i, b) in order.iter().enumerate() {
+    for (i, b) in order.enumerate() {
         if i > 0 {
             key.push(',');
         }
-        key.push_str(b);
+        key.push_str(b.as_ref());
     }
     key
 }

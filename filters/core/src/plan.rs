@@ -20,6 +20,7 @@ use crate::response::ResponseJudge;
 use crate::rewrite::format_span;
 use crate::router::{Backend, Decision, RequestHeaders, Router};
 use crate::scan::{Fields, ScanError, Span};
+use std::borrow::Cow;
 
 /// Longest `model` put into a header; longer ones are refused rather than forwarded.
 pub const MAX_MODEL_BYTES: usize = 256;
@@ -188,8 +189,8 @@ pub fn retry_after_quarantine(
 pub struct Forward<'r> {
     pub decision: Decision,
     /// Headers to set on the request, in this order (decision headers, already cleared of
-    /// whatever the client sent).
-    pub stamps: Vec<(&'r str, String)>,
+    /// whatever the client sent). Names from the configuration are borrowed, not copied.
+    pub stamps: Vec<(&'r str, Cow<'r, str>)>,
     /// What the response path judges the answer by.
     pub judge: ResponseJudge,
     router: &'r Router,
@@ -242,20 +243,24 @@ fn stamps<'r>(
     request: &Checked,
     decision: &Decision,
     body_len: usize,
-) -> Vec<(&'r str, String)> {
-    let mut stamps = vec![
-        (router.config.model_header.as_str(), request.model.clone()),
+) -> Vec<(&'r str, Cow<'r, str>)> {
+    let mut stamps = Vec::with_capacity(6);
+    stamps.extend([
+        (
+            router.config.model_header.as_str(),
+            Cow::Owned(request.model.clone()),
+        ),
         (
             BACKEND_HEADER,
-            router.backend(decision.backend()).name.clone(),
+            Cow::Borrowed(router.backend(decision.backend()).name.as_str()),
         ),
-        (ROUTE_HEADER, router.route_key(decision)),
-    ];
+        (ROUTE_HEADER, Cow::Owned(router.route_key(decision))),
+    ]);
     if let Some(ri) = decision.rule {
-        stamps.push((RULE_HEADER, router.rule(ri).name.clone()));
+        stamps.push((RULE_HEADER, Cow::Borrowed(router.rule(ri).name.as_str())));
     }
     if decision.sensitive {
-        stamps.push((SENSITIVE_HEADER, "true".to_string()));
+        stamps.push((SENSITIVE_HEADER, Cow::Borrowed("true")));
     }
     // An attempt to an external backend, or a local one whose served model name is known, gets
     // its `model` rewritten by the per-attempt filter; tell it where the value is so it need not
@@ -267,7 +272,7 @@ fn stamps<'r>(
             .any(|&b| router.backend(b).rewrite_model().is_some())
     };
     if let Some(span) = request.model_span.filter(|_| rewritten()) {
-        stamps.push((MODEL_SPAN_HEADER, format_span(span, body_len)));
+        stamps.push((MODEL_SPAN_HEADER, Cow::Owned(format_span(span, body_len))));
     }
     stamps
 }
@@ -324,7 +329,7 @@ mod tests {
     }
 
     fn stamped<'a>(f: &'a Forward<'_>) -> Vec<(&'a str, &'a str)> {
-        f.stamps.iter().map(|(n, v)| (*n, v.as_str())).collect()
+        f.stamps.iter().map(|(n, v)| (*n, v.as_ref())).collect()
     }
 
     #[test]

@@ -459,15 +459,11 @@ impl Router {
 
     /// The route key the filter stamps for a decision.
     pub fn route_key(&self, d: &Decision) -> String {
-        let names: Vec<&str> = d
-            .order
-            .iter()
-            .map(|&b| self.backends[b].name.as_str())
-            .collect();
+        let names = d.order.iter().map(|&b| self.backends[b].name.as_str());
         let rule = d
             .rule
             .map_or(orders::UNRULED, |r| self.rules[r].name.as_str());
-        orders::route_key(rule, &names)
+        orders::route_key(rule, names)
     }
 
     /// What the request headers say about routing: its classifications (lower-cased), whether

@@ -64,6 +64,14 @@ impl HeaderMap {
         })
     }
 
+    /// The value of the `i`th header (in [`HeaderMap::iter`]'s order); empty past the end.
+    pub fn value(&self, i: usize) -> &[u8] {
+        self.entries
+            .get(i)
+            .and_then(|e| self.raw.get(e.value.0..e.value.1))
+            .unwrap_or_default()
+    }
+
     /// Whether some header is named `name`, compared ignoring ASCII case.
     pub fn contains(&self, name: &str) -> bool {
         self.iter()

@@ -62,8 +62,9 @@ pub(crate) struct Request {
     /// Rule and backend (the chosen one, then the one that answered) the counters are kept by.
     rule_index: Option<usize>,
     backend_index: Option<usize>,
-    /// The request path, kept only when budgets apply (streams on some APIs need usage asked for).
-    path: Vec<u8>,
+    /// The request's header map as read, for `:method` and `:path` read in place (budgets and
+    /// usage asking read the path, shadow copies both).
+    line: RequestLine,
     /// What the request holds on its budgets until it settles or releases.
     budget: Option<budget::Metered>,
     /// The usage its response reports (`crate::usage`).
@@ -74,15 +75,37 @@ pub(crate) struct Request {
     pending_pick: Option<crate::pick::Pending>,
     /// Which API's error shape the client reads (Anthropic's on the Messages path).
     shape: ErrorShape,
-    /// `:method` and `content-type`, kept for shadow copies.
-    method: Vec<u8>,
+    /// `content-type`, kept for shadow copies.
     content_type: Option<String>,
     /// Shadow copies prepared, sent once the request goes upstream (`crate::shadow`).
     shadow: Vec<crate::shadow::Prepared>,
 }
 
-/// `:method`, `:path` and `content-length` of a request.
-type RequestLine = (Vec<u8>, Vec<u8>, Option<u64>);
+/// A request's header map as the host handed it over, with where `:method` and `:path` are in
+/// it: they are read in place, not copied out.
+#[derive(Default)]
+struct RequestLine {
+    map: Option<edge::HeaderMap>,
+    method: Option<usize>,
+    path: Option<usize>,
+}
+
+impl RequestLine {
+    fn value(&self, at: Option<usize>) -> &[u8] {
+        match (&self.map, at) {
+            (Some(map), Some(i)) => map.value(i),
+            _ => &[],
+        }
+    }
+
+    fn method(&self) -> &[u8] {
+        self.value(self.method)
+    }
+
+    fn path(&self) -> &[u8] {
+        self.value(self.path)
+    }
+}
 
 /// A forwarded request, as its response is judged.
 struct Routed {
@@ -141,13 +164,12 @@ impl Request {
             audited: false,
             rule_index: None,
             backend_index: None,
-            path: Vec::new(),
+            line: RequestLine::default(),
             budget: None,
             meter: crate::usage::Meter::default(),
             pick: None,
             pending_pick: None,
             shape: ErrorShape::OpenAi,
-            method: Vec::new(),
             content_type: None,
             shadow: Vec::new(),
         }
@@ -235,12 +257,13 @@ impl Request {
         self.fail(&ApiError::internal(what), Outcome::InvalidRequest)
     }
 
-    /// Reads the request headers once: routing inputs, audit inputs, method, path, length.
+    /// Reads the request headers once: routing inputs, audit inputs, method and path (kept in
+    /// `self.line`), length.
     ///
     /// Decision headers are ours alone: whatever the client sent under those names is removed
     /// here, on every request, before anything reads headers. Reading the map once and removing
     /// only names that are present keeps this to one hostcall for a request that sends none.
-    fn read_headers(&mut self, worker: &Worker) -> Result<RequestLine, String> {
+    fn read_headers(&mut self, worker: &Worker) -> Result<Option<u64>, String> {
         let mut pairs = edge::header_map(Map::RequestHeaders)
             .map_err(|e| format!("reading request headers: {e}"))?;
         pairs
@@ -253,13 +276,13 @@ impl Request {
         let router = &worker.router;
         let needed = router.needed_headers();
         let audit_cfg = &router.config.audit;
-        let (mut method, mut path, mut length) = (Vec::new(), Vec::new(), None);
+        let (mut method, mut path, mut length) = (None, None, None);
         let mut xff: Vec<String> = Vec::new();
         self.headers.clear();
-        for (name, value) in pairs.iter() {
+        for (i, (name, value)) in pairs.iter().enumerate() {
             match name {
-                b":method" => method = value.to_vec(),
-                b":path" => path = value.to_vec(),
+                b":method" => method = Some(i),
+                b":path" => path = Some(i),
                 b"content-length" => {
                     length = std::str::from_utf8(value)
                         .ok()
@@ -314,8 +337,13 @@ impl Request {
         let first = |name: &str| self.headers.first(name).map(|v| v.to_string());
         self.audit.classification = first(router.classification_header());
         self.audit.task_complexity = first(router.complexity_header());
+        self.line = RequestLine {
+            map: Some(pairs),
+            method,
+            path,
+        };
         mark!("headers: audit fields");
-        Ok((method, path, length))
+        Ok(length)
     }
 
     /// Carries out the request plan for the scanned body (`body_len` bytes; the body itself when
@@ -341,7 +369,7 @@ impl Request {
         let ask_usage = scanned
             .as_ref()
             .ok()
-            .and_then(|f| crate::usage::asking(f, body_len, &self.path));
+            .and_then(|f| crate::usage::asking(f, body_len, self.line.path()));
         let audit_body = body.filter(|_| worker.router.config.audit.include_request_body);
         let spans = scanned
             .as_ref()
@@ -427,7 +455,8 @@ impl Request {
             judge: forward.judge,
             served: None,
             complete: false,
-            order: forward.decision.order.clone(),
+            // Not read again from the plan: moved, not copied.
+            order: std::mem::take(&mut forward.decision.order),
         });
         mark!("route: usage asked, phase");
         for (name, value) in &forward.stamps {
@@ -496,8 +525,8 @@ impl Request {
                 }
             },
         };
-        let method = String::from_utf8_lossy(&self.method);
-        let path = String::from_utf8_lossy(&self.path);
+        let method = String::from_utf8_lossy(self.line.method());
+        let path = String::from_utf8_lossy(self.line.path());
         let original = router_core::shadow::Original {
             method: &method,
             path: &path,
@@ -573,7 +602,7 @@ impl Request {
             body_len,
             fields,
             order: &forward.decision.order,
-            path: &self.path,
+            path: self.line.path(),
             context_id: self.context_id,
             may_wait: self.shadow.is_empty(),
             shape: self.shape,
@@ -809,12 +838,13 @@ impl HttpContext for Request {
         if worker.audit_logged.get() {
             self.started_ns = edge::now_nanos();
         }
-        let (method, path, length) = match self.read_headers(&worker) {
+        let length = match self.read_headers(&worker) {
             Ok(v) => v,
             Err(e) => return self.internal(&e),
         };
-        self.shape = ErrorShape::for_path(&path);
-        let head = plan_head(&worker.router.config, &method, &path, length, end_of_stream);
+        let (method, path) = (self.line.method(), self.line.path());
+        self.shape = ErrorShape::for_path(path);
+        let head = plan_head(&worker.router.config, method, path, length, end_of_stream);
         mark!("headers: planned");
         match head {
             HeadPlan::Models => {
@@ -843,10 +873,6 @@ impl HttpContext for Request {
             }
             HeadPlan::ReadBody => {
                 self.audited = true;
-                self.path = path;
-                if worker.shadow.is_some() {
-                    self.method = method;
-                }
                 self.phase = Phase::ReadingBody(None);
                 Action::Pause
             }

@@ -82,7 +82,8 @@ pub(crate) fn send(forward: &mut Forward, len: usize, splice: &Splice) -> Result
     for (name, value) in forward.stamps.iter_mut() {
         if *name == MODEL_SPAN_HEADER {
             if let Some((span, _)) = router_core::rewrite::parse_span(value.as_bytes()) {
-                *value = router_core::rewrite::format_span(splice.moved(span), splice.new_len(len));
+                *value = router_core::rewrite::format_span(splice.moved(span), splice.new_len(len))
+                    .into();
             }
         }
     }
@@ -190,9 +191,23 @@ type Ids = Option<[u32; 3]>;
 /// `gen_ai.client.token.usage` per backend, requested model and team, one worker's ids.
 pub(crate) struct UsageStats {
     backends: Vec<String>,
-    /// Per backend index: model → team → ids.
-    series: RefCell<Vec<FnvHashMap<String, FnvHashMap<String, Ids>>>>,
+    /// Per backend index: [`series_key`] of model and team → ids.
+    series: RefCell<Vec<FnvHashMap<String, Ids>>>,
     defined: Cell<usize>,
+    /// The series recorded last (backend, key) and its ids: consecutive requests mostly repeat
+    /// it, and comparing is cheaper than building and hashing the key. A key's ids never change
+    /// once looked up (the maps only grow; once full, they stay full).
+    last: RefCell<(usize, String, Ids)>,
+}
+
+/// One map key for a model and a team: a model holds no control character
+/// (`plan::check_request`), so the first NUL ends it.
+fn series_key(model: &str, team: &str) -> String {
+    let mut key = String::with_capacity(model.len() + 1 + team.len());
+    key.push_str(model);
+    key.push('\0');
+    key.push_str(team);
+    key
 }
 
 impl UsageStats {
@@ -202,6 +217,7 @@ impl UsageStats {
             series: RefCell::new(vec![FnvHashMap::default(); backends.len()]),
             backends,
             defined: Cell::new(0),
+            last: RefCell::new((usize::MAX, String::new(), None)),
         }
     }
 
@@ -225,26 +241,40 @@ impl UsageStats {
     }
 
     fn ids(&self, backend: usize, model: &str, team: &str) -> Ids {
+        let mut last = self.last.borrow_mut();
+        let k = last.1.as_bytes();
+        let same = last.0 == backend
+            && k.len() == model.len() + 1 + team.len()
+            && k.starts_with(model.as_bytes())
+            && k.ends_with(team.as_bytes())
+            && k[model.len()] == 0;
+        if !same {
+            let key = series_key(model, team);
+            last.2 = self.look_up(backend, &key, model, team);
+            last.0 = backend;
+            last.1 = key;
+        }
+        last.2
+    }
+
+    fn look_up(&self, backend: usize, key: &str, model: &str, team: &str) -> Ids {
         let mut series = self.series.borrow_mut();
         let per_backend = series.get_mut(backend)?;
-        if let Some(ids) = per_backend.get(model).and_then(|m| m.get(team)) {
+        if let Some(ids) = per_backend.get(key) {
             return *ids;
         }
-        let full = self.defined.get() >= MAX_SERIES;
-        let (model, team) = if full {
-            ("other", "other")
+        let (key, model, team) = if self.defined.get() >= MAX_SERIES {
+            let other = series_key("other", "other");
+            if let Some(ids) = per_backend.get(&other) {
+                return *ids;
+            }
+            (other, "other", "other")
         } else {
-            (model, team)
+            (key.to_string(), model, team)
         };
-        if let Some(ids) = per_backend.get(model).and_then(|m| m.get(team)) {
-            return *ids;
-        }
         let ids = self.define(&self.backends[backend], &label(model), &label(team));
         self.defined.set(self.defined.get() + 1);
-        per_backend
-            .entry(model.to_string())
-            .or_default()
-            .insert(team.to_string(), ids);
+        per_backend.insert(key, ids);
         ids
     }
 

@@ -184,9 +184,6 @@ impl Probe {
         if usage_here && c == b'{' && self.capture.is_none() {
             self.capture = Some(self.depth);
             self.captured.clear();
-            // Once, not by doubling from empty as the object's bytes arrive: real `usage`
-            // objects are a few dozen to a few hundred bytes.
-            self.captured.reserve(256);
             self.capture_overflow = false;
             return true;
         }
@@ -198,6 +195,11 @@ impl Probe {
     fn capture_bytes(&mut self, b: &[u8]) {
         if self.capture_overflow {
             return;
+        }
+        if self.captured.is_empty() {
+            // Once, not by doubling from empty as the object's bytes arrive: real `usage`
+            // objects are a few dozen to a few hundred bytes.
+            self.captured.reserve(256);
         }
         let room = MAX_USAGE_BYTES - self.captured.len();
         if b.len() <= room {
@@ -235,13 +237,29 @@ impl Probe {
                         break;
                     }
                 }
+            } else if self.aside() {
+                i = self.skip_aside(bytes, i);
+                if i == bytes.len() {
+                    break;
+                }
+                continue;
             }
             match self.step(bytes[i]) {
                 Captured::Started => seg = Some(i),
                 Captured::Ended => {
                     let from = seg.take().unwrap_or(i);
-                    self.capture_bytes(&bytes[from..=i]);
-                    self.capture_ended();
+                    let object = &bytes[from..=i];
+                    if self.captured.is_empty() && !self.capture_overflow {
+                        // Opened in these bytes: read in place, not copied first (a longer
+                        // one would have overflowed the capture and is ignored as such).
+                        if object.len() <= MAX_USAGE_BYTES {
+                            let parsed = super::usage_object::parse_usage(object);
+                            self.usage.merge(parsed);
+                        }
+                    } else {
+                        self.capture_bytes(object);
+                        self.capture_ended();
+                    }
                 }
                 Captured::Same => {}
             }
@@ -250,6 +268,80 @@ impl Probe {
         if let Some(from) = seg {
             self.capture_bytes(&bytes[from..]);
         }
+    }
+
+    /// Inside a container nothing in which can be read: deeper than `message.usage`, or in a
+    /// member of the top-level object other than `message` and `response` (`choices`, most of
+    /// a completion). Only a `usage` object at depth 1, or at depth 2 under `message` or
+    /// `response`, is captured, and only the top-level keys and those two objects' keys say
+    /// where one is; so until the container closes no key needs reading and no capture can
+    /// start. (Keys left unread there are never read later: a container's key slot is reset
+    /// when it opens.)
+    #[inline]
+    fn aside(&self) -> bool {
+        !self.in_string
+            && self.capture.is_none()
+            && !self.choices_opening
+            && (self.depth > 2
+                || (self.depth == 2 && !matches!(self.key_at(1), Key::Message | Key::Response)))
+    }
+
+    /// Walks bytes of an [`Probe::aside`] container from `i` keeping only its structure (depth,
+    /// object or array, strings), as [`Probe::step`] would for these bytes, up to the byte after
+    /// the close that ends it, or a string the bytes end in (left to the string path), or the
+    /// end. Returns where it stopped.
+    fn skip_aside(&mut self, b: &[u8], mut i: usize) -> usize {
+        while i < b.len() {
+            match b[i] {
+                b'"' => {
+                    // To the closing quote; a string cut by the end of the bytes goes on in the
+                    // string path, as a value (never a key: keys here are not read).
+                    self.in_string = true;
+                    self.string_is_key = false;
+                    i += 1;
+                    loop {
+                        i = crate::fast::find_string_special(b, i);
+                        match b.get(i) {
+                            None => return i,
+                            Some(b'"') => break,
+                            Some(b'\\') if i + 1 < b.len() => i += 2,
+                            Some(b'\\') => {
+                                self.escape = true;
+                                return i + 1;
+                            }
+                            Some(_) => i += 1,
+                        }
+                    }
+                    self.in_string = false;
+                }
+                c @ (b'{' | b'[') => {
+                    self.depth += 1;
+                    if self.depth <= 64 {
+                        let bit = 1u64 << (self.depth - 1);
+                        if c == b'{' {
+                            self.objects |= bit;
+                        } else {
+                            self.objects &= !bit;
+                        }
+                    }
+                    if self.depth <= TRACKED_DEPTH {
+                        self.keys[self.depth - 1] = Key::Other;
+                    }
+                    self.expect_key = c == b'{';
+                }
+                b'}' | b']' => {
+                    self.depth -= 1;
+                    self.expect_key = false;
+                    if !self.aside() {
+                        return i + 1;
+                    }
+                }
+                b',' => self.expect_key = self.in_object(),
+                _ => {}
+            }
+            i += 1;
+        }
+        i
     }
 
     /// Ordinary string bytes (no quote, backslash or control byte), as [`Probe::step`] would
@@ -843,6 +935,57 @@ mod tests {
             999,
         );
         assert_eq!((half.prompt, half.completion, half.estimated), (2, 3, true));
+    }
+
+    /// Documents built from the pieces that move the reader in and out of containers it walks
+    /// aside (`choices`, deep members, `message`/`response` beside them, strings holding
+    /// brackets, quotes and backslashes, unbalanced closes), read as the oracle reads them.
+    #[test]
+    fn generated_documents_read_as_the_oracle() {
+        const PIECES: [&str; 22] = [
+            "{",
+            "}",
+            "[",
+            "]",
+            ",",
+            ":",
+            " ",
+            "\"usage\"",
+            "\"message\"",
+            "\"response\"",
+            "\"choices\"",
+            "\"x\"",
+            "\"a\\\"]}\"",
+            "\"\\\\\"",
+            "\"}\"",
+            "1",
+            "\"prompt_tokens\":4",
+            "{\"prompt_tokens\":2,\"completion_tokens\":3}",
+            "\"usage\":{\"output_tokens\":5}",
+            "\n",
+            "\"completion_tokens\":7",
+            "\"\\",
+        ];
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..4000 {
+            let mut data = vec![(next() % 4) as u8, next() as u8, next() as u8];
+            if data[0] & 1 == 0 {
+                data.extend_from_slice(b"data: ");
+            }
+            data.extend_from_slice(br#"{"choices":[{"message":{"#);
+            for _ in 0..(next() % 40) {
+                data.extend_from_slice(PIECES[(next() % PIECES.len() as u64) as usize].as_bytes());
+            }
+            if let Err(e) = super::super::usage_oracle::matches_oracle(&data) {
+                panic!("{e}: {:?}", String::from_utf8_lossy(&data));
+            }
+        }
     }
 
     #[test]

@@ -522,6 +522,14 @@ mod tests {
             (s, "data:{\"choices\":[ ],\"usage\":{\"prompt_tokens\":1}}\ndata\n\nid: 3\nretry: 10\ndat: x\ndataa: y\n\n".into()),
             (s, format!("data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":1}},\"p\":\"{long}\"}}\n\ndata: {{\"choices\":[],\"usage\":{{\"completion_tokens\":3}}}}\n\n")),
             (s, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":1}}".into()),
+            // Containers the reader walks aside (nothing in them is read): usage inside them is
+            // not the response's; escapes, brackets in strings and unbalanced closes around them.
+            (j, r#"{"choices":[{"message":{"content":"a\"b}]","usage":{"prompt_tokens":9}}}],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#.into()),
+            (j, r#"{"message":{"content":{"deep":[{"usage":{"prompt_tokens":5}}]},"usage":{"input_tokens":3,"output_tokens":4}}}"#.into()),
+            (j, r#"{"x":{"usage":{"prompt_tokens":5}},"response":{"a":[[["\\",{"b":"}"}]]],"usage":{"input_tokens":1,"output_tokens":2}}}"#.into()),
+            (j, r#"{"choices":[{"a":"unterminated}],"usage":{"prompt_tokens":1}}"#.into()),
+            (j, r#"{"choices":[}}}]]],"usage":{"prompt_tokens":1}} ,"usage":{"completion_tokens":6}}"#.into()),
+            (s, "data: {\"choices\":[{\"delta\":{\"content\":\"x\\\\\\\"\"}}],\"usage\":null}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":3}}\n\n".into()),
         ];
         // A usage object one byte under, at and over the captured maximum: read, read, ignored.
         let base = r#"{"prompt_tokens":1,"pad":"","completion_tokens":2}"#.len();

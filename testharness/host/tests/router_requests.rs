@@ -26,9 +26,11 @@ fn modules_import_only_what_envoy_provides() {
         // request ids, Retry-After) to 707 KiB, with usage read from every response to 734 KiB,
         // with the body scanner's steps inlined into one loop (fewer instructions per JSON
         // token) to 742 KiB, with the shadow copies the filter sends itself where the gateway
-        // cannot mirror a body (agentgateway through llmkube-ext-proc) to 770 KiB; growth past
-        // this bound should be a decision, not an accident.
-        assert!(bytes.len() <= 772 * 1024, "{lib} is {} bytes", bytes.len());
+        // cannot mirror a body (agentgateway through llmkube-ext-proc) to 770 KiB, with a request
+        // on worker leases waiting for room other workers hold (held, retried and resumed or
+        // answered from the root) to 777 KiB; growth past this bound should be a decision, not
+        // an accident.
+        assert!(bytes.len() <= 780 * 1024, "{lib} is {} bytes", bytes.len());
     }
 }
 

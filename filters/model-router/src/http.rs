@@ -14,8 +14,8 @@ use router_core::config::Tier;
 use router_core::errors::{ApiError, ErrorShape};
 use router_core::headers::{ATTEMPT_COUNT_HEADER, DESTINATION_ENDPOINT_HEADER};
 use router_core::plan::{
-    check_body_size, check_request, plan_head, plan_request, retry_after_quarantine, Forward,
-    HeadPlan, Refusal, RequestInputs,
+    check_body_size, check_request, plan_head, plan_request, retry_after_quarantine, Checked,
+    Forward, HeadPlan, Refusal, RequestInputs,
 };
 use router_core::quarantine::{left_ejected, went_silent};
 use router_core::response::{ResponseHead, ResponseJudge};
@@ -391,33 +391,9 @@ impl Request {
         {
             return self.refuse(refusal);
         }
-        let planned = {
-            let started = &mut self.started_ns;
-            let quarantined = worker.quarantine.active(|| started_clock(started));
-            let eligible = |b: usize| {
-                quarantined
-                    .as_ref()
-                    .is_none_or(|(q, now)| !q.is_quarantined(b, *now))
-            };
-            let mut rng = worker.rng.borrow_mut();
-            let inputs = RequestInputs {
-                headers: &self.headers,
-                eligible: &eligible,
-                random: &mut || rng.next_u64(),
-            };
-            plan_request(router, &checked, body_len, inputs).map_err(|refusal| {
-                // Refused while backends it could use are quarantined: say when one is back.
-                let retry_after = quarantined.as_ref().and_then(|(q, now)| {
-                    retry_after_quarantine(router, &checked.model, &self.headers, q, *now)
-                });
-                (refusal, retry_after)
-            })
-        };
-        let mut forward = match planned {
+        let mut forward = match self.plan(worker, &checked, body_len) {
             Ok(f) => f,
-            Err((refusal, retry_after)) => {
-                return self.fail_retry(&refusal.error, refusal.outcome, retry_after)
-            }
+            Err(answer) => return answer,
         };
         mark!("route: checked, planned (rules, order, stamps)");
         // Hashed before the budget step edits the body; charged only once it is admitted.
@@ -459,6 +435,55 @@ impl Request {
             order: std::mem::take(&mut forward.decision.order),
         });
         mark!("route: usage asked, phase");
+        self.dispatch(worker, &forward, pick)
+    }
+
+    /// The rules' plan for a checked request: its attempt order (quarantined backends left
+    /// out) and stamps, or the refusal's answer, with `Retry-After` when only quarantined
+    /// backends could serve it.
+    fn plan<'w>(
+        &mut self,
+        worker: &'w Worker,
+        checked: &Checked,
+        body_len: usize,
+    ) -> Result<Forward<'w>, Action> {
+        let router = &worker.router;
+        let planned = {
+            let started = &mut self.started_ns;
+            let quarantined = worker.quarantine.active(|| started_clock(started));
+            let eligible = |b: usize| {
+                quarantined
+                    .as_ref()
+                    .is_none_or(|(q, now)| !q.is_quarantined(b, *now))
+            };
+            let mut rng = worker.rng.borrow_mut();
+            let inputs = RequestInputs {
+                headers: &self.headers,
+                eligible: &eligible,
+                random: &mut || rng.next_u64(),
+            };
+            plan_request(router, checked, body_len, inputs).map_err(|refusal| {
+                // Refused while backends it could use are quarantined: say when one is back.
+                let retry_after = quarantined.as_ref().and_then(|(q, now)| {
+                    retry_after_quarantine(router, &checked.model, &self.headers, q, *now)
+                });
+                (refusal, retry_after)
+            })
+        };
+        planned.map_err(|(refusal, retry_after)| {
+            self.fail_retry(&refusal.error, refusal.outcome, retry_after)
+        })
+    }
+
+    /// Sends an admitted, planned request on: its decision stamps written, then held for the
+    /// shared ledger's answer, or its pod picked, then held for budget room on worker leases
+    /// or passed with its shadow copies.
+    fn dispatch(
+        &mut self,
+        worker: &Worker,
+        forward: &Forward<'_>,
+        pick: Option<crate::pick::Pending>,
+    ) -> Action {
         for (name, value) in &forward.stamps {
             if let Err(e) = edge::set_header(Map::RequestHeaders, name, value) {
                 return self.internal(&format!("setting {name}: {e}"));

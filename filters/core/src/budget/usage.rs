@@ -155,6 +155,24 @@ impl Probe {
         self.captured.clear();
     }
 
+    /// One level deeper at `{` or `[`: whether it is an object (first 64 levels), no key yet.
+    #[inline]
+    fn open(&mut self, c: u8) {
+        self.depth += 1;
+        if self.depth <= 64 {
+            let bit = 1u64 << (self.depth - 1);
+            if c == b'{' {
+                self.objects |= bit;
+            } else {
+                self.objects &= !bit;
+            }
+        }
+        if self.depth <= TRACKED_DEPTH {
+            self.keys[self.depth - 1] = Key::Other;
+        }
+        self.expect_key = c == b'{';
+    }
+
     fn in_object(&self) -> bool {
         self.depth > 0 && self.depth <= 64 && self.objects & (1 << (self.depth - 1)) != 0
     }
@@ -314,21 +332,7 @@ impl Probe {
                     }
                     self.in_string = false;
                 }
-                c @ (b'{' | b'[') => {
-                    self.depth += 1;
-                    if self.depth <= 64 {
-                        let bit = 1u64 << (self.depth - 1);
-                        if c == b'{' {
-                            self.objects |= bit;
-                        } else {
-                            self.objects &= !bit;
-                        }
-                    }
-                    if self.depth <= TRACKED_DEPTH {
-                        self.keys[self.depth - 1] = Key::Other;
-                    }
-                    self.expect_key = c == b'{';
-                }
+                c @ (b'{' | b'[') => self.open(c),
                 b'}' | b']' => {
                     self.depth -= 1;
                     self.expect_key = false;
@@ -425,19 +429,7 @@ impl Probe {
             }
             b'{' | b'[' => {
                 let started = self.value_start(c);
-                self.depth += 1;
-                if self.depth <= 64 {
-                    let bit = 1u64 << (self.depth - 1);
-                    if c == b'{' {
-                        self.objects |= bit;
-                    } else {
-                        self.objects &= !bit;
-                    }
-                }
-                if self.depth <= TRACKED_DEPTH {
-                    self.keys[self.depth - 1] = Key::Other;
-                }
-                self.expect_key = c == b'{';
+                self.open(c);
                 if started {
                     return Captured::Started;
                 }

@@ -13,7 +13,7 @@
 //! ([`Targets`]).
 
 use crate::workload::{prose, prose_in, Rng, SimRequest};
-use crate::{like_envoy, simulate, Policy, Report, Setup};
+use crate::{like_envoy, simulate, Details, Policy, Report, Setup};
 use e2e::engine::render_prompt;
 use serde_json::{json, Value};
 
@@ -455,6 +455,8 @@ pub struct Measured {
     /// With [`evaluate_knowledge`]: the arms that split the picker's gap to the balanced
     /// oracle into knowledge of the caches and placement.
     pub knowledge: Option<Knowledge>,
+    /// With [`evaluate_details`]: the balanced rule with the core's details.
+    pub details: Option<DetailArms>,
 }
 
 /// The 2×2 of cache knowledge (the picker's tables or the engines' true caches) and placement
@@ -472,6 +474,83 @@ pub struct Knowledge {
     /// The balanced oracle's rule on the true caches ([`Policy::BalancedPrefixOracle`]).
     pub balanced_oracle: Report,
 }
+
+/// The core's details added one at a time to the balanced rule on the picker's knowledge
+/// ([`Policy::BalancedOnPickerKnowledge`]), each judged on the targets as the picker is (one
+/// replica, and the draw's replicas for replicas ÷ one): which detail loses what the rule
+/// alone keeps.
+#[derive(Clone, Debug)]
+pub struct DetailArms {
+    /// Per arm of [`DETAIL_ARMS`]: its targets, and its one-replica report.
+    pub arms: Vec<(Targets, Report)>,
+}
+
+/// The arms of [`evaluate_details`]: a name and the details added.
+pub const DETAIL_ARMS: [(&str, Details); 7] = [
+    (
+        "balanced rule on the picker's knowledge",
+        Details {
+            sessions: false,
+            sessions_yield: false,
+            home: false,
+            rendezvous_ties: false,
+        },
+    ),
+    (
+        "+ sessions kept on their pod",
+        Details {
+            sessions: true,
+            sessions_yield: false,
+            home: false,
+            rendezvous_ties: false,
+        },
+    ),
+    (
+        "+ a new prompt at its rendezvous home",
+        Details {
+            sessions: false,
+            sessions_yield: false,
+            home: true,
+            rendezvous_ties: false,
+        },
+    ),
+    (
+        "+ ties by rendezvous",
+        Details {
+            sessions: false,
+            sessions_yield: false,
+            home: false,
+            rendezvous_ties: true,
+        },
+    ),
+    (
+        "+ all three",
+        Details {
+            sessions: true,
+            sessions_yield: false,
+            home: true,
+            rendezvous_ties: true,
+        },
+    ),
+    (
+        "+ sessions that yield over the bound",
+        Details {
+            sessions: false,
+            sessions_yield: true,
+            home: false,
+            rendezvous_ties: false,
+        },
+    ),
+    (
+        "+ home, rendezvous ties, sessions that yield",
+        Details {
+            sessions: false,
+            sessions_yield: true,
+            home: true,
+            rendezvous_ties: true,
+        },
+    ),
+];
 
 /// The arms that say whether a draw's targets can be met together: a placement that only
 /// balances (least-loaded: the core's picker without prefix affinity) and the prefix oracle
@@ -495,6 +574,7 @@ impl Measured {
             targets,
             references: None,
             knowledge: None,
+            details: None,
         }
     }
 }
@@ -545,6 +625,33 @@ pub fn evaluate_knowledge(draw: &Draw, tweak: &dyn Fn(&mut Setup)) -> Measured {
         balanced_on_picker_knowledge: simulate(Policy::BalancedOnPickerKnowledge, &s, &inst.reqs),
         balanced_oracle: simulate(Policy::BalancedPrefixOracle, &s, &inst.reqs),
     });
+    m
+}
+
+/// [`evaluate`], and the balanced rule on the picker's knowledge with each of the core's
+/// details ([`DETAIL_ARMS`]), one replica and the draw's replicas.
+pub fn evaluate_details(draw: &Draw, tweak: &dyn Fn(&mut Setup)) -> Measured {
+    let inst = Instance::new(draw);
+    let mut m = evaluate_instance(&inst, tweak);
+    let mut s = inst.setup.clone();
+    tweak(&mut s);
+    let arms = DETAIL_ARMS
+        .iter()
+        .map(|&(_, details)| {
+            let one = Setup {
+                details,
+                ..s.clone()
+            };
+            let many = Setup {
+                replicas: draw.replicas,
+                ..one.clone()
+            };
+            let a1 = simulate(Policy::BalancedOnPickerKnowledge, &one, &inst.reqs);
+            let ar = simulate(Policy::BalancedOnPickerKnowledge, &many, &inst.reqs);
+            (judge(draw.kind, &m.round_robin, &a1, &ar, &m.oracle), a1)
+        })
+        .collect();
+    m.details = Some(DetailArms { arms });
     m
 }
 
@@ -844,6 +951,73 @@ pub fn knowledge_table(rows: &[Measured]) -> String {
             count(&|a| a.p99 <= p99),
             worst(&|a| a.p99, true),
         ));
+    }
+    out
+}
+
+/// The worst value and the draws met of each target, one row per arm: the picker's, then each
+/// arm of [`DETAIL_ARMS`] (rows run with [`evaluate_details`]); then every draw's hit ÷ oracle /
+/// imbalance / replicas ÷ one per arm.
+pub fn details_table(rows: &[Measured]) -> String {
+    let mut names = vec!["the picker (the core)"];
+    names.extend(DETAIL_ARMS.iter().map(|a| a.0));
+    let targets_of = |m: &Measured, k: usize| -> Option<Targets> {
+        match k {
+            0 => Some(m.targets.clone()),
+            _ => m.details.as_ref().map(|d| d.arms[k - 1].0.clone()),
+        }
+    };
+    let mut out = String::from("| arm |");
+    for (name, bound, at_least) in TARGETS {
+        out.push_str(&format!(
+            " {name} {} {bound} |",
+            if at_least { "≥" } else { "≤" }
+        ));
+    }
+    out.push_str("\n|---|---|---|---|---|---|---|\n");
+    for (k, name) in names.iter().enumerate() {
+        out.push_str(&format!("| {name} |"));
+        for (t, (_, _, at_least)) in TARGETS.iter().enumerate() {
+            let v: Vec<(f64, bool)> = rows
+                .iter()
+                .filter_map(|m| targets_of(m, k))
+                .filter_map(|x| x.values()[t].map(|v| (v, x.met()[t])))
+                .collect();
+            let worst = v
+                .iter()
+                .map(|x| x.0)
+                .fold(f64::NAN, if *at_least { f64::min } else { f64::max });
+            let met = v.iter().filter(|x| x.1).count();
+            out.push_str(&format!(" {worst:.3} ({met} / {}) |", v.len()));
+        }
+        out.push('\n');
+    }
+    out.push_str(
+        "\nEach cell: hit ÷ prefix oracle / prefill imbalance / replicas ÷ one.\n\n| seed | draw |",
+    );
+    for name in &names {
+        out.push_str(&format!(" {name} |"));
+    }
+    out.push_str("\n|---|---|");
+    for _ in &names {
+        out.push_str("---|");
+    }
+    out.push('\n');
+    let f = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.3}"));
+    for m in rows {
+        out.push_str(&format!("| {:x} | {} |", m.draw.seed, m.draw.label()));
+        for k in 0..names.len() {
+            match targets_of(m, k) {
+                Some(t) => out.push_str(&format!(
+                    " {} / {} / {} |",
+                    f(t.hit_vs_oracle),
+                    f(t.imbalance),
+                    f(t.replicas_vs_one)
+                )),
+                None => out.push_str(" |"),
+            }
+        }
+        out.push('\n');
     }
     out
 }

@@ -54,6 +54,32 @@ pub enum Policy {
     BalancedOnPickerKnowledge,
 }
 
+/// Which of the core picker's details [`Policy::BalancedOnPickerKnowledge`] adds to the
+/// balanced rule, one at a time, to tell which of them loses what the rule alone keeps. The
+/// fourth detail, replicas sharing nothing, is [`Setup::replicas`]: the arm reads only its own
+/// replica's tables, prefill counters and requests in flight.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Details {
+    /// A live session stays on its pod unless that pod is queuing and clearly busier than the
+    /// least loaded other pod (more than twice its load plus a request: the rule the core
+    /// kept sessions by, [`session_kept`]); the balanced rule places only the others.
+    pub sessions: bool,
+    /// A live session's pod is credited with the whole prompt (its conversation is there) and
+    /// the balanced rule places the request: the session stays while its pod is within the
+    /// bounds and yields (moves, and is bound anew) when it is not.
+    pub sessions_yield: bool,
+    /// A prompt no pod is known to hold goes to its rendezvous home: the highest-ranked pod
+    /// within the prefill bound and [`HOME_SLACK`] requests in flight of the least loaded (if
+    /// none is, the balanced rule's choice).
+    pub home: bool,
+    /// Ties (equal cached prefix, equal requests in flight) go to the higher rendezvous rank
+    /// on the prompt's first block instead of the lower pod index.
+    pub rendezvous_ties: bool,
+}
+
+/// The core's slack for a prompt's home (`place.rs`'s `HOME_SLACK_REQUESTS`).
+pub const HOME_SLACK: u64 = 1;
+
 /// How many more requests in flight than the least loaded pod the prefix oracle accepts.
 pub const PREFIX_ORACLE_SLACK: usize = 4;
 
@@ -108,6 +134,8 @@ pub struct Setup {
     /// vLLM does with the blocks its decode filled. Off (the engine before 2026-12-03 evening):
     /// `PICK_NO_ANSWER_CACHE=1` for `picksim` and `pick_envoy`.
     pub cache_answers: bool,
+    /// The core's details [`Policy::BalancedOnPickerKnowledge`] adds to the balanced rule.
+    pub details: Details,
 }
 
 impl Default for Setup {
@@ -129,6 +157,7 @@ impl Default for Setup {
             scrape_offset_ns: 33_000_000,
             addr_salt: 0,
             cache_answers: std::env::var_os("PICK_NO_ANSWER_CACHE").is_none(),
+            details: Details::default(),
         }
     }
 }
@@ -476,16 +505,40 @@ pub fn simulate(policy: Policy, s: &Setup, reqs: &[SimRequest]) -> Report {
                         // the engines' `usage`), in the engines' blocks at this prompt's ratio.
                         let h = cfg.recent_half_life_ns;
                         let scale = rendered.len() as f64 / prompt.bytes.max(1) as f64;
+                        let pk = &pickers[replica];
                         let computed: Vec<u64> = (0..s.pods)
                             .map(|p| {
-                                let bytes = pickers[replica]
-                                    .load(p)
-                                    .map_or(0.0, |l| l.recent.at(now, h));
+                                let bytes = pk.load(p).map_or(0.0, |l| l.recent.at(now, h));
                                 let block = w.pods[p].engine.block_bytes() as f64;
                                 (bytes * scale / block) as u64
                             })
                             .collect();
-                        balanced_rule(&w.pods, &rendered, &blocks, &computed)
+                        // This replica's own requests in flight (with one replica, the pods').
+                        let flight: Vec<u64> = (0..s.pods).map(|p| pk.in_flight(p, now)).collect();
+                        let d = s.details;
+                        let key = prompt.blocks.first().copied();
+                        let rank: Vec<u64> = (0..s.pods)
+                            .map(|p| key.map_or(0, |k| pk.rendezvous(k, p)))
+                            .collect();
+                        let stays = req
+                            .session
+                            .filter(|_| d.sessions)
+                            .and_then(|k| session_kept(pk, k, now));
+                        let mut blocks = blocks;
+                        if d.sessions_yield {
+                            let whole = (rendered.len() as u64)
+                                .div_ceil(w.pods[0].engine.block_bytes() as u64);
+                            let live = req.session.and_then(|k| pk.session_pod(k, None, now));
+                            if let Some(b) = live {
+                                blocks[b] = whole;
+                            }
+                        }
+                        match stays {
+                            Some(b) => b,
+                            None => balanced_rule_with(
+                                &w.pods, &rendered, &blocks, &computed, &flight, &rank, d,
+                            ),
+                        }
                     } else {
                         balanced_prefix_oracle(&w.pods, &rendered, &blocks)
                     };
@@ -632,6 +685,25 @@ fn attribute(m: &mut Misses, held: &[u64], chosen: usize, known: &[u64]) {
     }
 }
 
+/// The pod a live session stays on by the rule the core kept sessions by before they yielded
+/// to the placement's bounds: on its pod unless that pod is queuing (the engine reports
+/// requests waiting, or without fresh gauges two of this gateway's in flight) and its load is
+/// more than twice the least loaded other pod's plus a request.
+fn session_kept(pk: &Picker, key: u64, now: u64) -> Option<usize> {
+    let b = pk.session_pod(key, None, now)?;
+    let least = (0..pk.pods())
+        .filter(|&i| i != b && !pk.is_quarantined(i, now))
+        .map(|i| pk.load_bytes(i, now))
+        .min();
+    let busier = least.is_some_and(|m| pk.load_bytes(b, now) > m.saturating_mul(2) + 1024);
+    let max_age = pk.config().metrics_max_age_ns;
+    let queuing = match pk.load(b).and_then(|l| l.fresh_metrics(now, max_age)) {
+        Some(m) => m.waiting >= 1.0,
+        None => pk.in_flight(b, now) >= 2,
+    };
+    (!(busier && queuing)).then_some(b)
+}
+
 /// [`Policy::PrefixOracle`]'s pick.
 fn prefix_oracle(pods: &mut [Pod], rendered: &[u8]) -> usize {
     let flight = |p: &Pod| p.queue.len() + p.busy;
@@ -665,16 +737,44 @@ fn balanced_prefix_oracle(pods: &[Pod], rendered: &[u8], held: &[u64]) -> usize 
 /// The balanced oracle's rule on each pod's cached prefix (`held`) and computed prefill
 /// (`computed`), both in the engines' blocks; requests in flight are the pods' own.
 fn balanced_rule(pods: &[Pod], rendered: &[u8], held: &[u64], computed: &[u64]) -> usize {
-    let flight = |p: &Pod| p.queue.len() + p.busy;
-    let least = pods.iter().map(flight).min().unwrap_or(0);
+    let flight: Vec<u64> = pods
+        .iter()
+        .map(|p| (p.queue.len() + p.busy) as u64)
+        .collect();
+    balanced_rule_with(
+        pods,
+        rendered,
+        held,
+        computed,
+        &flight,
+        &[],
+        Details::default(),
+    )
+}
+
+/// [`balanced_rule`] on the given requests in flight per pod (`flight`), with the core's
+/// details `d` that concern placement (`rank`: each pod's rendezvous rank for the prompt).
+fn balanced_rule_with(
+    pods: &[Pod],
+    rendered: &[u8],
+    held: &[u64],
+    computed: &[u64],
+    flight: &[u64],
+    rank: &[u64],
+    d: Details,
+) -> usize {
+    let least = flight.iter().copied().min().unwrap_or(0);
     let total: u64 = computed.iter().sum();
     let n = pods.len().max(1) as f64;
+    let rank = |i: usize| rank.get(i).copied().unwrap_or(0);
+    let new_prompt = held.iter().all(|&h| h == 0);
     // (within the balance bound, held blocks if within else the least computed after it,
-    // fewer in flight, lower index).
-    let mut best: Option<(bool, u64, Reverse<usize>, Reverse<usize>)> = None;
+    // fewer in flight, lower index or higher rank).
+    let mut best: Option<((bool, u64, Reverse<u64>, u64), usize)> = None;
+    let mut home: Option<(u64, usize)> = None;
     for (i, pod) in pods.iter().enumerate() {
-        let f = flight(pod);
-        if f > least + PREFIX_ORACLE_SLACK {
+        let f = flight.get(i).copied().unwrap_or(0);
+        if f > least + PREFIX_ORACLE_SLACK as u64 {
             continue;
         }
         let block = pod.engine.block_bytes() as u64;
@@ -683,13 +783,24 @@ fn balanced_rule(pods: &[Pod], rendered: &[u8], held: &[u64], computed: &[u64]) 
         let after = computed.get(i).copied().unwrap_or(0) + blocks - held;
         let mean = (total + blocks - held) as f64 / n;
         let within = after as f64 <= BALANCED_ORACLE_BOUND * mean + blocks as f64;
+        if d.home && new_prompt && within && f <= least + HOME_SLACK {
+            home = home.max(Some((rank(i), i)));
+        }
         let score = if within { held } else { u64::MAX - after };
-        let key = (within, score, Reverse(f), Reverse(i));
-        if best.is_none_or(|b| key > b) {
-            best = Some(key);
+        let tie = if d.rendezvous_ties {
+            rank(i)
+        } else {
+            u64::MAX - i as u64
+        };
+        let key = (within, score, Reverse(f), tie);
+        if best.is_none_or(|(b, _)| key > b) {
+            best = Some((key, i));
         }
     }
-    best.map_or(0, |b| b.3 .0)
+    match home {
+        Some((_, i)) => i,
+        None => best.map_or(0, |(_, i)| i),
+    }
 }
 
 /// The pod with the earliest first token, knowing every cache and queue exactly: the slots'

@@ -1,6 +1,6 @@
 //! The workload family: `cargo run --release -p picksim --bin family [-- --held-out K]
 //! [--tuning K] [--skip K] [--seed HEX] [--set name=value]... [--misses] [--oracle-stats]
-//! [--knowledge]`.
+//! [--knowledge] [--details]`.
 //!
 //! Draws K held-out workloads (32 by default; `--tuning K` draws from the tuning seeds
 //! instead; `--skip K` leaves out the first K held-out seeds), runs round-robin, the picker (one replica and the draw's replicas) and the prefix
@@ -8,10 +8,11 @@
 //! (`--misses`: and where the picker's misses came from, per draw; `--oracle-stats`: also
 //! least-loaded and the prefix oracle held to the balance target, and whether the targets can
 //! be met together; `--knowledge`: the picker's rule on the true caches and the balanced
-//! oracle's rule on the picker's tables, beside the picker and the balanced oracle).
+//! oracle's rule on the picker's tables, beside the picker and the balanced oracle;
+//! `--details`: the balanced rule on the picker's knowledge with each of the core's details).
 use picksim::family::{
-    evaluate, evaluate_knowledge, evaluate_with_references, held_out_seeds, knowledge_table,
-    misses_table, references_table, table, tuning_seeds, Draw,
+    details_table, evaluate, evaluate_details, evaluate_knowledge, evaluate_with_references,
+    held_out_seeds, knowledge_table, misses_table, references_table, table, tuning_seeds, Draw,
 };
 
 fn main() {
@@ -37,6 +38,7 @@ fn main() {
     };
     let references = args.iter().any(|a| a == "--oracle-stats");
     let knowledge = args.iter().any(|a| a == "--knowledge");
+    let details = args.iter().any(|a| a == "--details");
     let mut rows = Vec::new();
     for seed in seeds {
         let d = Draw::new(seed);
@@ -49,7 +51,9 @@ fn main() {
                 }
             }
         };
-        let m = if knowledge {
+        let m = if details {
+            evaluate_details(&d, &tweak)
+        } else if knowledge {
             evaluate_knowledge(&d, &tweak)
         } else if references {
             evaluate_with_references(&d, &tweak)
@@ -85,5 +89,8 @@ fn main() {
     }
     if knowledge {
         print!("\n{}", knowledge_table(&rows));
+    }
+    if details {
+        print!("\n{}", details_table(&rows));
     }
 }

@@ -37,27 +37,34 @@ impl Picker {
     /// Requests in flight on pod `i` that this gateway sent. The engines' own counts are not
     /// used: they are up to a scrape period old, and replicas that read them at different
     /// moments would bound the same pod differently and stop agreeing on homes.
-    pub(crate) fn in_flight(&self, i: usize, now: u64) -> u64 {
+    pub fn in_flight(&self, i: usize, now: u64) -> u64 {
         self.loads
             .get(i)
             .map_or(u64::MAX, |l| u64::from(l.requests(self.epoch(now))))
     }
 
+    /// Pod `i`'s rank for a prompt whose home key is `key`: the highest-ranked pod within the
+    /// bound is the prompt's home. Every replica ranks alike (it hashes the pod's address).
+    pub fn rendezvous(&self, key: u64, i: usize) -> u64 {
+        self.pods.get(i).map_or(0, |p| mix(key ^ p.id))
+    }
+
     /// The pod for a request whose prefix each pod holds `matched` table blocks of, or `None`
-    /// when no pod is eligible. `leaving`: a pod the request must not stay on; `home_key`: the
+    /// when no pod is eligible. `session`: the pod the request's live session is bound to, preferred
+    /// among the pods that hold as much; `home_key`: the
     /// hash ranking the pods for a prompt no pod holds (`None`: nothing to be consistent about,
     /// the least loaded).
     pub(crate) fn place(
         &self,
         matched: &[usize],
-        leaving: Option<usize>,
+        session: Option<usize>,
         avoid: Option<usize>,
         home_key: Option<u64>,
         prompt_bytes: u64,
         now: u64,
     ) -> Option<usize> {
         let live: Vec<usize> = (0..self.pods.len())
-            .filter(|&i| Some(i) != leaving && self.eligible(i, now, avoid))
+            .filter(|&i| self.eligible(i, now, avoid))
             .collect();
         let flight: Vec<u64> = live.iter().map(|&i| self.in_flight(i, now)).collect();
         let least = flight.iter().copied().min()?;
@@ -68,7 +75,7 @@ impl Picker {
                 .min_by_key(|&(&i, &f)| (f, self.load_bytes(i, now), i))
                 .map(|(&i, _)| i);
         };
-        let rendezvous = |i: usize| mix(home_key ^ self.pods[i].id);
+        let rendezvous = |i: usize| self.rendezvous(home_key, i);
         let held = |i: usize| matched.get(i).copied().unwrap_or(0);
         let within = |slack: u64| {
             live.iter()
@@ -76,6 +83,13 @@ impl Picker {
                 .filter(move |&(_, &f)| f <= least.saturating_add(slack))
         };
         if live.iter().all(|&i| held(i) == 0) {
+            // A conversation shorter than a block, or one the tables all forgot: its pod is
+            // no worse a guess than the home, and it is the session's, within the known-prefix
+            // slack.
+            if let Some(s) = session.filter(|&s| within(LOAD_SLACK_REQUESTS).any(|(&i, _)| i == s))
+            {
+                return Some(s);
+            }
             let slack = match self.company(now) {
                 Company::Others => LOAD_SLACK_REQUESTS,
                 Company::Alone | Company::Unknown => HOME_SLACK_REQUESTS,
@@ -91,7 +105,7 @@ impl Picker {
         let best = |shed: bool| {
             within(LOAD_SLACK_REQUESTS)
                 .filter(|&(&i, _)| !(shed && over.get(i) == Some(&true)))
-                .max_by_key(|&(&i, &f)| (held(i), u64::MAX - f, rendezvous(i)))
+                .max_by_key(|&(&i, &f)| (held(i), Some(i) == session, u64::MAX - f, rendezvous(i)))
                 .map(|(&i, _)| i)
         };
         best(true).or_else(|| best(false))

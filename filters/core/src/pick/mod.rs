@@ -9,8 +9,8 @@
 //! cache its engine reports, so it forgets what the engine evicted) and places the request by
 //! `place.rs`: the pod holding the longest prefix within the load bound, or, for a prompt no pod
 //! is known to hold, its home by rendezvous hashing on its first block. A live session's pod is
-//! credited with the whole prompt, so the session stays there while that pod is within the same
-//! bounds.
+//! preferred among the pods holding as long a prefix, within the same bounds: the session stays
+//! while its pod holds the conversation and follows the conversation's prefix when it does not.
 
 pub mod blocks;
 pub mod codec;

@@ -1,11 +1,14 @@
-//! Where a request goes that no live session holds.
+//! Where a request goes.
 //!
 //! A prompt some pod is known to hold goes to the pod holding the longest prefix of it among
 //! the pods within the load bound (at most [`LOAD_SLACK_REQUESTS`] more requests in flight than
 //! the least loaded, and not sent more than `known_balance_percent` of the mean recent prefill),
-//! ties to the less loaded. A prompt no pod is known to hold goes to its home: the first pod by
-//! rendezvous hashing on its first block among the pods within [`HOME_SLACK_REQUESTS`] of the
-//! least loaded (consistent hashing with bounded loads).
+//! ties to the pod of the request's live session, then to the less loaded. A live session is
+//! not kept past what the tables know: its pod is worth to it what the pod holds of the
+//! prompt, so a session whose pod evicted the conversation follows the conversation's prefix.
+//! A prompt no pod is known to hold goes to its session's pod within the load bound, else to
+//! its home: the first pod by rendezvous hashing on its first block among the pods within
+//! [`HOME_SLACK_REQUESTS`] of the least loaded (consistent hashing with bounded loads).
 //!
 //! The home is what makes the placement hold up when the table is empty or wrong: a prefix the
 //! table forgot, or that another gateway replica placed, still goes where its cache most likely
@@ -50,10 +53,9 @@ impl Picker {
     }
 
     /// The pod for a request whose prefix each pod holds `matched` table blocks of, or `None`
-    /// when no pod is eligible. `session`: the pod the request's live session is bound to, preferred
-    /// among the pods that hold as much; `home_key`: the
-    /// hash ranking the pods for a prompt no pod holds (`None`: nothing to be consistent about,
-    /// the least loaded).
+    /// when no pod is eligible. `session`: the pod the request's live session is bound to,
+    /// preferred among the pods that hold as much; `home_key`: the hash ranking the pods for a
+    /// prompt no pod holds (`None`: nothing to be consistent about, the least loaded).
     pub(crate) fn place(
         &self,
         matched: &[usize],
@@ -86,8 +88,8 @@ impl Picker {
             // A conversation shorter than a block, or one the tables all forgot: its pod is
             // no worse a guess than the home, and it is the session's, within the known-prefix
             // slack.
-            if let Some(s) = session.filter(|&s| within(LOAD_SLACK_REQUESTS).any(|(&i, _)| i == s))
-            {
+            let near = |s: &usize| within(LOAD_SLACK_REQUESTS).any(|(&i, _)| i == *s);
+            if let Some(s) = session.filter(near) {
                 return Some(s);
             }
             let slack = match self.company(now) {
@@ -105,7 +107,10 @@ impl Picker {
         let best = |shed: bool| {
             within(LOAD_SLACK_REQUESTS)
                 .filter(|&(&i, _)| !(shed && over.get(i) == Some(&true)))
-                .max_by_key(|&(&i, &f)| (held(i), Some(i) == session, u64::MAX - f, rendezvous(i)))
+                .max_by_key(|&(&i, &f)| {
+                    let own = Some(i) == session;
+                    (held(i), own, u64::MAX - f, rendezvous(i))
+                })
                 .map(|(&i, _)| i)
         };
         best(true).or_else(|| best(false))

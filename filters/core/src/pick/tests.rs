@@ -386,7 +386,7 @@ fn a_session_prefers_its_pod_among_pods_holding_as_much() {
     ));
     assert_eq!(t.pod(), 1);
     p.release(t, done(), 0);
-    let busy: Vec<Ticket> = (0..2)
+    let _busy: Vec<Ticket> = (0..2)
         .map(|_| {
             pod(p.pick(
                 &Request {

@@ -752,6 +752,10 @@ fn balanced_rule(pods: &[Pod], rendered: &[u8], held: &[u64], computed: &[u64]) 
     )
 }
 
+/// A pod's rank under the balanced rule: within the balance bound, held blocks if within
+/// else the least computed after it, fewer in flight, the tie-break.
+type RuleKey = (bool, u64, Reverse<u64>, u64);
+
 /// [`balanced_rule`] on the given requests in flight per pod (`flight`), with the core's
 /// details `d` that concern placement (`rank`: each pod's rendezvous rank for the prompt).
 fn balanced_rule_with(
@@ -768,9 +772,7 @@ fn balanced_rule_with(
     let n = pods.len().max(1) as f64;
     let rank = |i: usize| rank.get(i).copied().unwrap_or(0);
     let new_prompt = held.iter().all(|&h| h == 0);
-    // (within the balance bound, held blocks if within else the least computed after it,
-    // fewer in flight, lower index or higher rank).
-    let mut best: Option<((bool, u64, Reverse<u64>, u64), usize)> = None;
+    let mut best: Option<(RuleKey, usize)> = None;
     let mut home: Option<(u64, usize)> = None;
     for (i, pod) in pods.iter().enumerate() {
         let f = flight.get(i).copied().unwrap_or(0);

@@ -150,13 +150,22 @@ mod imp {
     }
 
     pub fn quote_after(b: &[u8], word: &[u8]) -> bool {
+        let Some(&last) = word.last() else {
+            return b.contains(&b'"');
+        };
         let quote = u8x16_splat(b'"');
+        let end = u8x16_splat(last);
         let ends = |j: usize| j >= word.len() && &b[j - word.len()..j] == word;
+        // Only quotes right after the word's last byte are compared: in JSON most quotes end a
+        // key or value that ends otherwise. `carry`: the previous block's last byte was it.
+        let mut carry = 0u32;
         let mut i = 0;
         while i + 16 <= b.len() {
             // SAFETY: i + 16 <= len, and v128_load has no alignment requirement.
             let v = unsafe { v128_load(b.as_ptr().add(i) as *const v128) };
-            let mut mask = u8x16_bitmask(u8x16_eq(v, quote));
+            let lasts = u32::from(u8x16_bitmask(u8x16_eq(v, end)));
+            let mut mask = u32::from(u8x16_bitmask(u8x16_eq(v, quote))) & ((lasts << 1) | carry);
+            carry = lasts >> 15;
             while mask != 0 {
                 if ends(i + mask.trailing_zeros() as usize) {
                     return true;

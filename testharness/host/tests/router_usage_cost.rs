@@ -1,8 +1,8 @@
 //! The usage of a JSON answer that arrives whole is read from its end (`usage` is its last
 //! member in OpenAI's and Anthropic's bodies): the guest's work for the response body does not
 //! grow with the completion's length. Counted in wasm instructions (wasmtime fuel, the same on
-//! any machine), so this file is its own test binary: the process-wide engine meters fuel only
-//! when `WASM_HOST_FUEL` is set before it is made.
+//! any machine), so these tests are a binary of their own: the process-wide engine meters fuel
+//! only when `WASM_HOST_FUEL` is set before it is made.
 
 use serde_json::Value;
 use wasm_host::Host;
@@ -42,11 +42,19 @@ fn answered(h: &mut Host, body: &str) -> (u64, Value) {
     (spent, audit["tokens"].clone())
 }
 
+/// A router on the fuel-metering engine: the variable is set before the process-wide engine is
+/// made (`Once`: by the first test to get here, before it makes a host).
+fn metered_router() -> Host {
+    static METERED: std::sync::Once = std::sync::Once::new();
+    // SAFETY: set once, before any engine exists; the tests of this binary read no environment
+    // until a host is made, which waits for this.
+    METERED.call_once(|| unsafe { std::env::set_var("WASM_HOST_FUEL", "1") });
+    router()
+}
+
 #[test]
 fn a_whole_json_answers_usage_costs_the_same_at_any_length() {
-    // SAFETY: the only test of this binary, before any engine or thread of ours exists.
-    unsafe { std::env::set_var("WASM_HOST_FUEL", "1") };
-    let mut h = router();
+    let mut h = metered_router();
     // Warm: the first request defines the usage series.
     answered(&mut h, &completion(100));
     let (short, tokens) = answered(&mut h, &completion(100));
@@ -60,4 +68,21 @@ fn a_whole_json_answers_usage_costs_the_same_at_any_length() {
         long <= short + 1_000,
         "response: {short} instructions at 100 bytes of content, {long} at 64 KiB"
     );
+}
+
+/// Read from the end, a `usage` that lacks a count is taken only when no `usage` key comes
+/// before it (the walk would merge that one's counts in): the module's 16-byte search for that
+/// key, with the key at every offset against the 16-byte blocks.
+#[test]
+fn an_earlier_usage_key_is_merged_as_the_walk_merges_it() {
+    let mut h = metered_router();
+    for pad in 0..18 {
+        let body = format!(
+            r#"{{"id":"c",{}"message":{{"usage":{{"prompt_tokens":7}}}},"choices":[],"usage":{{"completion_tokens":3}}}}"#,
+            " ".repeat(pad)
+        );
+        let (_, tokens) = answered(&mut h, &body);
+        assert_eq!(tokens["prompt"], 7, "{body}");
+        assert_eq!(tokens["completion"], 3, "{body}");
+    }
 }

@@ -107,6 +107,8 @@ pub(crate) struct Meter {
     /// The length of a JSON body that came whole and was read from its end, not fed to the
     /// reader ([`usage_tail`]).
     whole: u64,
+    /// A piece of the body with bytes in it came before (read or not).
+    seen: bool,
 }
 
 impl Meter {
@@ -160,8 +162,11 @@ impl Meter {
         let chunk = chunk.unwrap_or_default();
         mark!("usage: body read");
         // A JSON body in one piece (the usual non-streamed answer): its usage is read from its
-        // end when the end proves it, and the body is not walked.
-        if end && self.json && reader.content_bytes() == 0 {
+        // end when the end proves it, and the body is not walked. Not after an earlier piece,
+        // even one that could not be read: the walk has (or lost) the body's start.
+        let first = !self.seen;
+        self.seen |= size > 0;
+        if end && self.json && first {
             if let Some(usage) = usage_tail::whole_json_usage(&chunk) {
                 self.whole = chunk.len() as u64;
                 self.ended = Some(usage);

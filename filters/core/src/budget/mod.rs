@@ -48,6 +48,7 @@ mod usage_object;
 #[cfg(any(test, feature = "usage-oracle"))]
 #[doc(hidden)]
 pub mod usage_oracle;
+pub mod usage_tail;
 mod varint;
 pub mod window;
 pub mod worker_lease;

@@ -32,6 +32,13 @@ pub fn find_line_end(b: &[u8], from: usize) -> usize {
     imp::find_line_end(b, from)
 }
 
+/// Whether some `"` in `b` has `word` right before it (the raw end of a key `word`): the
+/// quotes are found 16 bytes at a time where the target has SIMD, and only they are compared.
+#[inline]
+pub fn quote_after(b: &[u8], word: &[u8]) -> bool {
+    imp::quote_after(b, word)
+}
+
 /// Where a walk over string content ([`skip_string`]) ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Walk<E> {
@@ -140,6 +147,34 @@ mod imp {
             i += 1;
         }
         i
+    }
+
+    pub fn quote_after(b: &[u8], word: &[u8]) -> bool {
+        let Some(&last) = word.last() else {
+            return b.contains(&b'"');
+        };
+        let quote = u8x16_splat(b'"');
+        let end = u8x16_splat(last);
+        let ends = |j: usize| j >= word.len() && &b[j - word.len()..j] == word;
+        // Only quotes right after the word's last byte are compared: in JSON most quotes end a
+        // key or value that ends otherwise. `carry`: the previous block's last byte was it.
+        let mut carry = 0u32;
+        let mut i = 0;
+        while i + 16 <= b.len() {
+            // SAFETY: i + 16 <= len, and v128_load has no alignment requirement.
+            let v = unsafe { v128_load(b.as_ptr().add(i) as *const v128) };
+            let lasts = u32::from(u8x16_bitmask(u8x16_eq(v, end)));
+            let mut mask = u32::from(u8x16_bitmask(u8x16_eq(v, quote))) & ((lasts << 1) | carry);
+            carry = lasts >> 15;
+            while mask != 0 {
+                if ends(i + mask.trailing_zeros() as usize) {
+                    return true;
+                }
+                mask &= mask - 1;
+            }
+            i += 16;
+        }
+        (i..b.len()).any(|j| b[j] == b'"' && ends(j))
     }
 
     #[inline]
@@ -494,6 +529,10 @@ mod imp {
         i
     }
 
+    pub fn quote_after(b: &[u8], word: &[u8]) -> bool {
+        (word.len()..b.len()).any(|j| b[j] == b'"' && &b[j - word.len()..j] == word)
+    }
+
     #[inline]
     pub fn find_line_end(b: &[u8], from: usize) -> usize {
         let mut i = from;
@@ -561,6 +600,22 @@ mod tests {
         (from..b.len())
             .find(|&i| is_special(b[i]))
             .unwrap_or(b.len())
+    }
+
+    #[test]
+    fn finds_a_quote_after_a_word_at_every_offset() {
+        for pos in 0..40 {
+            for quote in [true, false] {
+                let mut b = vec![b'"'; 40];
+                b[pos..(pos + 5).min(40)].copy_from_slice(&b"usage"[..(40 - pos).min(5)]);
+                if !quote && pos + 5 < 40 {
+                    b[pos + 5] = b'x';
+                }
+                let want = pos + 5 < 40 && quote;
+                assert_eq!(quote_after(&b, b"usage"), want, "at {pos}, quote {quote}");
+            }
+        }
+        assert!(!quote_after(b"\"sage\"", b"usage"));
     }
 
     #[test]

@@ -20,7 +20,7 @@
 
 use crate::budget_lease::{LeaseHold, Leases};
 use crate::budget_remote::{PendingEnd, Remote, RemoteHold};
-use crate::metrics::BudgetStats;
+use crate::metrics::{counter, BudgetStats};
 use crate::usage::Meter;
 use filter_edge::{self as edge, shared_table::HostStore, Buffer, Level};
 use router_core::audit::{AuditRecord, Outcome};
@@ -112,6 +112,10 @@ pub(crate) struct Budgets {
     lease_seen: RefCell<Vec<LedgerState>>,
     /// Worker leases: the requests held for room other workers' leases hold ([`Budgets::wake`]).
     waiting: RefCell<Vec<Waiting>>,
+    /// Worker leases only: counters `llmkube.budget.room_waits` (requests put on `waiting`)
+    /// and `llmkube.budget.room_waits_refused` (held requests the root answered 429).
+    room_waits: Option<u32>,
+    room_waits_refused: Option<u32>,
 }
 
 /// A request held for room on worker leases: the root's tick tries it again until it is
@@ -396,7 +400,11 @@ impl Budgets {
                 }),
             },
         };
+        let on_worker_leases = matches!(ledgers, Ledgers::WorkerLeases(_));
+        let room_counter = |name: &str| on_worker_leases.then(|| counter(name)).flatten();
         let mut budgets = Budgets {
+            room_waits: room_counter("llmkube.budget.room_waits"),
+            room_waits_refused: room_counter("llmkube.budget.room_waits_refused"),
             fixed: Vec::new(),
             shapes: Vec::new(),
             stats: match &ledgers {
@@ -686,6 +694,9 @@ impl Budgets {
                     request_id: audit.request_id.clone(),
                     state: state.clone(),
                 });
+                if let Some(id) = self.room_waits {
+                    edge::increment_metric(id, 1);
+                }
                 Ok(Some(admitted(splice, Holding::Waiting(state))))
             }
             Reserved::Refused { refusal, rate, .. } => {
@@ -899,6 +910,9 @@ impl Budgets {
     /// Answers a held request from the root.
     fn answer_held(&self, w: &Waiting, answer: &Answer) {
         let (err, mut headers, outcome) = answer.parts();
+        if let (429, Some(id)) = (err.status, self.room_waits_refused) {
+            edge::increment_metric(id, 1);
+        }
         *w.state.borrow_mut() = RoomWait::Answered(err.status, outcome);
         let body = err.body_in(w.shape, w.request_id.as_deref());
         headers.insert(0, ("content-type", "application/json".to_string()));

@@ -21,6 +21,7 @@ use router_core::budget::inject::{edits, stream_needs_asking, Edits, Splice};
 use router_core::budget::usage::{
     charge, BodyKind, Charge, Usage, UsageReader, USAGE_STAT, USAGE_STAT_TAGS,
 };
+use router_core::budget::usage_tail;
 use router_core::headers::MODEL_SPAN_HEADER;
 use router_core::plan::Forward;
 use router_core::scan::Fields;
@@ -101,6 +102,13 @@ pub(crate) struct Meter {
     out: Vec<u8>,
     /// What the body reported, once it ended (or was cut and finished).
     ended: Option<Usage>,
+    /// A JSON body is read (not an event stream).
+    json: bool,
+    /// The length of a JSON body that came whole and was read from its end, not fed to the
+    /// reader ([`usage_tail`]).
+    whole: u64,
+    /// A piece of the body with bytes in it came before (read or not).
+    seen: bool,
 }
 
 impl Meter {
@@ -121,12 +129,13 @@ impl Meter {
                 BodyKind::Json
             };
             self.reader = Some(UsageReader::new(kind, self.strip));
+            self.json = !streaming;
         }
     }
 
     /// Bytes of content seen so far (the completion estimate's base).
     pub fn content_bytes(&self) -> u64 {
-        self.reader.as_ref().map_or(0, UsageReader::content_bytes)
+        self.reader.as_ref().map_or(0, UsageReader::content_bytes) + self.whole
     }
 
     /// A piece of the response body (`size` bytes: this chunk only). When stripping, the
@@ -152,6 +161,19 @@ impl Meter {
         };
         let chunk = chunk.unwrap_or_default();
         mark!("usage: body read");
+        // A JSON body in one piece (the usual non-streamed answer): its usage is read from its
+        // end when the end proves it, and the body is not walked. Not after an earlier piece,
+        // even one that could not be read: the walk has (or lost) the body's start.
+        let first = !self.seen;
+        self.seen |= size > 0;
+        if end && self.json && first {
+            if let Some(usage) = usage_tail::whole_json_usage(&chunk) {
+                self.whole = chunk.len() as u64;
+                self.ended = Some(usage);
+                mark!("usage: read from the end");
+                return end;
+            }
+        }
         self.out.clear();
         reader.feed(&chunk, &mut self.out);
         mark!("usage: fed");

@@ -225,4 +225,6 @@ fn a_request_refused_only_for_room_another_workers_lease_holds_waits_for_it() {
     b.advance_clock(Duration::from_millis(100)).unwrap();
     assert_eq!(gauge(&b, "all.tokens_used"), 30 + 6 * 400);
     assert_eq!(gauge(&b, "all.refusals"), 0);
+    assert_eq!(gauge(&b, "room_waits"), 1, "held once");
+    assert_eq!(gauge(&b, "room_waits_refused"), 0);
 }

@@ -142,7 +142,7 @@ mod tests {
         let ks = key(s);
         let blue = [(ks.as_str(), "blue")];
         assert_eq!(admit_all(&m, &blue, B, 1, 0), Ok(Admission::Taken(0)));
-        assert_eq!(state(&m, s).admitted, B, "blue took nothing");
+        assert_eq!(state(&m, s).account.admitted, B, "blue took nothing");
         assert_ne!(find(&m, "blue", 2, key), Some(s), "blue looks elsewhere");
     }
 
@@ -193,7 +193,7 @@ mod tests {
         // grants max(0, admitted)), the slot stays red's until that request ends.
         report(&m, 0, 2_000, 10, true);
         let st = state(&m, 0);
-        assert_eq!((st.team.as_str(), st.granted), ("red", B), "{st:?}");
+        assert_eq!((st.team.as_str(), st.account.granted), ("red", B), "{st:?}");
         assert_eq!(
             admit_all(&m, &[(k.as_str(), "blue")], B, 2_001, 0),
             Ok(Admission::Taken(0))
@@ -211,7 +211,7 @@ mod tests {
             .unwrap();
         update(&m, "router", |s| {
             s.id = "R".into();
-            s.granted = Amount::new(100, 0);
+            s.account.granted = Amount::new(100, 0);
             s.hold_expires_ms = 10_000;
             (true, ())
         })
@@ -221,14 +221,14 @@ mod tests {
         // The slot has no lease yet: the router lease's admission is given back.
         assert_eq!(admit_all(&m, &both, B, 0, 0), Ok(Admission::NoRoom));
         let r = LeaseState::decode(&m.get("router").unwrap().unwrap().0).unwrap();
-        assert_eq!(r.admitted, Amount::ZERO);
+        assert_eq!(r.account.admitted, Amount::ZERO);
         report(&m, 0, 0, 100, false);
         assert_eq!(admit_all(&m, &both, B, 1, 0), Ok(Admission::Admitted));
         // The slot taken by another team: nothing stays on the router lease.
         let blue = [("router", ""), (k.as_str(), "blue")];
         assert_eq!(admit_all(&m, &blue, B, 1, 0), Ok(Admission::Taken(1)));
         let r = LeaseState::decode(&m.get("router").unwrap().unwrap().0).unwrap();
-        assert_eq!(r.admitted, B, "only red's admission");
+        assert_eq!(r.account.admitted, B, "only red's admission");
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //! - [`wire`]: the JSON the filter and `llmkube-budgets` exchange.
 //! - [`gauge`]: the newest state of each shared ledger across workers, for its gauges.
 //! - [`remote`]: the calls the filter sends to `llmkube-budgets` and what their answers mean.
-//! - [`lease`]: lease mode of the shared ledger: admission against a lease held in Redis.
+//! - [`lease`]: one lease's accounting (room, in flight, unreported use), for both lease modes.
+//! - [`shared_lease`]: lease mode of the shared ledger: admission against a lease held in Redis.
 //! - [`lease_slots`]: team leases: a fixed table of lease slots per team budget.
 //! - [`worker_lease`]: worker leases over the embedded ledgers: admission in a worker's memory.
 //! - [`reply`]: the 429 and 503 answers.
@@ -26,6 +27,7 @@ pub mod bound;
 pub mod compiled;
 pub mod gauge;
 pub mod inject;
+pub mod lease;
 pub mod lease_config;
 pub mod lease_slots;
 pub mod ledger;
@@ -46,6 +48,7 @@ mod usage_object;
 #[cfg(any(test, feature = "usage-oracle"))]
 #[doc(hidden)]
 pub mod usage_oracle;
+pub mod usage_tail;
 mod varint;
 pub mod window;
 pub mod worker_lease;

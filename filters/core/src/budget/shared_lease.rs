@@ -16,6 +16,7 @@
 //! requests admitted before it are sure to be covered. The report is then sent again as it was
 //! (same ids and amounts): the script recognises a report it already applied by its new id.
 
+use super::lease::Account;
 use super::lease_config::Lease;
 use super::ledger::Caps;
 use super::shared::SharedError;
@@ -82,11 +83,8 @@ pub struct LeaseState {
     pub team: String,
     /// The lease's reservation id in Redis; empty: no lease.
     pub id: String,
-    pub granted: Amount,
-    /// Σ bounds of requests admitted on the lease and not settled or released.
-    pub admitted: Amount,
-    /// Σ charges settled on the lease and not reported yet.
-    pub used: Amount,
+    /// Its room, in flight and unreported use.
+    pub account: Account,
     /// When the lease's hold expires in Redis (the report's send time + hold TTL, local clock;
     /// the script set it later, so this is early, never late).
     pub hold_expires_ms: u64,
@@ -167,9 +165,10 @@ impl LeaseState {
         out.push(flags);
         put_str(&mut out, &self.team, super::admit::MAX_TEAM_KEY);
         put_id(&mut out, &self.id);
-        put_amount(&mut out, self.granted);
-        put_amount(&mut out, self.admitted);
-        put_amount(&mut out, self.used);
+        let a = &self.account;
+        for v in [a.granted, a.admitted, a.used] {
+            put_amount(&mut out, v);
+        }
         for v in [
             self.hold_expires_ms,
             self.reported_ms,
@@ -203,9 +202,11 @@ impl LeaseState {
         let mut s = LeaseState {
             team,
             id: r.id()?,
-            granted: r.amount()?,
-            admitted: r.amount()?,
-            used: r.amount()?,
+            account: Account {
+                granted: r.amount()?,
+                admitted: r.amount()?,
+                used: r.amount()?,
+            },
             hold_expires_ms: r.u64()?,
             reported_ms: r.u64()?,
             reporting_until_ms: r.u64()?,
@@ -235,41 +236,25 @@ impl LeaseState {
         self.id.is_empty()
             && self.pending.is_none()
             && self.reporting_until_ms == 0
-            && self.admitted.is_zero()
-            && self.used.is_zero()
+            && self.account.is_settled()
             && !self.wanted
-    }
-
-    /// Room left on the lease: granted − used − admitted.
-    pub fn room(&self) -> Amount {
-        self.granted.minus(self.used).minus(self.admitted)
     }
 
     /// Whether a request of bound `b` may be admitted on this lease at `now`: there is a
     /// lease, no report of it is out or in doubt, its hold outlives `now` by `margin_ms` (a
-    /// request admitted now must settle before the hold goes), and `b` fits its room in every
-    /// dimension.
+    /// request admitted now must settle before the hold goes), and `b` fits its room.
     pub fn fits(&self, b: Amount, now_ms: u64, margin_ms: u64) -> bool {
-        let room = self.room();
         !self.id.is_empty()
             && self.pending.is_none()
             && now_ms >= self.reporting_until_ms
             && now_ms.saturating_add(margin_ms) < self.hold_expires_ms
-            && b.tokens <= room.tokens
-            && b.pico <= room.pico
+            && self.account.fits(b)
     }
 
     pub fn admit(&mut self, b: Amount, now_ms: u64) {
-        self.admitted = self.admitted.plus(b);
+        self.account.admit(b);
         self.active = true;
         self.last_admit_ms = now_ms;
-    }
-
-    /// A request admitted on the lease with bound `b` ended: `actual` is what it is charged
-    /// (zero for a release).
-    pub fn settle(&mut self, b: Amount, actual: Amount) {
-        self.admitted = self.admitted.minus(b);
-        self.used = self.used.plus(actual);
     }
 
     /// The report due at `now`, if any, with `new_id` as the next lease's id (used only when a
@@ -292,14 +277,14 @@ impl LeaseState {
         let report = |max: Amount| {
             Some(Pending {
                 new_id: new_id.to_string(),
-                used: self.used,
-                admitted: self.admitted,
+                used: self.account.used,
+                admitted: self.account.admitted,
                 max,
                 sent_ms: now_ms,
             })
         };
         if self.id.is_empty() {
-            return match (self.wanted, self.used.is_zero()) {
+            return match (self.wanted, self.account.used.is_zero()) {
                 (true, _) => report(max),
                 (false, false) => report(Amount::ZERO),
                 (false, true) => None,
@@ -316,13 +301,14 @@ impl LeaseState {
         if now_ms < quiet_since.saturating_add(IDLE_REPORTS.saturating_mul(lease.report_ms)) {
             // A pause in the traffic keeps the lease (requests after it find it there); only
             // use is reported, or the hold renewed when half its TTL is gone.
-            return (!self.used.is_zero() || now_ms >= renew_at)
+            return (!self.account.used.is_zero() || now_ms >= renew_at)
                 .then(|| report(max))
                 .flatten();
         }
         // Idle for a while: shrink the lease to its requests in flight (nothing, once
         // they are done), unless it is that already and its hold is far from expiry.
-        if self.used.is_zero() && self.granted == self.admitted && now_ms < renew_at {
+        let a = &self.account;
+        if a.used.is_zero() && a.granted == a.admitted && now_ms < renew_at {
             return None;
         }
         report(Amount::ZERO)
@@ -333,7 +319,7 @@ impl LeaseState {
     /// or another worker's report is out.
     pub fn release_due(&self, now_ms: u64, new_id: &str) -> Option<Pending> {
         if now_ms < self.reporting_until_ms
-            || (self.id.is_empty() && self.used.is_zero() && self.pending.is_none())
+            || (self.id.is_empty() && self.account.used.is_zero() && self.pending.is_none())
         {
             return None;
         }
@@ -344,8 +330,8 @@ impl LeaseState {
         }
         Some(Pending {
             new_id: new_id.to_string(),
-            used: self.used,
-            admitted: self.admitted,
+            used: self.account.used,
+            admitted: self.account.admitted,
             max: Amount::ZERO,
             sent_ms: now_ms,
         })
@@ -370,8 +356,7 @@ impl LeaseState {
         if self.pending.as_ref() != Some(report) {
             return false;
         }
-        self.used = self.used.minus(report.used);
-        self.granted = granted;
+        self.account.renewed(report.used, granted);
         self.id = if granted.is_zero() {
             String::new()
         } else {
@@ -586,7 +571,7 @@ fn undo<S: SharedData>(data: &S, keys: &[(&str, &str)], b: Amount) {
         // A failed give-back keeps `b` counted as admitted: room lost until the lease shrinks,
         // never an admission past it.
         let _ = update(data, key, |s| {
-            s.settle(b, Amount::ZERO);
+            s.account.end(b, Amount::ZERO);
             (true, ())
         });
     }
@@ -603,7 +588,7 @@ pub fn settle_all<S: SharedData>(
     let mut first = Ok(());
     for key in keys {
         let r = update(data, key, |s| {
-            s.settle(b, actual);
+            s.account.end(b, actual);
             (true, ())
         });
         if first.is_ok() {
@@ -622,7 +607,10 @@ mod tests {
     fn lease(granted: u64) -> LeaseState {
         LeaseState {
             id: "g-1".into(),
-            granted: Amount::new(granted, granted * 10),
+            account: Account {
+                granted: Amount::new(granted, granted * 10),
+                ..Account::default()
+            },
             hold_expires_ms: 10_000,
             ..LeaseState::default()
         }
@@ -654,14 +642,14 @@ mod tests {
             admit_all(&m, &[("a", ""), ("b", "")], b, 0, 0),
             Ok(Admission::Admitted)
         );
-        assert_eq!(get(&m, "a").admitted, b);
-        assert_eq!(get(&m, "b").admitted, b);
+        assert_eq!(get(&m, "a").account.admitted, b);
+        assert_eq!(get(&m, "b").account.admitted, b);
         // b has 10 left: refused there, and a gives its admission back.
         assert_eq!(
             admit_all(&m, &[("a", ""), ("b", "")], b, 0, 0),
             Ok(Admission::NoRoom)
         );
-        assert_eq!(get(&m, "a").admitted, b, "nothing stays taken on a");
+        assert_eq!(get(&m, "a").account.admitted, b, "nothing stays taken on a");
         assert!(get(&m, "b").wanted, "the lease without room asks for more");
         assert!(!get(&m, "a").wanted);
         // The USD dimension counts too.
@@ -685,17 +673,23 @@ mod tests {
             admit_all(&m, &[("a", "")], b, 0, 0),
             Ok(Admission::Admitted)
         );
-        assert_eq!(get(&m, "a").room(), Amount::new(20, 200));
+        assert_eq!(get(&m, "a").account.room(), Amount::new(20, 200));
         settle_all(&m, &["a"], b, Amount::new(15, 150)).unwrap();
         let s = get(&m, "a");
-        assert_eq!((s.admitted, s.used), (b, Amount::new(15, 150)));
-        assert_eq!(s.room(), Amount::new(45, 450));
+        assert_eq!(
+            (s.account.admitted, s.account.used),
+            (b, Amount::new(15, 150))
+        );
+        assert_eq!(s.account.room(), Amount::new(45, 450));
         settle_all(&m, &["a"], b, Amount::ZERO).unwrap();
         let s = get(&m, "a");
-        assert_eq!((s.admitted, s.used), (Amount::ZERO, Amount::new(15, 150)));
+        assert_eq!(
+            (s.account.admitted, s.account.used),
+            (Amount::ZERO, Amount::new(15, 150))
+        );
         // A settle above its bound (an estimate that under-counted the bound) saturates.
         settle_all(&m, &["a"], b, Amount::new(90, 900)).unwrap();
-        assert_eq!(get(&m, "a").room(), Amount::ZERO);
+        assert_eq!(get(&m, "a").account.room(), Amount::ZERO);
     }
 
     #[test]
@@ -727,7 +721,7 @@ mod tests {
         let mut s = lease(100);
         s.reported_ms = 0;
         s.admit(Amount::new(30, 0), 0);
-        s.settle(Amount::new(10, 0), Amount::new(7, 70));
+        s.account.end(Amount::new(10, 0), Amount::new(7, 70));
         assert_eq!(s.due(50, &CFG, Amount::new(1000, 0), 10_000, "g-2"), None);
         let r = s
             .due(100, &CFG, Amount::new(1000, 0), 10_000, "g-2")
@@ -738,11 +732,16 @@ mod tests {
         );
         s.start(r.clone(), 1100);
         // Meanwhile a request settles: its use stays for the next report.
-        s.settle(Amount::new(10, 0), Amount::new(3, 30));
+        s.account.end(Amount::new(10, 0), Amount::new(3, 30));
         assert_eq!(s.due(500, &CFG, Amount::new(1000, 0), 10_000, "x"), None);
         assert!(s.applied(&r, Amount::new(200, 2000), 10_000));
         assert_eq!(
-            (s.id.as_str(), s.granted, s.used, s.admitted),
+            (
+                s.id.as_str(),
+                s.account.granted,
+                s.account.used,
+                s.account.admitted
+            ),
             (
                 "g-2",
                 Amount::new(200, 2000),
@@ -806,7 +805,7 @@ mod tests {
             None,
             "already that size, hold far from expiry"
         );
-        s.settle(Amount::new(10, 0), Amount::new(4, 0));
+        s.account.end(Amount::new(10, 0), Amount::new(4, 0));
         let r = s
             .due(1100, &CFG, Amount::new(1000, 0), 10_000, "g-3")
             .unwrap();
@@ -832,7 +831,7 @@ mod tests {
     fn a_stopping_gateway_releases_its_lease_keeping_only_what_is_in_flight() {
         let mut s = lease(100);
         s.admit(Amount::new(10, 0), 0);
-        s.used = Amount::new(7, 0);
+        s.account.used = Amount::new(7, 0);
         let r = s.release_due(5, "g-9").unwrap();
         assert_eq!(
             (r.used, r.admitted, r.max),
@@ -977,7 +976,7 @@ mod tests {
     fn the_state_round_trips_and_refuses_garbage() {
         let mut s = lease(7);
         s.admit(Amount::new(3, 4), 0);
-        s.used = Amount::new(1, 2);
+        s.account.used = Amount::new(1, 2);
         s.wanted = true;
         assert_eq!(LeaseState::decode(&s.encode()), Ok(s.clone()));
         let r = s

@@ -32,6 +32,7 @@
 
 use super::admit::{LedgerKey, LedgerStore};
 use super::gauge::Reading;
+use super::lease::{unlimited_where_uncapped, Account};
 use super::ledger::{Caps, Hold, Ledger, Shape, Wait};
 use super::ratelimit::Seen;
 use super::shared::{reading, SharedError, SharedLedger, SharedLedgers};
@@ -54,18 +55,15 @@ pub const GIVE_BACK_MS: u64 = 1000;
 pub struct WorkerLease {
     /// The lease's hold in the shared ledger (`None`: no lease).
     hold: Option<Hold>,
-    /// What the lease may admit against: its hold's amount (but for the unsafe control,
-    /// [`Leases::unsafe_unheld`], whose room is not in the hold).
-    granted: Amount,
+    /// Its room, in flight and unreported use (the granted room is the hold's amount, but for
+    /// the unsafe control, [`Leases::unsafe_unheld`], whose room is not in the hold).
+    account: Account,
     /// When the hold was taken: a hold expires at the hold TTL, so the lease stops admitting
     /// half a TTL after its last renewal (renewals come every tick, long before).
     renewed_ms: u64,
-    /// Σ bounds of the requests admitted on the lease that have not ended.
-    admitted: Amount,
-    /// Charges settled on the lease and not yet reported, by window bucket of their settle.
-    /// (window bucket, time of its latest settle, amount).
+    /// The unreported use by window bucket of its settle: (window bucket, time of its latest
+    /// settle, amount); charged to those buckets at the renewal.
     used: Vec<(u64, u64, Amount)>,
-    used_total: Amount,
     /// Σ bounds admitted since the last renewal: the next lease's size.
     demand: Amount,
     /// The largest bound admitted since the last renewal, per dimension: room smaller than
@@ -142,12 +140,12 @@ impl WorkerLease {
 
     /// Σ bounds of the requests in flight on the lease.
     pub fn admitted(&self) -> Amount {
-        self.admitted
+        self.account.admitted
     }
 
     /// Charges settled on the lease that the ledger does not have yet.
     pub fn unreported(&self) -> Amount {
-        self.used_total
+        self.account.used
     }
 
     /// The last renewal leased no room: a request that ends should renew the lease at once.
@@ -157,21 +155,15 @@ impl WorkerLease {
 
     /// Nothing held, in flight or unreported: the lease can be forgotten.
     pub fn is_idle(&self) -> bool {
-        self.hold.is_none() && self.admitted.is_zero() && self.used.is_empty()
+        self.hold.is_none() && self.account.is_settled()
     }
 
     /// Admits a request of bound `b` on the lease if its hold has room for it beside what is in
-    /// flight and used (in every capped dimension; an uncapped one does not limit admission).
-    pub fn try_admit(&mut self, caps: &Caps, b: Amount, now_ms: u64, hold_ttl_ms: u64) -> bool {
-        let g = self.granted;
-        if g.is_zero() || now_ms >= self.renewed_ms.saturating_add(hold_ttl_ms / 2) {
-            return false;
-        }
-        let after = self.admitted.plus(self.used_total).plus(b);
-        let fits = caps.tokens.is_none_or(|_| after.tokens <= g.tokens)
-            && caps.pico.is_none_or(|_| after.pico <= g.pico);
+    /// flight and used.
+    pub fn try_admit(&mut self, b: Amount, now_ms: u64, hold_ttl_ms: u64) -> bool {
+        let fits = now_ms < self.renewed_ms.saturating_add(hold_ttl_ms / 2) && self.account.fits(b);
         if fits {
-            self.admitted = self.admitted.plus(b);
+            self.account.admit(b);
             self.demand = self.demand.plus(b);
             self.largest = max(self.largest, b);
         }
@@ -180,18 +172,17 @@ impl WorkerLease {
 
     /// Takes back an admission of bound `b` (another of the request's ledgers refused it).
     pub fn unadmit(&mut self, b: Amount) {
-        self.admitted = self.admitted.minus(b);
+        self.account.end(b, Amount::ZERO);
         self.demand = self.demand.minus(b);
     }
 
     /// A request of bound `b` admitted on the lease ended, charged `actual` (zero: released) at
     /// `at_ms`, a time in window bucket `bucket`.
     pub fn end(&mut self, b: Amount, actual: Amount, bucket: u64, at_ms: u64) {
-        self.admitted = self.admitted.minus(b);
+        self.account.end(b, actual);
         if actual.is_zero() {
             return;
         }
-        self.used_total = self.used_total.plus(actual);
         match self.used.last_mut() {
             Some((k, t, a)) if *k == bucket => {
                 *a = a.plus(actual);
@@ -227,7 +218,7 @@ impl WorkerLease {
             l.charge_at(shape, t, a, now_ms);
         }
         // Both holds land in the held ring's newest bucket (same `now`): one hold of their sum.
-        let mut held = self.admitted;
+        let mut held = self.account.admitted;
         let mut bucket = (!held.is_zero()).then(|| l.hold(shape, held, now_ms).bucket);
         let (admitted, refused) = match ask {
             Ask::Admit(b) => match l.check(shape, caps, b, now_ms) {
@@ -271,7 +262,7 @@ impl WorkerLease {
             others_held: l.held(shape, now_ms).minus(held),
             spent_quiet_at: l.spent_quiet_at(shape, now_ms),
         };
-        let granted = held.plus(take).plus(room);
+        let granted = unlimited_where_uncapped(caps, held.plus(take).plus(room));
         let more = if hold_room { take.plus(room) } else { take };
         if !more.is_zero() {
             bucket = Some(l.hold(shape, more, now_ms).bucket);
@@ -296,16 +287,16 @@ impl WorkerLease {
     /// The renewal's write landed: the lease is what it says.
     pub fn renewed(&mut self, r: &Renewal) {
         self.hold = r.hold;
-        self.granted = r.granted;
+        let reported = self.account.used;
+        self.account.renewed(reported, r.granted);
         self.renewed_ms = r.now_ms;
         self.used.clear();
-        self.used_total = Amount::ZERO;
         self.demand = Amount::ZERO;
         self.largest = Amount::ZERO;
         self.exact = r.exact;
         self.view = r.view;
         if let Some(b) = r.admitted {
-            self.admitted = self.admitted.plus(b);
+            self.account.admit(b);
         }
     }
 }
@@ -370,8 +361,8 @@ impl Leases {
         });
         Some(Seen {
             caps: l.caps,
-            spent: lease.view.spent.plus(lease.used_total),
-            held: lease.view.others_held.plus(lease.admitted),
+            spent: lease.view.spent.plus(lease.account.used),
+            held: lease.view.others_held.plus(lease.account.admitted),
             reset_ms: quiet.saturating_sub(now_ms),
         })
     }
@@ -510,9 +501,7 @@ impl<'k, S: SharedData, F: Fn(&LedgerKey) -> Option<SharedLedger<'k>>> LedgerSto
         let now = self.shared.now_ms;
         let on_lease = Hold { bucket: 0, amount };
         if let Some(e) = self.leases.by_ledger.get_mut(l.key) {
-            if e.lease
-                .try_admit(&l.caps, amount, now, l.shape.hold.lifetime_ms)
-            {
+            if e.lease.try_admit(amount, now, l.shape.hold.lifetime_ms) {
                 return Ok(Ok(on_lease));
             }
         }

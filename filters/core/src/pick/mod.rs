@@ -8,9 +8,8 @@
 //! A pick reads each pod's table of the prompt blocks recently sent there (bounded by the KV
 //! cache its engine reports, so it forgets what the engine evicted) and places the request by
 //! `place.rs`: the pod holding the longest prefix within the load bound, or, for a prompt no pod
-//! is known to hold, its home by rendezvous hashing on its first block. A live session's pod is
-//! preferred among the pods holding as long a prefix, within the same bounds: the session stays
-//! while its pod holds the conversation and follows the conversation's prefix when it does not.
+//! is known to hold, its home by rendezvous hashing on its first block. A live session stays on
+//! its pod while that pod is not queuing and clearly busier than the others.
 
 pub mod blocks;
 pub mod codec;
@@ -152,6 +151,16 @@ pub enum Choice {
     /// Every configured pod is quarantined (or avoided): the caller falls back per the routing
     /// rules, never to an address of its own.
     NoEligiblePod,
+}
+
+/// What a live session says about the pod of its next request.
+enum Stay {
+    /// No live session on an eligible pod.
+    None,
+    /// It stays on this pod.
+    On(usize),
+    /// It leaves this (queuing, clearly busier) pod: placed anew elsewhere.
+    Leaving(usize),
 }
 
 /// How a request ended, for [`Picker::release`].
@@ -338,6 +347,14 @@ impl Picker {
             .saturating_add(requests.saturating_mul(REQUEST_COST_BYTES))
     }
 
+    fn queuing(&self, i: usize, now: u64) -> bool {
+        let l = &self.loads[i];
+        match l.fresh_metrics(now, self.cfg.metrics_max_age_ns) {
+            Some(m) => m.waiting >= 1.0,
+            None => l.requests(self.epoch(now)) >= 2,
+        }
+    }
+
     fn eligible(&self, i: usize, now: u64, avoid: Option<usize>) -> bool {
         Some(i) != avoid
             && (self.only.is_empty() || self.only.get(i) == Some(&true))
@@ -396,19 +413,17 @@ impl Picker {
             None => &[],
         };
         let key = req.session.filter(|_| self.cfg.session.is_some());
-        // A live session prefers its pod among the pods holding as long a prefix: it stays
-        // while its pod holds the conversation (the table records every prompt sent there) and
-        // the pod is within the bounds. It is not kept past what the table knows: a pod that
-        // has evicted the conversation, or the prefix the conversation starts with, is worth no
-        // more to the session than to any request, and keeping it there copies that prefix
-        // back into a cache that gave it up.
-        let session = key.and_then(|k| self.session_pod(k, req.avoid, now));
+        let leaving = match key.map(|k| self.session_verdict(k, req.avoid, now)) {
+            Some(Stay::On(b)) => return Choice::Pod(self.charge_session(b, matched, req, now)),
+            Some(Stay::Leaving(b)) => Some(b),
+            Some(Stay::None) | None => None,
+        };
         // The home of a prompt no pod holds: its first block (the tools or system prompt every
         // request of one application starts with, so a new session starts where its
         // application's prefix most likely is); a session without a whole block by its key.
         let home_key = blocks.first().copied().or(key);
         let prompt_bytes = req.prompt.bytes as u64;
-        let Some(i) = self.place(matched, session, req.avoid, home_key, prompt_bytes, now) else {
+        let Some(i) = self.place(matched, leaving, req.avoid, home_key, prompt_bytes, now) else {
             return Choice::NoEligiblePod;
         };
         // A new session, or one that moves, starts its conversation here.
@@ -429,11 +444,46 @@ impl Picker {
         Choice::NoEligiblePod
     }
 
-    /// The eligible pod the live session `key` is bound to, if any.
+    /// The eligible pod the live session `key` is bound to, if any (read by the simulation's
+    /// placement arms).
     pub fn session_pod(&self, key: u64, avoid: Option<usize>, now: u64) -> Option<usize> {
         let idle = self.cfg.session.as_ref()?.idle_ns;
         let b = usize::from(self.sessions.get(key, now, idle)?);
         (b < self.pods.len() && self.eligible(b, now, avoid)).then_some(b)
+    }
+
+    /// Pod `i`'s rendezvous rank for the home key `key` (the same on every replica: it hashes
+    /// the pod's address).
+    pub fn rendezvous(&self, key: u64, i: usize) -> u64 {
+        self.pods.get(i).map_or(0, |p| blocks::mix(key ^ p.id))
+    }
+
+    /// Whether the live session `key` stays on its pod: it does unless that pod is queuing
+    /// and clearly busier than the least loaded other pod (more than twice its load plus one
+    /// request), so a conversation keeps its cache unless its pod has become a bottleneck.
+    fn session_verdict(&self, key: u64, avoid: Option<usize>, now: u64) -> Stay {
+        let Some(idle) = self.cfg.session.as_ref().map(|s| s.idle_ns) else {
+            return Stay::None;
+        };
+        let n = self.pods.len();
+        let Some(b) = self.sessions.get(key, now, idle).map(usize::from) else {
+            return Stay::None;
+        };
+        if b >= n || !self.eligible(b, now, avoid) {
+            return Stay::None;
+        }
+        let least = (0..n)
+            .filter(|&i| i != b && self.eligible(i, now, avoid))
+            .map(|i| self.load_bytes(i, now))
+            .min();
+        let busier = least.is_some_and(|m| {
+            self.load_bytes(b, now) > m.saturating_mul(2).saturating_add(REQUEST_COST_BYTES)
+        });
+        if busier && self.queuing(b, now) {
+            Stay::Leaving(b)
+        } else {
+            Stay::On(b)
+        }
     }
 
     /// Charges pod `i` (see [`Picker::charge_matched`]) and binds the request's session, if it

@@ -1,14 +1,11 @@
-//! Where a request goes.
+//! Where a request goes that no live session holds.
 //!
 //! A prompt some pod is known to hold goes to the pod holding the longest prefix of it among
 //! the pods within the load bound (at most [`LOAD_SLACK_REQUESTS`] more requests in flight than
 //! the least loaded, and not sent more than `known_balance_percent` of the mean recent prefill),
-//! ties to the pod of the request's live session, then to the less loaded. A live session is
-//! not kept past what the tables know: its pod is worth to it what the pod holds of the
-//! prompt, so a session whose pod evicted the conversation follows the conversation's prefix.
-//! A prompt no pod is known to hold goes to its session's pod within the load bound, else to
-//! its home: the first pod by rendezvous hashing on its first block among the pods within
-//! [`HOME_SLACK_REQUESTS`] of the least loaded (consistent hashing with bounded loads).
+//! ties to the less loaded. A prompt no pod is known to hold goes to its home: the first pod by
+//! rendezvous hashing on its first block among the pods within [`HOME_SLACK_REQUESTS`] of the
+//! least loaded (consistent hashing with bounded loads).
 //!
 //! The home is what makes the placement hold up when the table is empty or wrong: a prefix the
 //! table forgot, or that another gateway replica placed, still goes where its cache most likely
@@ -46,27 +43,21 @@ impl Picker {
             .map_or(u64::MAX, |l| u64::from(l.requests(self.epoch(now))))
     }
 
-    /// Pod `i`'s rank for a prompt whose home key is `key`: the highest-ranked pod within the
-    /// bound is the prompt's home. Every replica ranks alike (it hashes the pod's address).
-    pub fn rendezvous(&self, key: u64, i: usize) -> u64 {
-        self.pods.get(i).map_or(0, |p| mix(key ^ p.id))
-    }
-
     /// The pod for a request whose prefix each pod holds `matched` table blocks of, or `None`
-    /// when no pod is eligible. `session`: the pod the request's live session is bound to,
-    /// preferred among the pods that hold as much; `home_key`: the hash ranking the pods for a
-    /// prompt no pod holds (`None`: nothing to be consistent about, the least loaded).
+    /// when no pod is eligible. `leaving`: a pod the request must not stay on; `home_key`: the
+    /// hash ranking the pods for a prompt no pod holds (`None`: nothing to be consistent about,
+    /// the least loaded).
     pub(crate) fn place(
         &self,
         matched: &[usize],
-        session: Option<usize>,
+        leaving: Option<usize>,
         avoid: Option<usize>,
         home_key: Option<u64>,
         prompt_bytes: u64,
         now: u64,
     ) -> Option<usize> {
         let live: Vec<usize> = (0..self.pods.len())
-            .filter(|&i| self.eligible(i, now, avoid))
+            .filter(|&i| Some(i) != leaving && self.eligible(i, now, avoid))
             .collect();
         let flight: Vec<u64> = live.iter().map(|&i| self.in_flight(i, now)).collect();
         let least = flight.iter().copied().min()?;
@@ -77,7 +68,7 @@ impl Picker {
                 .min_by_key(|&(&i, &f)| (f, self.load_bytes(i, now), i))
                 .map(|(&i, _)| i);
         };
-        let rendezvous = |i: usize| self.rendezvous(home_key, i);
+        let rendezvous = |i: usize| mix(home_key ^ self.pods[i].id);
         let held = |i: usize| matched.get(i).copied().unwrap_or(0);
         let within = |slack: u64| {
             live.iter()
@@ -85,13 +76,6 @@ impl Picker {
                 .filter(move |&(_, &f)| f <= least.saturating_add(slack))
         };
         if live.iter().all(|&i| held(i) == 0) {
-            // A conversation shorter than a block, or one the tables all forgot: its pod is
-            // no worse a guess than the home, and it is the session's, within the known-prefix
-            // slack.
-            let near = |s: &usize| within(LOAD_SLACK_REQUESTS).any(|(&i, _)| i == *s);
-            if let Some(s) = session.filter(near) {
-                return Some(s);
-            }
             let slack = match self.company(now) {
                 Company::Others => LOAD_SLACK_REQUESTS,
                 Company::Alone | Company::Unknown => HOME_SLACK_REQUESTS,
@@ -107,10 +91,7 @@ impl Picker {
         let best = |shed: bool| {
             within(LOAD_SLACK_REQUESTS)
                 .filter(|&(&i, _)| !(shed && over.get(i) == Some(&true)))
-                .max_by_key(|&(&i, &f)| {
-                    let own = Some(i) == session;
-                    (held(i), own, u64::MAX - f, rendezvous(i))
-                })
+                .max_by_key(|&(&i, &f)| (held(i), u64::MAX - f, rendezvous(i)))
                 .map(|(&i, _)| i)
         };
         best(true).or_else(|| best(false))

@@ -259,148 +259,101 @@ fn sessions_cfg() -> Config {
     }
 }
 
-/// A session stays on its pod while that pod is within the load bound (at most
-/// `LOAD_SLACK_REQUESTS` more in flight than the least loaded), moves past it, stays where it
-/// moved, and once idle past the timeout is placed as a new session would be.
 #[test]
-fn a_session_stays_within_the_load_bound_moves_past_it_then_stays() {
+fn a_session_stays_moves_only_when_its_pod_queues_and_is_clearly_busier_then_stays() {
     let mut p = Picker::new(sessions_cfg(), &pods(3));
-    // Shorter than a block: only the session says where the conversation is.
     let pr = prompt("hello", 256);
     let s = Request {
         session: Some(42),
         ..req(&pr)
     };
-    let first = pod(p.pick(&s, 0));
-    let home = first.pod();
-    p.release(first, done(), 0);
-    let slack = place::LOAD_SLACK_REQUESTS as usize;
-    let mut held = Vec::new();
-    for k in 0..=slack {
-        let t = pod(p.pick(&s, 0));
-        assert_eq!(t.pod(), home, "request {k}: within the bound");
-        held.push(t);
-    }
-    // Past the bound: it moves, and stays where it moved once the old pod is idle again.
+    let other = req(&pr);
+    // Busy pods 0 and 1 past the new-prompt bound: the new session goes to pod 2.
+    let busy = Request {
+        avoid: Some(2),
+        ..other
+    };
+    let b: Vec<Ticket> = (0..4).map(|_| pod(p.pick(&busy, 0))).collect();
     let t = pod(p.pick(&s, 0));
+    let home = t.pod();
+    assert_eq!(home, 2);
+    p.release(t, done(), 0);
+    for t in b {
+        p.release(t, done(), 0);
+    }
+    // Load on the session's pod without queuing (gauges say nothing waits): it stays.
+    p.set_metrics(
+        home,
+        EngineMetrics {
+            waiting: 0.0,
+            running: 1.0,
+            kv_usage: 0.5,
+            computed_tokens: None,
+            cache_tokens: None,
+            at_ns: 0,
+        },
+    );
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(pod(p.pick(&Request { avoid: None, ..s }, 0)));
+    }
+    assert!(held.iter().all(|t| t.pod() == home));
+    p.set_metrics(
+        home,
+        EngineMetrics {
+            waiting: 0.0,
+            running: 4.0,
+            kv_usage: 0.5,
+            computed_tokens: None,
+            cache_tokens: None,
+            at_ns: S,
+        },
+    );
+    let t = pod(p.pick(&s, S));
+    assert_eq!(t.pod(), home, "busy but not queuing");
+    p.release(t, done(), S);
+    // Queuing and clearly busier: it moves.
+    p.set_metrics(
+        home,
+        EngineMetrics {
+            waiting: 3.0,
+            running: 4.0,
+            kv_usage: 0.9,
+            computed_tokens: None,
+            cache_tokens: None,
+            at_ns: S,
+        },
+    );
+    let t = pod(p.pick(&s, S));
     let moved = t.pod();
     assert_ne!(moved, home);
-    p.release(t, done(), 0);
+    p.release(t, done(), S);
+    // And it stays where it moved, even once the old pod is idle again.
     for t in held.drain(..) {
         p.release(t, done(), S);
     }
-    let t = pod(p.pick(&s, 2 * S));
-    assert_eq!(t.pod(), moved);
-    p.release(t, done(), 2 * S);
-    // Idle past the timeout: placed as a new session is (its home).
-    let fresh = pod(Picker::new(sessions_cfg(), &pods(3)).pick(&s, 100 * S)).pod();
-    let t = pod(p.pick(&s, 100 * S));
-    assert_eq!(t.pod(), fresh);
-}
-
-/// A session is not kept on a pod past what the table knows it holds: when its pod's engine
-/// reports a cache too small for the conversation (the table forgets it there) and another pod
-/// holds the conversation's prefix, the session's next turn goes there. Kept on its pod, it
-/// would copy the prefix back into the cache that gave it up.
-#[test]
-fn a_session_follows_its_conversation_off_a_pod_that_evicted_it() {
-    let c = Config {
-        prefix: cfg().prefix,
-        ..sessions_cfg()
-    };
-    let mut p = Picker::new(c, &pods(2));
-    let head = text("a tenant's long system prompt", 4096);
-    let turn1 = prompt(&format!("{head} first question"), 256);
-    let turn2 = prompt(
-        &format!("{head} first question, an answer, a second one"),
-        256,
-    );
-    let s1 = Request {
-        session: Some(7),
-        avoid: Some(1),
-        ..req(&turn1)
-    };
-    let t = pod(p.pick(&s1, 0));
-    assert_eq!(t.pod(), 0);
-    p.release(t, done(), 0);
-    // Another request of the tenant on pod 1.
-    let other = Request {
-        avoid: Some(0),
-        ..req(&turn1)
-    };
-    let t = pod(p.pick(&other, 0));
-    assert_eq!(t.pod(), 1);
-    p.release(t, done(), 0);
-    // Pod 0 reports a cache of one block: its table forgets the conversation.
     p.set_metrics(
-        0,
+        home,
         EngineMetrics {
-            cache_tokens: Some(64.0),
-            at_ns: S,
+            at_ns: 2 * S,
             ..EngineMetrics::default()
         },
     );
-    assert!(p.tables[0].matched_prefix(&turn2.blocks) <= 1);
-    let s2 = Request {
-        session: Some(7),
-        ..req(&turn2)
-    };
-    let t = pod(p.pick(&s2, S));
-    assert_eq!(t.pod(), 1, "to the pod holding the conversation's prefix");
-    p.release(t, done(), S);
-    // And the session is bound there now.
-    let t = pod(p.pick(&s2, S));
-    assert_eq!(t.pod(), 1);
-}
-
-/// Among pods holding as long a prefix, a session prefers its own over a less loaded one
-/// (within the load bound): its conversation's later turns are there.
-#[test]
-fn a_session_prefers_its_pod_among_pods_holding_as_much() {
-    let c = Config {
-        prefix: cfg().prefix,
-        ..sessions_cfg()
-    };
-    let mut p = Picker::new(c, &pods(2));
-    let pr = prompt(&text("a shared system prompt", 4096), 256);
-    for avoid in [1, 0] {
-        let t = pod(p.pick(
-            &Request {
-                avoid: Some(avoid),
-                ..req(&pr)
-            },
-            0,
-        ));
-        p.release(t, done(), 0);
-    }
-    let s = Request {
-        session: Some(9),
-        ..req(&pr)
-    };
-    let t = pod(p.pick(
+    let t = pod(p.pick(&s, 2 * S));
+    assert_eq!(t.pod(), moved);
+    p.release(t, done(), 2 * S);
+    // Idle past the timeout: placed by load again (and rebound).
+    let busy = pod(p.pick(
         &Request {
-            avoid: Some(0),
-            ..s
+            avoid: Some(home),
+            ..other
         },
-        0,
+        70 * S,
     ));
-    assert_eq!(t.pod(), 1);
-    p.release(t, done(), 0);
-    let _busy: Vec<Ticket> = (0..2)
-        .map(|_| {
-            pod(p.pick(
-                &Request {
-                    avoid: Some(0),
-                    ..req(&pr)
-                },
-                0,
-            ))
-        })
-        .collect();
-    let t = pod(p.pick(&s, 0));
-    assert_eq!(t.pod(), 1, "its own pod, two more in flight");
-    let other = pod(p.pick(&req(&pr), 0));
-    assert_eq!(other.pod(), 0, "without a session: the less loaded");
+    let t = pod(p.pick(&s, 100 * S));
+    assert_ne!(t.pod(), busy.pod());
+    p.release(t, done(), 100 * S);
+    p.release(busy, done(), 100 * S);
 }
 
 #[test]

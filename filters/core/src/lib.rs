@@ -37,4 +37,6 @@ pub mod scan;
 pub mod shadow;
 pub mod shared_codec;
 pub mod shared_data;
+#[cfg(test)]
+mod test_rng;
 pub mod verdict;

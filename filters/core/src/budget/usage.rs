@@ -958,13 +958,7 @@ mod tests {
             "\"completion_tokens\":7",
             "\"\\",
         ];
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::test_rng::xorshift(0x9e37_79b9_7f4a_7c15u64);
         for _ in 0..4000 {
             let mut data = vec![(next() % 4) as u8, next() as u8, next() as u8];
             if data[0] & 1 == 0 {

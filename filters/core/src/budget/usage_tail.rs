@@ -201,24 +201,26 @@ mod tests {
             r#""n":[1,{"usage":{}}]"#,
             r#""id":"chatcmpl-1""#,
         ];
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::test_rng::xorshift(0x2545_f491_4f6c_dd1du64);
         let mut from_end = 0;
         for _ in 0..5000 {
             let mut doc = String::from("{");
             let n = 1 + next() % 5;
             for k in 0..n {
                 if k > 0 {
-                    doc.push_str(if next() % 3 == 0 { " ,\n" } else { "," });
+                    doc.push_str(if next().is_multiple_of(3) {
+                        " ,\n"
+                    } else {
+                        ","
+                    });
                 }
                 doc.push_str(MEMBERS[(next() % MEMBERS.len() as u64) as usize]);
             }
-            doc.push_str(if next() % 2 == 0 { "}" } else { " }\n" });
+            doc.push_str(if next().is_multiple_of(2) {
+                "}"
+            } else {
+                " }\n"
+            });
             if whole_json_usage(doc.as_bytes()).is_some() {
                 from_end += 1;
             }
